@@ -1,0 +1,59 @@
+#' What the GPU backend sees
+#'
+#' @return \code{gpuInfo()} returns a list of class \code{knngpu_gpu_info}:
+#'   \code{built_with_cuda}, \code{reason} (why no GPU can be used, empty
+#'   when one can), \code{runtime} and \code{driver} (CUDA versions), and
+#'   \code{devices}, a data.frame with one row per visible GPU (\code{id},
+#'   0-based as \code{devices =} takes it, \code{name}, \code{memory_gb},
+#'   \code{free_gb}, \code{compute_capability}, \code{multiprocessors}).
+#'   \code{gpuAvailable()} returns \code{TRUE} when \code{device = "gpu"}
+#'   can run.
+#' @examples
+#' gpuInfo()
+#' gpuAvailable()
+#' @export
+gpuInfo <- function() {
+    raw <- .Call(C_knn_gpu_info)
+    dev <- raw$devices
+    devices <- data.frame(
+        id = seq_along(dev$name) - 1L,
+        name = dev$name,
+        memory_gb = round(dev$memory_total / 2^30, 1),
+        free_gb = round(dev$memory_free / 2^30, 1),
+        compute_capability = paste(dev$major, dev$minor, sep = "."),
+        multiprocessors = dev$multiprocessors)
+    reason <- raw$reason
+    if (!nzchar(reason) && nrow(devices) == 0L) reason <- "no GPU found"
+    structure(list(built_with_cuda = raw$built_with_cuda, reason = reason,
+                   runtime = .cudaVersion(raw$runtime_version),
+                   driver = .cudaVersion(raw$driver_version),
+                   devices = devices),
+              class = "knngpu_gpu_info")
+}
+
+#' @rdname gpuInfo
+#' @export
+gpuAvailable <- function() .gpuUsable(gpuInfo())
+
+.gpuUsable <- function(info) {
+    isTRUE(info$built_with_cuda) && nrow(info$devices) > 0L &&
+        !nzchar(info$reason)
+}
+
+## CUDA encodes 13.0 as 13000.
+.cudaVersion <- function(code) {
+    if (is.na(code) || code <= 0L) return(NA_character_)
+    sprintf("%d.%d", code %/% 1000L, (code %% 1000L) %/% 10L)
+}
+
+#' @export
+print.knngpu_gpu_info <- function(x, ...) {
+    cat("knngpu GPU backend\n")
+    cat("  built with CUDA: ", if (x$built_with_cuda) "yes" else "no", "\n",
+        sep = "")
+    if (!is.na(x$runtime)) cat("  CUDA runtime:    ", x$runtime, "\n", sep = "")
+    if (!is.na(x$driver)) cat("  CUDA driver:     ", x$driver, "\n", sep = "")
+    if (nzchar(x$reason)) cat("  no GPU in use:   ", x$reason, "\n", sep = "")
+    if (nrow(x$devices)) print(x$devices, row.names = FALSE)
+    invisible(x)
+}

@@ -1,0 +1,131 @@
+#' Exact k-nearest-neighbour graph as an igraph-ready edge data frame
+#'
+#' Builds the exact kNN graph of the rows (genes, by default) or columns
+#' (samples) of an expression matrix and returns its edges as a data.frame
+#' that \code{igraph::graph_from_data_frame()} takes as it is.
+#'
+#' @inheritParams knnSearch
+#' @param symmetrize \code{"none"} keeps one directed edge per node and
+#'   neighbour. \code{"union"} keeps an undirected edge when either node
+#'   chose the other, \code{"mutual"} only when both did; each pair then
+#'   appears once, with \code{from} before \code{to} in node order. The
+#'   metric is symmetric, so \code{weight} and \code{distance} are those of
+#'   the pair; \code{rank} is the better (smaller) of the two directions'
+#'   ranks.
+#' @param snn \code{NULL}, or a shared-nearest-neighbour weighting as
+#'   \code{bluster::makeSNNGraph()} defines it: \code{"rank"} (\eqn{k - r/2}
+#'   with r the smallest sum of ranks of a shared neighbour), \code{"number"}
+#'   (shared neighbours, each node counted in its own set) or
+#'   \code{"jaccard"}. The result is then the undirected SNN graph with
+#'   columns \code{from}, \code{to} and \code{weight}.
+#'
+#' @return A data.frame with one row per edge: \code{from}, \code{to} (node
+#'   names from the row or column names, else 1-based integers),
+#'   \code{weight} (a similarity: r for pearson and spearman, |r| for
+#'   abspearson, the cosine similarity, and \eqn{1 / (1 + d)} for distance
+#'   metrics), \code{distance} and \code{rank} (1 to k). Rows are grouped by
+#'   \code{from} with ranks ascending. Attributes: \code{nodes} (a data.frame
+#'   of every node, so isolated nodes survive
+#'   \code{graph_from_data_frame(edges, vertices = attr(edges, "nodes"))}),
+#'   \code{metric}, \code{k}, \code{by}, \code{symmetrize}, \code{snn},
+#'   \code{device}, \code{precision}, \code{elapsed} (seconds) and
+#'   \code{timings}.
+#'
+#' @seealso \code{\link{toIgraph}}, \code{\link{knnSearch}}.
+#' @examples
+#' set.seed(1)
+#' expr <- matrix(rnorm(100 * 12), nrow = 100,
+#'                dimnames = list(paste0("gene", 1:100), NULL))
+#' edges <- knnGraph(expr, k = 5, metric = "pearson")
+#' head(edges)
+#' attr(edges, "device")
+#' mutual <- knnGraph(expr, k = 5, symmetrize = "mutual")
+#' snn <- knnGraph(expr, k = 5, snn = "rank")
+#' if (requireNamespace("igraph", quietly = TRUE)) {
+#'     g <- igraph::graph_from_data_frame(edges,
+#'                                        vertices = attr(edges, "nodes"))
+#'     igraph::vcount(g)
+#' }
+#' @export
+knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
+                     symmetrize = c("none", "union", "mutual"), snn = NULL,
+                     device = c("auto", "cpu", "gpu"), threads = NULL,
+                     progress = interactive(), verbose = FALSE, assay = 1L,
+                     devices = NULL) {
+    by <- .checkChoice(by[1L], c("rows", "columns"), "by")
+    metric <- .checkMetric(metric)
+    symmetrize <- .checkChoice(symmetrize[1L], c("none", "union", "mutual"),
+                               "symmetrize")
+    if (!is.null(snn)) {
+        snn <- .checkChoice(snn, c("rank", "number", "jaccard"), "snn")
+        if (symmetrize != "none") {
+            stop("'symmetrize' must be \"none\" when 'snn' is set: SNN ",
+                 "graphs are undirected already", call. = FALSE)
+        }
+    }
+    nodes <- .asNodes(x, by, assay, "x")
+    .checkDegenerate(nodes, metric, "x")
+    if (ncol(nodes$values) < 2L) {
+        stop("'x' needs at least 2 nodes to build a graph", call. = FALSE)
+    }
+    k <- .checkK(k, ncol(nodes$values) - 1L)
+    res <- .runEngine(nodes, NULL, k, metric, device[1L], threads, progress,
+                      verbose, devices)
+    edges <- if (is.null(snn)) {
+        .symmetrize(.directedEdges(res), symmetrize)
+    } else {
+        .snnEdges(res$index, snn)
+    }
+    .labelEdges(edges, nodes$labels, list(
+        metric = metric, k = k, by = by, symmetrize = symmetrize, snn = snn,
+        device = res$info$device, precision = res$info$precision,
+        elapsed = res$info$elapsed, timings = res$info))
+}
+
+## One row per (node, neighbour), grouped by node, ranks ascending.
+.directedEdges <- function(res) {
+    n <- nrow(res$index)
+    k <- ncol(res$index)
+    data.frame(from = rep(seq_len(n), each = k),
+               to = as.vector(t(res$index)),
+               weight = as.vector(t(res$weight)),
+               distance = as.vector(t(res$distance)),
+               rank = rep(seq_len(k), times = n))
+}
+
+## Undirected edges: each pair once (from < to), keeping its better rank;
+## "mutual" keeps pairs that both ends chose.
+.symmetrize <- function(edges, symmetrize) {
+    if (symmetrize == "none") return(edges)
+    lo <- pmin(edges$from, edges$to)
+    hi <- pmax(edges$from, edges$to)
+    edges$from <- lo
+    edges$to <- hi
+    edges <- edges[order(lo, hi, edges$rank), , drop = FALSE]
+    pair <- paste(edges$from, edges$to)
+    repeated <- duplicated(pair)
+    keep <- !repeated
+    if (symmetrize == "mutual") keep <- keep & pair %in% pair[repeated]
+    edges <- edges[keep, , drop = FALSE]
+    rownames(edges) <- NULL
+    edges
+}
+
+.snnEdges <- function(index, snn) {
+    type <- match(snn, c("rank", "number", "jaccard")) - 1L
+    g <- .Call(C_knn_snn, index, type)
+    edges <- data.frame(from = g$from, to = g$to, weight = g$weight)
+    edges <- edges[order(edges$from, edges$to), , drop = FALSE]
+    rownames(edges) <- NULL
+    edges
+}
+
+## Replaces node numbers by labels and attaches the node table and the
+## description of the run.
+.labelEdges <- function(edges, labels, about) {
+    edges$from <- labels[edges$from]
+    edges$to <- labels[edges$to]
+    attr(edges, "nodes") <- data.frame(name = labels)
+    for (field in names(about)) attr(edges, field) <- about[[field]]
+    edges
+}

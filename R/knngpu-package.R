@@ -1,0 +1,11 @@
+#' knngpu: exact k-nearest-neighbour graphs of expression matrices
+#'
+#' Builds exact kNN graphs (Pearson, cosine, Euclidean, Spearman, |Pearson|,
+#' Manhattan, squared Euclidean) of the genes or samples of an expression
+#' matrix on NVIDIA GPUs, with a CPU engine that gives the same answer.
+#' Start with \code{\link{knnGraph}} and the vignette:
+#' \code{vignette("knngpu", package = "knngpu")}.
+#'
+#' @useDynLib knngpu, .registration = TRUE
+#' @keywords internal
+"_PACKAGE"

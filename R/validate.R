@@ -1,0 +1,143 @@
+## Shared argument checks and input conversion for the exported verbs. Every
+## message names the argument, and, for bad values, the offending nodes.
+
+.metrics <- c("pearson", "cosine", "euclidean", "spearman", "abspearson",
+              "manhattan", "sqeuclidean")
+
+.correlationMetrics <- c("pearson", "cosine", "spearman", "abspearson")
+
+## 0-based code the engine uses (src/engine/knn.h, knn_metric).
+.metricCode <- function(metric) match(metric, .metrics) - 1L
+
+.checkChoice <- function(value, choices, arg) {
+    if (!is.character(value) || length(value) != 1L || is.na(value) ||
+        !value %in% choices) {
+        stop(sprintf("'%s' must be one of %s", arg,
+                     paste0('"', choices, '"', collapse = ", ")),
+             call. = FALSE)
+    }
+    value
+}
+
+.checkMetric <- function(metric) .checkChoice(metric, .metrics, "metric")
+
+.isWholeNumber <- function(x) {
+    is.numeric(x) && length(x) == 1L && !is.na(x) && is.finite(x) &&
+        x == round(x)
+}
+
+.checkK <- function(k, available) {
+    if (!.isWholeNumber(k) || k < 1 || k > available) {
+        stop(sprintf(paste("'k' must be a whole number from 1 to %d",
+                           "(the number of candidate nodes)"), available),
+             call. = FALSE)
+    }
+    as.integer(k)
+}
+
+.checkThreads <- function(threads) {
+    if (is.null(threads)) threads <- getOption("knngpu.threads", 0L)
+    if (!.isWholeNumber(threads) || threads < 0) {
+        stop("'threads' must be NULL or a positive whole number",
+             call. = FALSE)
+    }
+    as.integer(threads)
+}
+
+.checkFlag <- function(value, arg) {
+    if (!is.logical(value) || length(value) != 1L || is.na(value)) {
+        stop(sprintf("'%s' must be TRUE or FALSE", arg), call. = FALSE)
+    }
+    value
+}
+
+## Lists at most five node labels, then how many more there are.
+.nameNodes <- function(labels) {
+    shown <- utils::head(labels, 5L)
+    more <- length(labels) - length(shown)
+    paste0(paste(shown, collapse = ", "),
+           if (more > 0L) sprintf(" (and %d more)", more) else "")
+}
+
+## The matrix inside the supported containers, with samples in columns.
+.extractMatrix <- function(x, assay, arg) {
+    if (methods::is(x, "SummarizedExperiment")) {
+        if (!requireNamespace("SummarizedExperiment", quietly = TRUE)) {
+            stop(sprintf("'%s' is a SummarizedExperiment but the package ",
+                         arg), "SummarizedExperiment is not installed",
+                 call. = FALSE)
+        }
+        return(SummarizedExperiment::assay(x, assay, withDimnames = TRUE))
+    }
+    if (methods::is(x, "ExpressionSet")) {
+        if (!requireNamespace("Biobase", quietly = TRUE)) {
+            stop(sprintf("'%s' is an ExpressionSet but Biobase is not ", arg),
+                 "installed", call. = FALSE)
+        }
+        return(Biobase::exprs(x))
+    }
+    if (is.data.frame(x)) {
+        numeric <- vapply(x, is.numeric, logical(1))
+        if (!all(numeric)) {
+            stop(sprintf("'%s' has non-numeric columns: %s", arg,
+                         .nameNodes(names(x)[!numeric])), call. = FALSE)
+        }
+        return(as.matrix(x))
+    }
+    if (methods::is(x, "Matrix")) return(as.matrix(x))
+    x
+}
+
+.nodeLabels <- function(m, by) {
+    labels <- if (by == "rows") rownames(m) else colnames(m)
+    if (is.null(labels)) seq_len(if (by == "rows") nrow(m) else ncol(m))
+    else labels
+}
+
+## Converts x to what the engine takes: a double matrix with one column per
+## node (features x nodes), plus the node labels. Checks values once.
+.asNodes <- function(x, by, assay = 1L, arg = "x") {
+    m <- .extractMatrix(x, assay, arg)
+    if (!is.matrix(m) || !(is.numeric(m) || is.logical(m)) || is.logical(m)) {
+        stop(sprintf(paste("'%s' must be a numeric matrix, a data.frame of",
+                           "numeric columns, a SummarizedExperiment or an",
+                           "ExpressionSet"), arg), call. = FALSE)
+    }
+    labels <- .nodeLabels(m, by)
+    nodes <- if (by == "rows") t(m) else m
+    dimnames(nodes) <- NULL
+    storage.mode(nodes) <- "double"
+    what <- if (by == "rows") "rows" else "columns"
+    if (ncol(nodes) < 1L) {
+        stop(sprintf("'%s' has no %s (nodes)", arg, what), call. = FALSE)
+    }
+    if (nrow(nodes) < 1L) {
+        stop(sprintf("'%s' has zero features: its %s are empty", arg, what),
+             call. = FALSE)
+    }
+    bad <- which(colSums(!is.finite(nodes)) > 0L)
+    if (length(bad)) {
+        stop(sprintf("'%s' has NA, NaN or Inf values in %s: %s", arg, what,
+                     .nameNodes(labels[bad])), call. = FALSE)
+    }
+    list(values = nodes, labels = labels, what = what)
+}
+
+## Rejects nodes the metric cannot use: constant nodes for correlations,
+## all-zero nodes for cosine.
+.checkDegenerate <- function(nodes, metric, arg) {
+    if (!metric %in% .correlationMetrics) return(invisible(NULL))
+    bad <- .Call(C_knn_degenerate, nodes$values, .metricCode(metric), 5L)
+    count <- attr(bad, "count")
+    if (count == 0L) return(invisible(NULL))
+    kind <- if (metric == "cosine") "all-zero" else "constant"
+    shown <- nodes$labels[bad]
+    more <- if (count > length(bad)) {
+        sprintf(" (and %d more)", count - length(bad))
+    } else ""
+    stop(sprintf(paste0("'%s' has %d %s %s, for which the %s metric is ",
+                        "undefined: %s%s; remove them first (e.g. keep %s ",
+                        "with non-zero variance)"), arg, count, kind,
+                 nodes$what, metric, paste(shown, collapse = ", "), more,
+                 nodes$what), call. = FALSE)
+}

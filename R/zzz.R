@@ -1,0 +1,4 @@
+.onLoad <- function(libname, pkgname) {
+    .state$toldCpu <- FALSE
+    invisible(NULL)
+}

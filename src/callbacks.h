@@ -1,0 +1,23 @@
+/*
+ * callbacks.h: the engine's interrupt and progress callbacks, implemented
+ * for an R session without ever longjmp-ing through engine frames.
+ */
+#ifndef KNNGPU_CALLBACKS_H
+#define KNNGPU_CALLBACKS_H
+
+#include <Rinternals.h>
+#include "knn.h"
+
+typedef struct {
+    SEXP bar;  /* cli progress bar, or R_NilValue */
+} knn_r_session;
+
+/* Starts a cli progress bar (when show is true) and fills cb. The bar is
+ * protected by the caller through session->bar. */
+void knn_r_callbacks(knn_r_session *session, int show, double total,
+                     knn_callbacks *cb);
+
+/* Closes the progress bar, if any. */
+void knn_r_callbacks_done(knn_r_session *session);
+
+#endif

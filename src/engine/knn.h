@@ -1,0 +1,153 @@
+/*
+ * knn.h: the contract of the knngpu engine (plain C11, no R headers).
+ *
+ * The engine finds, for every query node, the k reference nodes closest under
+ * a metric, exactly: the ranking is the one the canonical float64 arithmetic
+ * of knn_exact.h gives, ties at equal key broken by the smaller node index.
+ * Backends (CPU here, CUDA in src/cuda) may find candidates with faster,
+ * lower-precision arithmetic, but only with a proven margin, and always
+ * re-rank the candidates with knn_exact.h, so every backend, tile size and
+ * device count gives the same bits.
+ *
+ * Layout: every matrix of node features is p x n, column-major, so node j's
+ * p features are contiguous at x + (size_t)j * p. Results are n_query x k,
+ * column-major (R's layout): neighbour r of query i is at i + r * n_query.
+ * Node indices are 0-based.
+ *
+ * Errors: every function returns a knn_status; on failure it writes a one-line
+ * reason into report->message, frees what it allocated, and leaves its inputs
+ * untouched. The engine never prints, aborts or exits.
+ */
+#ifndef KNN_H
+#define KNN_H
+
+#include <stddef.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef enum {
+    KNN_OK = 0,
+    KNN_E_INVALID,     /* bad request: k, sizes, degenerate nodes */
+    KNN_E_NOMEM,       /* host or device allocation failed */
+    KNN_E_INTERRUPTED, /* the interrupt callback asked to stop */
+    KNN_E_NOGPU,       /* no usable GPU, or built without CUDA */
+    KNN_E_DEVICE       /* a CUDA or cuBLAS call failed */
+} knn_status;
+
+/* Order matches the R layer's metric names (R/validate.R). */
+typedef enum {
+    KNN_PEARSON = 0,
+    KNN_COSINE,
+    KNN_EUCLIDEAN,
+    KNN_SPEARMAN,
+    KNN_ABSPEARSON,
+    KNN_MANHATTAN,
+    KNN_SQEUCLIDEAN,
+    KNN_N_METRICS
+} knn_metric;
+
+typedef enum { KNN_BACKEND_CPU = 0, KNN_BACKEND_GPU } knn_backend;
+
+/* Host callbacks, always called from the thread that called the engine, and
+ * never from inside a parallel region. */
+typedef struct {
+    /* Returns nonzero when the user asked to stop; polled between tiles. */
+    int (*interrupted)(void *ctx);
+    /* Reports that `done` of `total` query nodes are finished. */
+    void (*progress)(void *ctx, double done, double total);
+    void *ctx;
+} knn_callbacks;
+
+#define KNN_MAX_DEVICES 16
+
+typedef struct {
+    knn_metric metric;
+    int p;                /* features per node, >= 1 */
+    int k;                /* neighbours per query, 1 <= k <= candidates */
+    const double *ref;    /* p x n_ref, read only */
+    int n_ref;
+    const double *query;  /* p x n_query, or NULL: self search of ref, where
+                             a node is never its own neighbour */
+    int n_query;          /* ignored when query is NULL */
+    int threads;          /* CPU threads; <= 0: the OpenMP default */
+    double memory_bytes;  /* budget for tiles; <= 0: backend default */
+    int n_devices;        /* GPU backend: devices to use; 0: all visible */
+    int devices[KNN_MAX_DEVICES];
+    knn_callbacks cb;
+} knn_request;
+
+/* Caller-owned output, each n_query x k, column-major. */
+typedef struct {
+    int *index;        /* 0-based reference node */
+    double *distance;  /* metric distance, see knn_exact.h */
+    double *weight;    /* similarity: r, |r|, cosine, or 1 / (1 + d) */
+} knn_result;
+
+/* What a run did, for verbose output and result attributes. */
+typedef struct {
+    char message[512];      /* error reason, empty on success */
+    char device[128];       /* "cpu (4 threads)" or the GPU's name(s) */
+    char precision[128];    /* candidate arithmetic + exact re-rank */
+    double seconds_prepare; /* upload, ranks, normalisation */
+    double seconds_search;  /* products, candidate selection */
+    double seconds_rerank;  /* exact float64 re-ranking and output */
+    double candidates;      /* mean candidates re-ranked per query */
+    int row_tile;           /* tile shape the plan chose */
+    int col_tile;
+    int bad_node;           /* KNN_E_INVALID on a degenerate node: its
+                               0-based index in ref (or query if
+                               bad_in_query), else -1 */
+    int bad_in_query;
+} knn_report;
+
+/* Runs the search on one backend. Returns KNN_OK and fills `out`, or an error
+ * with report->message set and `out` unspecified. */
+knn_status knn_search(const knn_request *req, knn_backend backend,
+                      knn_result *out, knn_report *report);
+
+/* Writes into `rows` (capacity max_rows) the 0-based nodes of the p x n matrix
+ * x that the metric cannot use: constant nodes for the correlation metrics,
+ * all-zero nodes for cosine; none for distance metrics. Returns how many
+ * there are in all (which may exceed max_rows). Never fails. */
+int knn_degenerate_nodes(knn_metric metric, const double *x, int p, int n,
+                         int *rows, int max_rows);
+
+/* Shared-nearest-neighbour weights as bluster::makeSNNGraph defines them. */
+typedef enum { KNN_SNN_RANK = 0, KNN_SNN_NUMBER, KNN_SNN_JACCARD } knn_snn_type;
+
+/* Builds the undirected SNN graph of a self-search result: `index` is n x k,
+ * column-major, 0-based. Allocates *from, *to (0-based, from < to) and
+ * *weight with malloc; the caller frees them. Returns KNN_E_NOMEM (outputs
+ * NULL) when memory runs out. */
+knn_status knn_snn_graph(const int *index, int n, int k, knn_snn_type type,
+                         int **from, int **to, double **weight,
+                         size_t *n_edges);
+
+/* What the GPU backend sees. */
+typedef struct {
+    char name[128];
+    double memory_total; /* bytes */
+    double memory_free;
+    int major, minor;    /* compute capability */
+    int multiprocessors;
+} knn_gpu_device;
+
+typedef struct {
+    int built_with_cuda;
+    char reason[256];     /* why no GPU can be used, empty when one can */
+    int runtime_version;  /* e.g. 13000; 0 when unknown */
+    int driver_version;
+    int n_devices;
+    knn_gpu_device device[KNN_MAX_DEVICES];
+} knn_gpu_info;
+
+/* Fills `info`; never fails (a failure is written to info->reason). */
+void knn_gpu_query(knn_gpu_info *info);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,320 @@
+/*
+ * knn_cpu.c: the CPU backend. Plan -> tiles -> merge:
+ *   for each tile of query nodes, for each tile of reference nodes, the
+ *   tile's scores are filled (one BLAS product of the fast vectors, or, for
+ *   Manhattan, the canonical keys computed directly) and offered to the
+ *   nodes' candidate pools (knn_pool.c) in parallel; when a query tile has
+ *   seen every reference, its pools are re-ranked with the canonical keys of
+ *   knn_exact.h and written out.
+ * A self search uses the symmetry of the metric: a row tile only meets the
+ * columns from its own first node on, and each score also goes to the pool
+ * of the column node, which halves the arithmetic. That needs a pool for
+ * every node at once, so it is used when those fit in the memory budget.
+ * Memory is O(n p + tile + pools); the n x n matrix never exists.
+ */
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "knn_backend.h"
+#include "knn_blas.h"
+#include "knn_exact.h"
+#include "knn_pool.h"
+#include "knn_prepare.h"
+#include "knn_threads.h"
+
+#define KNN_CPU_DEFAULT_BYTES (256.0 * 1024 * 1024)
+/* Few, large products: each BLAS call ends with its threads spinning for
+ * work, which steals cores from the parallel scan that follows it. */
+#define KNN_CPU_MIN_ROW_TILE 256.0
+#define KNN_CPU_MAX_ROW_TILE 4096.0
+/* Work per tile bounds how long Ctrl-C waits: about 0.2 s of arithmetic. */
+#define KNN_CPU_PRODUCT_WORK 8e9
+#define KNN_CPU_DIRECT_WORK 2e8
+
+typedef struct {
+    const knn_request *req;
+    knn_space space;
+    knn_nodes ref, query_nodes;
+    const knn_nodes *query;  /* &ref for a self search */
+    int self;
+    int symmetric;           /* self search sharing each score both ways */
+    int n_query;
+    int threads;
+    int row_tile, col_tile;
+    double *scores;          /* col_tile x row_tile */
+    knn_pool *pools;         /* one per node when symmetric, else per row */
+    int n_pools;
+} knn_cpu;
+
+/* Tile shape from the memory budget: as many reference columns as leave
+ * room for a useful row tile, then as many rows as memory and the work
+ * bound allow. */
+static void knn_cpu_plan(knn_cpu *cpu)
+{
+    const knn_request *req = cpu->req;
+    double bytes = req->memory_bytes > 0 ? req->memory_bytes
+                                         : KNN_CPU_DEFAULT_BYTES;
+    double work = knn_uses_product(req->metric) ? KNN_CPU_PRODUCT_WORK
+                                                : KNN_CPU_DIRECT_WORK;
+    double cols = fmin(req->n_ref, bytes / (8.0 * KNN_CPU_MIN_ROW_TILE));
+    cols = fmax(cols, fmin(req->n_ref, 64.0));
+    double rows = fmin(bytes / (8.0 * cols), work / (cols * req->p));
+    rows = fmin(fmax(rows, 64.0), KNN_CPU_MAX_ROW_TILE);
+    cpu->row_tile = rows >= cpu->n_query ? cpu->n_query : (int)rows;
+    cpu->col_tile = (int)cols;
+    double pool_bytes = (double)req->n_ref * (2.0 * req->k + 64) *
+                        sizeof(knn_cand);
+    cpu->symmetric = cpu->self && pool_bytes <= bytes;
+    cpu->n_pools = cpu->symmetric ? req->n_ref : cpu->row_tile;
+}
+
+static void knn_cpu_free(knn_cpu *cpu)
+{
+    if (cpu->pools)
+        for (int i = 0; i < cpu->n_pools; i++) knn_pool_free(&cpu->pools[i]);
+    free(cpu->pools);
+    free(cpu->scores);
+    knn_nodes_free(&cpu->ref);
+    knn_nodes_free(&cpu->query_nodes);
+    knn_space_free(&cpu->space);
+}
+
+static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
+{
+    cpu->req = req;
+    cpu->self = req->query == NULL;
+    cpu->n_query = cpu->self ? req->n_ref : req->n_query;
+    cpu->threads = knn_threads(req->threads);
+    knn_status st = knn_space_init(&cpu->space, req);
+    if (st == KNN_OK)
+        st = knn_nodes_prepare(&cpu->ref, &cpu->space, req->ref, req->n_ref,
+                               1, cpu->threads);
+    if (st == KNN_OK && !cpu->self)
+        st = knn_nodes_prepare(&cpu->query_nodes, &cpu->space, req->query,
+                               req->n_query, 0, cpu->threads);
+    if (st != KNN_OK) return st;
+    cpu->query = cpu->self ? &cpu->ref : &cpu->query_nodes;
+
+    knn_cpu_plan(cpu);
+    cpu->pools = calloc((size_t)cpu->n_pools, sizeof(knn_pool));
+    if (!cpu->pools) return KNN_E_NOMEM;
+    for (int i = 0; i < cpu->n_pools; i++)
+        if (knn_pool_init(&cpu->pools[i], req->k) != 0) return KNN_E_NOMEM;
+    size_t cells = (size_t)cpu->row_tile * cpu->col_tile;
+    cpu->scores = malloc(cells * sizeof(double));
+    return cpu->scores ? KNN_OK : KNN_E_NOMEM;
+}
+
+/* Bound on |fast score - canonical key| for query node qi, in score units. */
+static double knn_cpu_margin(const knn_cpu *cpu, int qi)
+{
+    const knn_space *sp = &cpu->space;
+    if (!knn_uses_product(sp->metric)) return 0.0;
+    if (knn_is_correlation(sp->metric))
+        return knn_margin_corr(sp->p, 0.0, KNN_U64, sp->kappa);
+    return knn_margin_dist(sp->p, 0.0, KNN_U64,
+                           sqrt(cpu->query->norm2[qi]), sp->norm_max);
+}
+
+static knn_pool *knn_cpu_pool(const knn_cpu *cpu, int node, int q0)
+{
+    return &cpu->pools[cpu->symmetric ? node : node - q0];
+}
+
+/* Fills the tile's scores for query nodes [q0, q0 + nr) against reference
+ * nodes [c0, c0 + nc): dot products of fast vectors, or canonical keys for
+ * Manhattan. Layout nc x nr: query i's scores are contiguous. */
+static void knn_cpu_fill(const knn_cpu *cpu, int q0, int nr, int c0, int nc)
+{
+    int p = cpu->space.p;
+    if (knn_uses_product(cpu->space.metric)) {
+        knn_gemm_tn(nc, nr, p, cpu->ref.fast + (size_t)c0 * p,
+                    cpu->query->fast + (size_t)q0 * p, cpu->scores);
+        return;
+    }
+    #pragma omp parallel for num_threads(cpu->threads) schedule(static)
+    for (int i = 0; i < nr; i++)
+        for (int j = 0; j < nc; j++)
+            cpu->scores[(size_t)i * nc + j] =
+                knn_nodes_key(&cpu->space, cpu->query, q0 + i, &cpu->ref,
+                              c0 + j);
+}
+
+/* The fast score (smaller is closer) of query qi and reference rj from
+ * their tile value. */
+static inline double knn_cpu_score(const knn_cpu *cpu, int qi, int rj,
+                                   double value)
+{
+    switch (cpu->space.metric) {
+    case KNN_MANHATTAN: return value;
+    case KNN_ABSPEARSON: return -fabs(value);
+    case KNN_PEARSON:
+    case KNN_COSINE:
+    case KNN_SPEARMAN: return -value;
+    default:
+        return cpu->query->norm2[qi] + cpu->ref.norm2[rj] - 2.0 * value;
+    }
+}
+
+/* Offers query node q0 + i the tile's references, itself excluded. */
+static int knn_cpu_offer_row(const knn_cpu *cpu, int q0, int i, int c0,
+                             int nc)
+{
+    int qi = q0 + i;
+    knn_pool *pool = knn_cpu_pool(cpu, qi, q0);
+    const double *row = cpu->scores + (size_t)i * nc;
+    int itself = cpu->self ? qi : -1;
+    int failed = 0;
+    for (int j = 0; j < nc; j++) {
+        int rj = c0 + j;
+        double s = knn_cpu_score(cpu, qi, rj, row[j]);
+        if (s <= pool->bound && rj != itself)
+            failed |= knn_pool_offer(pool, s, rj);
+    }
+    return failed;
+}
+
+/* Symmetric mode: offers column node c0 + j the tile's row nodes. */
+static int knn_cpu_offer_column(const knn_cpu *cpu, int q0, int nr, int c0,
+                                int nc, int j)
+{
+    int rj = c0 + j;
+    knn_pool *pool = &cpu->pools[rj];
+    int failed = 0;
+    for (int i = 0; i < nr; i++) {
+        double s = knn_cpu_score(cpu, rj, q0 + i,
+                                 cpu->scores[(size_t)i * nc + j]);
+        if (s <= pool->bound) failed |= knn_pool_offer(pool, s, q0 + i);
+    }
+    return failed;
+}
+
+static knn_status knn_cpu_offer_tile(const knn_cpu *cpu, int q0, int nr,
+                                     int c0, int nc)
+{
+    int failed = 0;
+    #pragma omp parallel for num_threads(cpu->threads) schedule(dynamic, 8) \
+        reduction(| : failed)
+    for (int i = 0; i < nr; i++)
+        failed |= knn_cpu_offer_row(cpu, q0, i, c0, nc);
+    if (cpu->symmetric) {
+        /* Columns inside the row tile already got their scores as rows. */
+        int first = q0 + nr - c0 > 0 ? q0 + nr - c0 : 0;
+        #pragma omp parallel for num_threads(cpu->threads) \
+            schedule(static, 16) reduction(| : failed)
+        for (int j = first; j < nc; j++)
+            failed |= knn_cpu_offer_column(cpu, q0, nr, c0, nc, j);
+    }
+    return failed ? KNN_E_NOMEM : KNN_OK;
+}
+
+/* Re-ranks one query node's pool by canonical key and writes its k
+ * neighbours into row qi of the result. */
+static void knn_cpu_finish(const knn_cpu *cpu, knn_pool *pool, int qi,
+                           knn_result *out)
+{
+    int k = cpu->req->k, nq = cpu->n_query;
+    knn_pool_prune(pool);
+    for (int c = 0; c < pool->size; c++)
+        pool->items[c].score = knn_nodes_key(&cpu->space, cpu->query, qi,
+                                             &cpu->ref, pool->items[c].index);
+    knn_pool_sort(pool);
+    for (int r = 0; r < k; r++) {
+        size_t at = (size_t)qi + (size_t)r * nq;
+        out->index[at] = pool->items[r].index;
+        knn_key_output(cpu->space.metric, pool->items[r].score,
+                       cpu->space.scale_exp, &out->distance[at],
+                       &out->weight[at]);
+    }
+}
+
+static int knn_cpu_interrupted(const knn_request *req)
+{
+    return req->cb.interrupted && req->cb.interrupted(req->cb.ctx);
+}
+
+/* Processes query nodes [q0, q0 + nr) against every reference tile they
+ * need, then writes their neighbours. Adds their pool sizes to *pooled. */
+static knn_status knn_cpu_row_tile(knn_cpu *cpu, int q0, int nr,
+                                   knn_result *out, double *pooled)
+{
+    const knn_request *req = cpu->req;
+    if (!cpu->symmetric)
+        for (int i = 0; i < nr; i++)
+            knn_pool_reset(&cpu->pools[i], knn_cpu_margin(cpu, q0 + i));
+
+    for (int c0 = cpu->symmetric ? q0 : 0; c0 < req->n_ref;
+         c0 += cpu->col_tile) {
+        int nc = req->n_ref - c0 < cpu->col_tile ? req->n_ref - c0
+                                                  : cpu->col_tile;
+        knn_cpu_fill(cpu, q0, nr, c0, nc);
+        knn_status st = knn_cpu_offer_tile(cpu, q0, nr, c0, nc);
+        if (st != KNN_OK) return st;
+        if (knn_cpu_interrupted(req)) return KNN_E_INTERRUPTED;
+    }
+
+    double sizes = 0.0;
+    #pragma omp parallel for num_threads(cpu->threads) schedule(dynamic, 8) \
+        reduction(+ : sizes)
+    for (int i = 0; i < nr; i++) {
+        knn_pool *pool = knn_cpu_pool(cpu, q0 + i, q0);
+        knn_cpu_finish(cpu, pool, q0 + i, out);
+        sizes += pool->size;
+    }
+    *pooled += sizes;
+    return KNN_OK;
+}
+
+static void knn_cpu_describe(const knn_cpu *cpu, knn_report *report)
+{
+    snprintf(report->device, sizeof report->device, "cpu (%d threads)",
+             cpu->threads);
+    snprintf(report->precision, sizeof report->precision, "%s",
+             knn_uses_product(cpu->space.metric)
+                 ? "fp64 BLAS candidates + fp64 exact re-rank"
+                 : "fp64 exact direct");
+    report->row_tile = cpu->row_tile;
+    report->col_tile = cpu->col_tile;
+}
+
+static void knn_cpu_describe_failure(const knn_cpu *cpu, knn_status st,
+                                     knn_report *report)
+{
+    if (st == KNN_E_NOMEM)
+        snprintf(report->message, sizeof report->message,
+                 "out of memory on the CPU (tile %d x %d)", cpu->row_tile,
+                 cpu->col_tile);
+    else if (st == KNN_E_INTERRUPTED)
+        snprintf(report->message, sizeof report->message,
+                 "stopped between tiles; all memory released");
+}
+
+knn_status knn_cpu_search(const knn_request *req, knn_result *out,
+                          knn_report *report)
+{
+    knn_cpu cpu = {0};
+    double t0 = knn_seconds();
+    knn_status st = knn_cpu_setup(&cpu, req);
+    double t1 = knn_seconds();
+    if (st == KNN_OK && cpu.symmetric)
+        for (int j = 0; j < req->n_ref; j++)
+            knn_pool_reset(&cpu.pools[j], knn_cpu_margin(&cpu, j));
+    double pooled = 0.0;
+    for (int q0 = 0; st == KNN_OK && q0 < cpu.n_query; q0 += cpu.row_tile) {
+        int nr = cpu.n_query - q0 < cpu.row_tile ? cpu.n_query - q0
+                                                 : cpu.row_tile;
+        st = knn_cpu_row_tile(&cpu, q0, nr, out, &pooled);
+        if (st == KNN_OK && req->cb.progress)
+            req->cb.progress(req->cb.ctx, q0 + nr, cpu.n_query);
+    }
+    if (st == KNN_OK) {
+        knn_cpu_describe(&cpu, report);
+        report->seconds_prepare = t1 - t0;
+        report->seconds_search = knn_seconds() - t1;
+        report->candidates = pooled / cpu.n_query;
+    } else {
+        knn_cpu_describe_failure(&cpu, st, report);
+    }
+    knn_cpu_free(&cpu);
+    return st;
+}

@@ -1,0 +1,235 @@
+/*
+ * knn_exact.h: the canonical float64 arithmetic that defines knngpu's answer.
+ *
+ * Included by the C engine and by the CUDA backend, so both compute every
+ * ranking key with the same IEEE operations in the same order; that is what
+ * makes CPU and GPU results identical bit for bit. Rules kept here:
+ *   - sums run sequentially over features 0..p-1, one accumulator;
+ *   - no fused multiply-add (device code uses the _rn intrinsics, which the
+ *     compiler never contracts; the C engine is built without contraction);
+ *   - scaling is by powers of two only (frexp/ldexp), which is exact, so
+ *     values like 1e200 or 1e-200 neither overflow nor lose ties.
+ *
+ * Keys: smaller is closer. Correlation metrics rank by the signed squared
+ * correlation q = S^2 / (css_i css_j) computed from S = p * (u_i . u_j) -
+ * sum_i * sum_j, where u is the node shifted and scaled by a power of two:
+ * for integer-valued nodes the shift is an integer, so every quantity is
+ * exact and mathematically tied correlations are tied bit for bit. Distance
+ * metrics rank by the sum of squared (or absolute) differences of the
+ * globally scaled nodes.
+ *
+ * Fast candidate arithmetic (float32 or float64 products) is tied to these
+ * keys by the margins at the end of this file: a node whose fast score lies
+ * within twice the margin of the k-th best fast score is a candidate, and the
+ * true top k under the canonical key is always among the candidates.
+ */
+#ifndef KNN_EXACT_H
+#define KNN_EXACT_H
+
+#include <math.h>
+#include "knn.h"
+
+#if defined(__CUDACC__)
+#define KNN_HD __host__ __device__
+#else
+#define KNN_HD
+#endif
+
+#if defined(__CUDA_ARCH__)
+#define KNN_ADD(a, b) __dadd_rn((a), (b))
+#define KNN_SUB(a, b) __dsub_rn((a), (b))
+#define KNN_MUL(a, b) __dmul_rn((a), (b))
+#define KNN_DIV(a, b) __ddiv_rn((a), (b))
+#else
+#define KNN_ADD(a, b) ((a) + (b))
+#define KNN_SUB(a, b) ((a) - (b))
+#define KNN_MUL(a, b) ((a) * (b))
+#define KNN_DIV(a, b) ((a) / (b))
+#endif
+
+/* Unit roundoff of float64 and float32. */
+#define KNN_U64 1.1102230246251565e-16
+#define KNN_U32 5.9604644775390625e-08
+
+/* Integer-valued nodes below this magnitude take the exact integer shift. */
+#define KNN_EXACT_INT_LIMIT 2147483648.0
+
+KNN_HD static inline int knn_is_correlation(knn_metric m)
+{
+    return m == KNN_PEARSON || m == KNN_COSINE || m == KNN_SPEARMAN ||
+           m == KNN_ABSPEARSON;
+}
+
+/* Pearson, Spearman and |Pearson| centre nodes; cosine does not. */
+KNN_HD static inline int knn_is_centred(knn_metric m)
+{
+    return m == KNN_PEARSON || m == KNN_SPEARMAN || m == KNN_ABSPEARSON;
+}
+
+/* Metrics whose candidates come from a matrix product. */
+KNN_HD static inline int knn_uses_product(knn_metric m)
+{
+    return m != KNN_MANHATTAN;
+}
+
+/* Exponent e with |v| / 2^e in [0.5, 1); 0 for v == 0. */
+KNN_HD static inline int knn_exponent(double v)
+{
+    int e = 0;
+    if (v != 0.0) frexp(v, &e);
+    return e;
+}
+
+KNN_HD static inline double knn_max_abs(const double *x, int p)
+{
+    double m = 0.0;
+    for (int f = 0; f < p; f++) {
+        double a = fabs(x[f]);
+        if (a > m) m = a;
+    }
+    return m;
+}
+
+KNN_HD static inline double knn_sum(const double *x, int p)
+{
+    double s = 0.0;
+    for (int f = 0; f < p; f++) s = KNN_ADD(s, x[f]);
+    return s;
+}
+
+KNN_HD static inline double knn_dot(const double *a, const double *b, int p)
+{
+    double s = 0.0;
+    for (int f = 0; f < p; f++) s = KNN_ADD(s, KNN_MUL(a[f], b[f]));
+    return s;
+}
+
+/* Twice the average rank (ties share their mean rank, as R's rank() and
+ * cor(method = "spearman") do) of feature f among the node's p values: an
+ * integer, so Spearman inherits the exact integer path. */
+KNN_HD static inline double knn_rank2(const double *x, int p, int f)
+{
+    int less = 0, equal = 0;
+    for (int g = 0; g < p; g++) {
+        less += x[g] < x[f];
+        equal += x[g] == x[f];
+    }
+    return 2.0 * less + equal + 1.0;
+}
+
+/* Canonical form of one node for a correlation metric: writes u (p values)
+ * and its sum and css (p * sum(u^2) - sum^2; for cosine sum(u^2)). x holds
+ * the node's values (for Spearman, its knn_rank2 values). A degenerate node
+ * (constant, or all zero for cosine) gives css == 0. */
+KNN_HD static inline void knn_canon_corr(knn_metric m, const double *x, int p,
+                                         double *u, double *sum, double *css)
+{
+    double amax = knn_max_abs(x, p);
+    int exact_int = knn_is_centred(m) && amax < KNN_EXACT_INT_LIMIT;
+    for (int f = 0; exact_int && f < p; f++) exact_int = x[f] == floor(x[f]);
+
+    if (exact_int) {
+        double shift = floor(KNN_DIV(knn_sum(x, p), (double)p) + 0.5);
+        for (int f = 0; f < p; f++) u[f] = KNN_SUB(x[f], shift);
+    } else {
+        int e = knn_exponent(amax);
+        for (int f = 0; f < p; f++) u[f] = ldexp(x[f], -e);
+        if (knn_is_centred(m)) {
+            double mean = KNN_DIV(knn_sum(u, p), (double)p);
+            for (int f = 0; f < p; f++) u[f] = KNN_SUB(u[f], mean);
+        }
+    }
+    int e = knn_exponent(knn_max_abs(u, p));
+    for (int f = 0; f < p; f++) u[f] = ldexp(u[f], -e);
+
+    double uu = knn_dot(u, u, p);
+    if (knn_is_centred(m)) {
+        *sum = knn_sum(u, p);
+        *css = KNN_SUB(KNN_MUL((double)p, uu), KNN_MUL(*sum, *sum));
+    } else {
+        *sum = 0.0;
+        *css = uu;
+    }
+}
+
+/* Canonical key of a pair of correlation-metric nodes. */
+KNN_HD static inline double knn_key_corr(knn_metric m, const double *ui,
+                                         const double *uj, int p,
+                                         double sum_i, double css_i,
+                                         double sum_j, double css_j)
+{
+    double dot = knn_dot(ui, uj, p);
+    double s = knn_is_centred(m)
+        ? KNN_SUB(KNN_MUL((double)p, dot), KNN_MUL(sum_i, sum_j)) : dot;
+    double q = KNN_DIV(KNN_MUL(s, s), KNN_MUL(css_i, css_j));
+    if (q > 1.0) q = 1.0;
+    if (m == KNN_ABSPEARSON) return -q;
+    return s < 0.0 ? q : -q;
+}
+
+/* Canonical key of a pair of distance-metric nodes, both already scaled by
+ * the same power of two. */
+KNN_HD static inline double knn_key_dist(knn_metric m, const double *a,
+                                         const double *b, int p)
+{
+    double s = 0.0;
+    if (m == KNN_MANHATTAN) {
+        for (int f = 0; f < p; f++) s = KNN_ADD(s, fabs(KNN_SUB(a[f], b[f])));
+    } else {
+        for (int f = 0; f < p; f++) {
+            double d = KNN_SUB(a[f], b[f]);
+            s = KNN_ADD(s, KNN_MUL(d, d));
+        }
+    }
+    return s;
+}
+
+/* Weight and distance reported for a key; scale_exp is the power of two the
+ * distance-metric nodes were divided by. */
+KNN_HD static inline void knn_key_output(knn_metric m, double key,
+                                         int scale_exp, double *distance,
+                                         double *weight)
+{
+    if (knn_is_correlation(m)) {
+        double r = key <= 0.0 ? sqrt(-key) : -sqrt(key);
+        *weight = r;
+        *distance = KNN_SUB(1.0, r);
+        return;
+    }
+    double d;
+    if (m == KNN_EUCLIDEAN) d = ldexp(sqrt(key), scale_exp);
+    else if (m == KNN_SQEUCLIDEAN) d = ldexp(key, 2 * scale_exp);
+    else d = ldexp(key, scale_exp);
+    *distance = d;
+    *weight = KNN_DIV(1.0, KNN_ADD(1.0, d));
+}
+
+/*
+ * Margins. unit_in: relative rounding of the candidate arithmetic's inputs
+ * (2^-24 for float32, 2^-11 for TF32, 0 when inputs stay float64); unit_acc:
+ * its accumulation unit (2^-24 for float32 sums). The fast vectors are
+ * f = (u - mean) / |u - mean| for correlations (so f_i . f_j = r) and the
+ * column-centred scaled nodes for distances, computed in float64 first.
+ * Each bound covers |fast - exact| + |canonical - exact| with a factor of
+ * two to spare; kappa = max over nodes of p * sum(u^2) / css >= 1 measures
+ * the cancellation in the canonical S.
+ */
+KNN_HD static inline double knn_margin_corr(int p, double unit_in,
+                                            double unit_acc, double kappa)
+{
+    double fast = (p + 4.0) * unit_acc + 2.0 * unit_in;
+    double canon = 8.0 * (p + 10.0) * KNN_U64 * (kappa + p);
+    return 2.0 * (fast + canon);
+}
+
+KNN_HD static inline double knn_margin_dist(int p, double unit_in,
+                                            double unit_acc, double norm_i,
+                                            double norm_max)
+{
+    double reach = (norm_i + norm_max) * (norm_i + norm_max);
+    double fast = (p + 4.0) * unit_acc + 2.0 * unit_in;
+    double canon = 4.0 * (p + 10.0) * KNN_U64;
+    return 2.0 * (fast + canon) * reach;
+}
+
+#endif

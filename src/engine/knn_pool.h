@@ -1,0 +1,44 @@
+/*
+ * knn_pool.h: the candidate pool of one query node.
+ *
+ * Offers arrive tile by tile with a fast score. The pool keeps every offer
+ * whose score is within twice the margin of the k-th best score seen so far;
+ * anything further cannot be in the exact top k (knn_exact.h), so the pool
+ * stays near k entries while still holding every true neighbour, exact ties
+ * included. At the end the caller replaces scores by canonical keys and
+ * sorts: the first k entries are the answer.
+ */
+#ifndef KNN_POOL_H
+#define KNN_POOL_H
+
+typedef struct {
+    double score;
+    int index;
+} knn_cand;
+
+typedef struct {
+    knn_cand *items;
+    int size;
+    int cap;
+    int k;
+    double bound;    /* offers above this cannot be in the top k */
+    double margin2;  /* twice the margin of the fast scores */
+} knn_pool;
+
+/* Allocates a pool for k neighbours; returns 0, or -1 when out of memory. */
+int knn_pool_init(knn_pool *pool, int k);
+void knn_pool_free(knn_pool *pool);
+
+/* Empties the pool for a new query node with the given margin. */
+void knn_pool_reset(knn_pool *pool, double margin);
+
+/* Offers a candidate. Returns 0, or -1 when out of memory (pool intact). */
+int knn_pool_offer(knn_pool *pool, double score, int index);
+
+/* Drops every entry that can no longer be in the top k. */
+void knn_pool_prune(knn_pool *pool);
+
+/* Sorts the entries by (score, index), ascending. */
+void knn_pool_sort(knn_pool *pool);
+
+#endif

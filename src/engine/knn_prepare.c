@@ -1,0 +1,201 @@
+/*
+ * knn_prepare.c: canonical and fast forms of nodes for the CPU backend (see
+ * knn_prepare.h). The canonical arithmetic itself lives in knn_exact.h so
+ * that the CUDA backend prepares nodes with the very same operations.
+ */
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+#include "knn_exact.h"
+#include "knn_prepare.h"
+#include "knn_threads.h"
+
+typedef struct {
+    double value;
+    int position;
+} knn_ranked;
+
+static int knn_ranked_cmp(const void *a, const void *b)
+{
+    double x = ((const knn_ranked *)a)->value;
+    double y = ((const knn_ranked *)b)->value;
+    return (x > y) - (x < y);
+}
+
+/* Writes twice the average ranks of x into rank2: the numbers knn_rank2()
+ * defines, found by sorting instead of counting so a node costs p log p. */
+static void knn_rank2_sorted(const double *x, int p, knn_ranked *scratch,
+                             double *rank2)
+{
+    for (int f = 0; f < p; f++) {
+        scratch[f].value = x[f];
+        scratch[f].position = f;
+    }
+    qsort(scratch, (size_t)p, sizeof *scratch, knn_ranked_cmp);
+    for (int s = 0; s < p;) {
+        int e = s;
+        while (e < p && scratch[e].value == scratch[s].value) e++;
+        for (int t = s; t < e; t++)
+            rank2[scratch[t].position] = 2.0 * s + (e - s) + 1.0;
+        s = e;
+    }
+}
+
+knn_status knn_space_init(knn_space *space, const knn_request *req)
+{
+    int p = req->p;
+    memset(space, 0, sizeof *space);
+    space->metric = req->metric;
+    space->p = p;
+    space->kappa = 1.0;
+    if (knn_is_correlation(req->metric)) return KNN_OK;
+
+    size_t nr = (size_t)req->n_ref * p;
+    double amax = 0.0;
+    for (size_t i = 0; i < nr; i++) amax = fmax(amax, fabs(req->ref[i]));
+    if (req->query) {
+        size_t nq = (size_t)req->n_query * p;
+        for (size_t i = 0; i < nq; i++) amax = fmax(amax, fabs(req->query[i]));
+    }
+    space->scale_exp = knn_exponent(amax);
+    if (!knn_uses_product(req->metric)) return KNN_OK;
+
+    space->colmean = calloc((size_t)p, sizeof(double));
+    if (!space->colmean) return KNN_E_NOMEM;
+    for (int j = 0; j < req->n_ref; j++)
+        for (int f = 0; f < p; f++)
+            space->colmean[f] += ldexp(req->ref[(size_t)j * p + f],
+                                       -space->scale_exp);
+    for (int f = 0; f < p; f++) space->colmean[f] /= req->n_ref;
+    return KNN_OK;
+}
+
+void knn_space_free(knn_space *space)
+{
+    free(space->colmean);
+    space->colmean = NULL;
+}
+
+void knn_nodes_free(knn_nodes *nodes)
+{
+    free(nodes->canon);
+    free(nodes->sum);
+    free(nodes->css);
+    free(nodes->fast);
+    free(nodes->norm2);
+    memset(nodes, 0, sizeof *nodes);
+}
+
+static knn_status knn_nodes_alloc(knn_nodes *nodes, const knn_space *space,
+                                  int n)
+{
+    size_t pn = (size_t)space->p * n;
+    int corr = knn_is_correlation(space->metric);
+    int product = knn_uses_product(space->metric);
+    memset(nodes, 0, sizeof *nodes);
+    nodes->n = n;
+    nodes->canon = malloc(pn * sizeof(double));
+    if (corr) {
+        nodes->sum = malloc((size_t)n * sizeof(double));
+        nodes->css = malloc((size_t)n * sizeof(double));
+    }
+    if (product) nodes->fast = malloc(pn * sizeof(double));
+    if (product && !corr) nodes->norm2 = malloc((size_t)n * sizeof(double));
+    if (!nodes->canon || (corr && (!nodes->sum || !nodes->css)) ||
+        (product && !nodes->fast) ||
+        (product && !corr && !nodes->norm2)) {
+        knn_nodes_free(nodes);
+        return KNN_E_NOMEM;
+    }
+    return KNN_OK;
+}
+
+/* Correlation node j: canonical u, then the unit-norm centred fast vector.
+ * Returns the node's cancellation p * sum(u^2) / css. */
+static double knn_prepare_corr(knn_nodes *nodes, const knn_space *space,
+                               const double *x, int j, double *rank2,
+                               knn_ranked *scratch)
+{
+    int p = space->p;
+    const double *xj = x + (size_t)j * p;
+    double *u = nodes->canon + (size_t)j * p;
+    double *fast = nodes->fast + (size_t)j * p;
+    if (space->metric == KNN_SPEARMAN) {
+        knn_rank2_sorted(xj, p, scratch, rank2);
+        xj = rank2;
+    }
+    knn_canon_corr(space->metric, xj, p, u, &nodes->sum[j], &nodes->css[j]);
+    double mean = knn_is_centred(space->metric) ? nodes->sum[j] / p : 0.0;
+    double scale = knn_is_centred(space->metric)
+        ? 1.0 / sqrt(nodes->css[j] / p) : 1.0 / sqrt(nodes->css[j]);
+    for (int f = 0; f < p; f++) fast[f] = (u[f] - mean) * scale;
+    if (!knn_is_centred(space->metric)) return 1.0;
+    return p * knn_dot(u, u, p) / nodes->css[j];
+}
+
+/* Distance node j: scaled canonical node and its column-centred fast form.
+ * Returns |fast|. */
+static double knn_prepare_dist(knn_nodes *nodes, const knn_space *space,
+                               const double *x, int j)
+{
+    int p = space->p;
+    const double *xj = x + (size_t)j * p;
+    double *c = nodes->canon + (size_t)j * p;
+    for (int f = 0; f < p; f++) c[f] = ldexp(xj[f], -space->scale_exp);
+    if (!nodes->fast) return 0.0;
+    double *v = nodes->fast + (size_t)j * p;
+    for (int f = 0; f < p; f++) v[f] = c[f] - space->colmean[f];
+    nodes->norm2[j] = knn_dot(v, v, p);
+    return sqrt(nodes->norm2[j]);
+}
+
+knn_status knn_nodes_prepare(knn_nodes *nodes, knn_space *space,
+                             const double *x, int n, int is_ref, int threads)
+{
+    int p = space->p;
+    int corr = knn_is_correlation(space->metric);
+    knn_status st = knn_nodes_alloc(nodes, space, n);
+    if (st != KNN_OK) return st;
+
+    double kappa = space->kappa, norm_max = space->norm_max;
+    int failed = 0;
+    #pragma omp parallel num_threads(knn_threads(threads)) \
+        reduction(max : kappa, norm_max) reduction(| : failed)
+    {
+        double *rank2 = malloc((size_t)p * sizeof(double));
+        knn_ranked *scratch = malloc((size_t)p * sizeof(knn_ranked));
+        if (!rank2 || !scratch) failed = 1;
+        #pragma omp for schedule(static)
+        for (int j = 0; j < n; j++) {
+            if (failed) continue;
+            if (corr) {
+                kappa = fmax(kappa, knn_prepare_corr(nodes, space, x, j,
+                                                     rank2, scratch));
+            } else {
+                double norm = knn_prepare_dist(nodes, space, x, j);
+                if (is_ref) norm_max = fmax(norm_max, norm);
+            }
+        }
+        free(rank2);
+        free(scratch);
+    }
+    if (failed) {
+        knn_nodes_free(nodes);
+        return KNN_E_NOMEM;
+    }
+    space->kappa = kappa;
+    space->norm_max = norm_max;
+    return KNN_OK;
+}
+
+double knn_nodes_key(const knn_space *space, const knn_nodes *query, int qi,
+                     const knn_nodes *ref, int rj)
+{
+    int p = space->p;
+    const double *a = query->canon + (size_t)qi * p;
+    const double *b = ref->canon + (size_t)rj * p;
+    if (!knn_is_correlation(space->metric))
+        return knn_key_dist(space->metric, a, b, p);
+    return knn_key_corr(space->metric, a, b, p, query->sum[qi],
+                        query->css[qi], ref->sum[rj], ref->css[rj]);
+}

@@ -1,0 +1,206 @@
+/*
+ * glue.c: the .Call entry points. Each reads in four steps: convert input,
+ * call the engine, convert output, return. The R layer (R/validate.R) has
+ * already checked and converted the arguments; engine errors become R errors
+ * only after the engine has freed its buffers.
+ */
+#include <R.h>
+#include <Rinternals.h>
+#include <stdlib.h>
+#include <string.h>
+#include "callbacks.h"
+#include "knn.h"
+
+static const char *knn_status_name(knn_status st)
+{
+    switch (st) {
+    case KNN_E_INVALID: return "invalid input";
+    case KNN_E_NOMEM: return "out of memory";
+    case KNN_E_INTERRUPTED: return "interrupted by the user";
+    case KNN_E_NOGPU: return "no usable GPU";
+    case KNN_E_DEVICE: return "GPU failure";
+    default: return "engine error";
+    }
+}
+
+static SEXP knn_named_list(int n, const char **names)
+{
+    SEXP list = PROTECT(allocVector(VECSXP, n));
+    SEXP nm = PROTECT(allocVector(STRSXP, n));
+    for (int i = 0; i < n; i++) SET_STRING_ELT(nm, i, mkChar(names[i]));
+    setAttrib(list, R_NamesSymbol, nm);
+    UNPROTECT(2);
+    return list;
+}
+
+static SEXP knn_report_list(const knn_report *report)
+{
+    const char *names[] = {"device", "precision", "seconds_prepare",
+                           "seconds_search", "seconds_rerank", "candidates",
+                           "row_tile", "col_tile"};
+    SEXP info = PROTECT(knn_named_list(8, names));
+    SET_VECTOR_ELT(info, 0, mkString(report->device));
+    SET_VECTOR_ELT(info, 1, mkString(report->precision));
+    SET_VECTOR_ELT(info, 2, ScalarReal(report->seconds_prepare));
+    SET_VECTOR_ELT(info, 3, ScalarReal(report->seconds_search));
+    SET_VECTOR_ELT(info, 4, ScalarReal(report->seconds_rerank));
+    SET_VECTOR_ELT(info, 5, ScalarReal(report->candidates));
+    SET_VECTOR_ELT(info, 6, ScalarInteger(report->row_tile));
+    SET_VECTOR_ELT(info, 7, ScalarInteger(report->col_tile));
+    UNPROTECT(1);
+    return info;
+}
+
+static void knn_request_devices(knn_request *req, SEXP devices)
+{
+    int n = length(devices);
+    req->n_devices = n < KNN_MAX_DEVICES ? n : KNN_MAX_DEVICES;
+    for (int i = 0; i < req->n_devices; i++)
+        req->devices[i] = INTEGER(devices)[i];
+}
+
+/* ref, query: p x n double matrices (query may be NULL); devices: 0-based
+ * integer vector, empty for all. Returns list(index (1-based), distance,
+ * weight, info). */
+SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
+                  SEXP threads, SEXP memory, SEXP devices, SEXP progress)
+{
+    int nprot = 0;
+    knn_request req;
+    memset(&req, 0, sizeof req);
+    req.metric = (knn_metric)asInteger(metric);
+    req.p = nrows(ref);
+    req.ref = REAL(ref);
+    req.n_ref = ncols(ref);
+    if (!isNull(query)) {
+        req.query = REAL(query);
+        req.n_query = ncols(query);
+    }
+    req.k = asInteger(k);
+    req.threads = asInteger(threads);
+    req.memory_bytes = asReal(memory);
+    knn_request_devices(&req, devices);
+    int nq = isNull(query) ? req.n_ref : req.n_query;
+
+    SEXP index = PROTECT(allocMatrix(INTSXP, nq, req.k)); nprot++;
+    SEXP distance = PROTECT(allocMatrix(REALSXP, nq, req.k)); nprot++;
+    SEXP weight = PROTECT(allocMatrix(REALSXP, nq, req.k)); nprot++;
+    knn_result out = {INTEGER(index), REAL(distance), REAL(weight)};
+    knn_r_session session;
+    knn_r_callbacks(&session, asLogical(progress) == TRUE, nq, &req.cb);
+    PROTECT(session.bar); nprot++;
+
+    knn_report report;
+    knn_status st = knn_search(&req, (knn_backend)asInteger(backend), &out,
+                               &report);
+    knn_r_callbacks_done(&session);
+    if (st != KNN_OK) {
+        UNPROTECT(nprot);
+        error("knngpu: %s: %s", knn_status_name(st), report.message);
+    }
+
+    int *ix = INTEGER(index);
+    for (R_xlen_t c = 0; c < XLENGTH(index); c++) ix[c] += 1;
+    const char *names[] = {"index", "distance", "weight", "info"};
+    SEXP res = PROTECT(knn_named_list(4, names)); nprot++;
+    SET_VECTOR_ELT(res, 0, index);
+    SET_VECTOR_ELT(res, 1, distance);
+    SET_VECTOR_ELT(res, 2, weight);
+    SET_VECTOR_ELT(res, 3, knn_report_list(&report));
+    UNPROTECT(nprot);
+    return res;
+}
+
+/* x: p x n double matrix. Returns the 1-based degenerate nodes (at most
+ * max_rows of them) with the total count as attribute "count". */
+SEXP C_knn_degenerate(SEXP x, SEXP metric, SEXP max_rows)
+{
+    int cap = asInteger(max_rows);
+    int *rows = (int *)R_alloc((size_t)cap, sizeof(int));
+    int found = knn_degenerate_nodes((knn_metric)asInteger(metric), REAL(x),
+                                     nrows(x), ncols(x), rows, cap);
+    int shown = found < cap ? found : cap;
+    SEXP res = PROTECT(allocVector(INTSXP, shown));
+    for (int i = 0; i < shown; i++) INTEGER(res)[i] = rows[i] + 1;
+    setAttrib(res, install("count"), ScalarInteger(found));
+    UNPROTECT(1);
+    return res;
+}
+
+/* index: n x k 1-based integer matrix of a self search. Returns
+ * list(from, to, weight) with 1-based from < to. */
+SEXP C_knn_snn(SEXP index, SEXP type)
+{
+    int n = nrows(index), k = ncols(index);
+    int *zero_based = (int *)R_alloc((size_t)n * k, sizeof(int));
+    for (R_xlen_t c = 0; c < XLENGTH(index); c++)
+        zero_based[c] = INTEGER(index)[c] - 1;
+
+    int *from, *to;
+    double *w;
+    size_t m;
+    knn_status st = knn_snn_graph(zero_based, n, k,
+                                  (knn_snn_type)asInteger(type), &from, &to,
+                                  &w, &m);
+    if (st != KNN_OK) error("knngpu: out of memory building the SNN graph");
+
+    const char *names[] = {"from", "to", "weight"};
+    SEXP res = PROTECT(knn_named_list(3, names));
+    SEXP rf = allocVector(INTSXP, (R_xlen_t)m);
+    SET_VECTOR_ELT(res, 0, rf);
+    SEXP rt = allocVector(INTSXP, (R_xlen_t)m);
+    SET_VECTOR_ELT(res, 1, rt);
+    SEXP rw = allocVector(REALSXP, (R_xlen_t)m);
+    SET_VECTOR_ELT(res, 2, rw);
+    for (size_t e = 0; e < m; e++) {
+        INTEGER(rf)[e] = from[e] + 1;
+        INTEGER(rt)[e] = to[e] + 1;
+        REAL(rw)[e] = w[e];
+    }
+    free(from);
+    free(to);
+    free(w);
+    UNPROTECT(1);
+    return res;
+}
+
+/* Returns what the GPU backend sees, as a list for R/gpuInfo.R. */
+SEXP C_knn_gpu_info(void)
+{
+    knn_gpu_info info;
+    knn_gpu_query(&info);
+    int n = info.n_devices;
+    const char *dev_names[] = {"name", "memory_total", "memory_free",
+                               "major", "minor", "multiprocessors"};
+    SEXP dev = PROTECT(knn_named_list(6, dev_names));
+    SEXP name = allocVector(STRSXP, n);
+    SET_VECTOR_ELT(dev, 0, name);
+    SEXP total = allocVector(REALSXP, n);
+    SET_VECTOR_ELT(dev, 1, total);
+    SEXP free_ = allocVector(REALSXP, n);
+    SET_VECTOR_ELT(dev, 2, free_);
+    SEXP major = allocVector(INTSXP, n);
+    SET_VECTOR_ELT(dev, 3, major);
+    SEXP minor = allocVector(INTSXP, n);
+    SET_VECTOR_ELT(dev, 4, minor);
+    SEXP sms = allocVector(INTSXP, n);
+    SET_VECTOR_ELT(dev, 5, sms);
+    for (int i = 0; i < n; i++) {
+        SET_STRING_ELT(name, i, mkChar(info.device[i].name));
+        REAL(total)[i] = info.device[i].memory_total;
+        REAL(free_)[i] = info.device[i].memory_free;
+        INTEGER(major)[i] = info.device[i].major;
+        INTEGER(minor)[i] = info.device[i].minor;
+        INTEGER(sms)[i] = info.device[i].multiprocessors;
+    }
+    const char *names[] = {"built_with_cuda", "reason", "runtime_version",
+                           "driver_version", "devices"};
+    SEXP res = PROTECT(knn_named_list(5, names));
+    SET_VECTOR_ELT(res, 0, ScalarLogical(info.built_with_cuda));
+    SET_VECTOR_ELT(res, 1, mkString(info.reason));
+    SET_VECTOR_ELT(res, 2, ScalarInteger(info.runtime_version));
+    SET_VECTOR_ELT(res, 3, ScalarInteger(info.driver_version));
+    SET_VECTOR_ELT(res, 4, dev);
+    UNPROTECT(2);
+    return res;
+}

@@ -1,0 +1,26 @@
+/*
+ * init.c: registers every .Call routine with its true arity.
+ */
+#include <R.h>
+#include <Rinternals.h>
+#include <R_ext/Rdynload.h>
+
+SEXP C_knn_search(SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP);
+SEXP C_knn_degenerate(SEXP, SEXP, SEXP);
+SEXP C_knn_snn(SEXP, SEXP);
+SEXP C_knn_gpu_info(void);
+
+static const R_CallMethodDef knn_call_methods[] = {
+    {"C_knn_search", (DL_FUNC)&C_knn_search, 9},
+    {"C_knn_degenerate", (DL_FUNC)&C_knn_degenerate, 3},
+    {"C_knn_snn", (DL_FUNC)&C_knn_snn, 2},
+    {"C_knn_gpu_info", (DL_FUNC)&C_knn_gpu_info, 0},
+    {NULL, NULL, 0}
+};
+
+void R_init_knngpu(DllInfo *dll)
+{
+    R_registerRoutines(dll, NULL, knn_call_methods, NULL, NULL);
+    R_useDynamicSymbols(dll, FALSE);
+    R_forceSymbols(dll, TRUE);
+}

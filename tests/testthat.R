@@ -1,0 +1,4 @@
+library(testthat)
+library(knngpu)
+
+test_check("knngpu")

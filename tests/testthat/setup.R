@@ -1,0 +1,67 @@
+## An independent float64 reference: the full distance matrix from base R
+## (cor, dist), then order() with the node index as tie-break. Distances are
+## rounded to 10 decimals first, so that values equal in exact arithmetic
+## but computed with different last bits by cor()/dist() count as ties.
+
+refDistances <- function(nodes, metric, query = NULL) {
+    all <- rbind(nodes, query)
+    d <- switch(metric,
+        pearson = 1 - stats::cor(t(all)),
+        spearman = 1 - stats::cor(t(all), method = "spearman"),
+        abspearson = 1 - abs(stats::cor(t(all))),
+        cosine = {
+            unit <- all / sqrt(rowSums(all^2))
+            1 - tcrossprod(unit)
+        },
+        euclidean = as.matrix(stats::dist(all)),
+        manhattan = as.matrix(stats::dist(all, method = "manhattan")),
+        sqeuclidean = as.matrix(stats::dist(all))^2)
+    dimnames(d) <- NULL
+    n <- nrow(nodes)
+    if (is.null(query)) {
+        diag(d) <- Inf
+        return(d)
+    }
+    d[n + seq_len(nrow(query)), seq_len(n), drop = FALSE]
+}
+
+## k nearest reference nodes of each row of `nodes` (or of `query`): list of
+## n x k index and distance matrices, as knnSearch() returns them.
+refKnn <- function(nodes, k, metric, query = NULL) {
+    d <- refDistances(nodes, metric, query)
+    index <- t(apply(d, 1, function(row) {
+        order(round(row, 10), seq_along(row))[seq_len(k)]
+    }))
+    if (k == 1L) index <- matrix(index, ncol = 1L)
+    distance <- matrix(d[cbind(rep(seq_len(nrow(d)), k), as.vector(index))],
+                       ncol = k)
+    list(index = index, distance = distance)
+}
+
+## Small-integer data: exact ties everywhere, duplicated rows, no constant
+## row (so every metric is defined).
+tiedMatrix <- function(n, p, seed) {
+    set.seed(seed)
+    x <- matrix(sample(0:3, n * p, replace = TRUE), n, p)
+    x[seq(2, n, by = 7), ] <- x[seq(1, n - 1, by = 7), ]
+    constant <- apply(x, 1, function(r) all(r == r[1]))
+    x[constant, 1] <- x[constant, 1] + 1
+    x
+}
+
+randomMatrix <- function(n, p, seed) {
+    set.seed(seed)
+    matrix(rnorm(n * p), n, p)
+}
+
+allMetrics <- c("pearson", "cosine", "euclidean", "spearman", "abspearson",
+                "manhattan", "sqeuclidean")
+
+## Nodes as rows, whatever `by` says, for the reference.
+asRows <- function(x, by) if (by == "rows") x else t(x)
+
+withOptions <- function(opts, code) {
+    old <- options(opts)
+    on.exit(options(old))
+    code
+}

@@ -1,0 +1,89 @@
+test_that("edges are grouped by node, ranks ascending, named by node", {
+    x <- randomMatrix(40, 8, 21)
+    rownames(x) <- sprintf("g%02d", seq_len(40))
+    e <- knnGraph(x, k = 5, device = "cpu")
+    expect_identical(names(e), c("from", "to", "weight", "distance", "rank"))
+    expect_identical(nrow(e), 200L)
+    expect_identical(e$from, rep(rownames(x), each = 5))
+    expect_identical(e$rank, rep(1:5, 40))
+    ref <- refKnn(x, 5, "pearson")
+    expect_identical(e$to, rownames(x)[as.vector(t(ref$index))])
+    expect_equal(e$weight, 1 - e$distance)
+    expect_identical(attr(e, "nodes"), data.frame(name = rownames(x)))
+    expect_identical(attr(e, "metric"), "pearson")
+    expect_identical(attr(e, "k"), 5L)
+    expect_match(attr(e, "device"), "^cpu")
+})
+
+test_that("unnamed nodes are 1-based integers; by = columns uses columns", {
+    x <- randomMatrix(12, 30, 22)
+    e <- knnGraph(x, k = 3, by = "columns", metric = "euclidean",
+                  device = "cpu")
+    expect_identical(e$from, rep(1:30, each = 3))
+    ref <- refKnn(t(x), 3, "euclidean")
+    expect_identical(e$to, as.vector(t(ref$index)))
+    expect_equal(e$weight, 1 / (1 + e$distance))
+})
+
+test_that("union and mutual keep each pair once with its better rank", {
+    x <- tiedMatrix(80, 12, 23)
+    k <- 6
+    directed <- knnGraph(x, k = k, device = "cpu")
+    key <- function(a, b) paste(pmin(a, b), pmax(a, b))
+    pairs <- key(directed$from, directed$to)
+    union <- knnGraph(x, k = k, symmetrize = "union", device = "cpu")
+    mutual <- knnGraph(x, k = k, symmetrize = "mutual", device = "cpu")
+    expect_true(all(union$from < union$to))
+    expect_setequal(key(union$from, union$to), unique(pairs))
+    expect_false(anyDuplicated(key(union$from, union$to)) > 0)
+    twice <- names(which(table(pairs) == 2))
+    expect_setequal(key(mutual$from, mutual$to), twice)
+    best <- tapply(directed$rank, pairs, min)
+    expect_identical(union$rank, as.vector(best[key(union$from, union$to)]))
+    w <- tapply(directed$weight, pairs, unique)
+    expect_identical(union$weight, as.vector(w[key(union$from, union$to)]))
+})
+
+test_that("SNN weights equal bluster's", {
+    skip_if_not_installed("bluster")
+    skip_if_not_installed("igraph")
+    x <- randomMatrix(150, 10, 24)
+    for (type in c("rank", "number", "jaccard")) {
+        e <- knnGraph(x, k = 8, metric = "euclidean", snn = type,
+                      device = "cpu")
+        nn <- knnSearch(x, k = 8, metric = "euclidean", device = "cpu")
+        g <- bluster::neighborsToSNNGraph(nn$index, type = type)
+        ends <- igraph::ends(g, igraph::E(g))
+        ref <- data.frame(from = pmin(ends[, 1], ends[, 2]),
+                          to = pmax(ends[, 1], ends[, 2]),
+                          weight = igraph::E(g)$weight)
+        ref <- ref[order(ref$from, ref$to), ]
+        rownames(ref) <- NULL
+        got <- data.frame(from = e$from, to = e$to, weight = e$weight)
+        expect_equal(got, ref, label = type)
+    }
+})
+
+test_that("toIgraph keeps every node, isolated ones included", {
+    skip_if_not_installed("igraph")
+    x <- randomMatrix(60, 5, 25)
+    mutual <- knnGraph(x, k = 2, symmetrize = "mutual", device = "cpu")
+    g <- toIgraph(mutual)
+    expect_equal(igraph::vcount(g), 60)
+    expect_false(igraph::is_directed(g))
+    expect_equal(igraph::ecount(g), nrow(mutual))
+    directed <- toIgraph(knnGraph(x, k = 2, device = "cpu"))
+    expect_true(igraph::is_directed(directed))
+    expect_equal(igraph::ecount(directed), 120)
+    expect_equal(igraph::E(directed)$weight,
+                 knnGraph(x, k = 2, device = "cpu")$weight)
+    plain <- igraph::graph_from_data_frame(mutual,
+                                           vertices = attr(mutual, "nodes"))
+    expect_equal(igraph::vcount(plain), 60)
+})
+
+test_that("progress bars do not change the answer", {
+    x <- randomMatrix(600, 6, 26)
+    expect_identical(knnGraph(x, k = 4, progress = TRUE, device = "cpu")$to,
+                     knnGraph(x, k = 4, progress = FALSE, device = "cpu")$to)
+})

@@ -1,0 +1,138 @@
+test_that("every metric, by and k equals the float64 reference", {
+    data <- list(random = randomMatrix(60, 40, 1), tied = tiedMatrix(60, 40, 2))
+    for (name in names(data)) for (by in c("rows", "columns")) {
+        x <- data[[name]]
+        nodes <- asRows(x, by)
+        for (metric in allMetrics) for (k in c(1, 2, 33, nrow(nodes) - 1)) {
+            got <- knnSearch(x, k = k, metric = metric, by = by,
+                             device = "cpu")
+            ref <- refKnn(nodes, k, metric)
+            label <- sprintf("%s %s %s k=%d", name, by, metric, k)
+            expect_identical(got$index, ref$index, label = label)
+            expect_equal(got$distance, ref$distance, tolerance = 1e-10,
+                         label = label)
+        }
+    }
+})
+
+test_that("duplicated nodes are neighbours at distance 0, ties by index", {
+    x <- rbind(c(1, 2, 3, 4), c(1, 2, 3, 4), c(4, 3, 2, 1), c(1, 2, 3, 4),
+               c(2, 2, 3, 5))
+    for (metric in allMetrics) {
+        got <- knnSearch(x, k = 2, metric = metric, device = "cpu")
+        # |r| = 1 for the reversed node 3 too, and 3 < 4.
+        other <- if (metric == "abspearson") 3L else 4L
+        expect_identical(got$index[1, ], c(2L, other), label = metric)
+        expect_identical(got$index[2, ], c(1L, other), label = metric)
+        expect_identical(got$distance[1, ], c(0, 0), label = metric)
+    }
+})
+
+test_that("query search equals the reference and BiocNeighbors", {
+    x <- randomMatrix(300, 12, 3)
+    q <- randomMatrix(40, 12, 4)
+    for (metric in allMetrics) {
+        got <- knnSearch(x, q, k = 7, metric = metric, device = "cpu")
+        ref <- refKnn(x, 7, metric, query = q)
+        expect_identical(got$index, ref$index, label = metric)
+        expect_equal(got$distance, ref$distance, tolerance = 1e-10)
+    }
+    skip_if_not_installed("BiocNeighbors")
+    bn <- BiocNeighbors::queryKNN(x, q, k = 7)
+    got <- knnSearch(x, q, k = 7, metric = "euclidean", device = "cpu")
+    expect_identical(got$index, bn$index)
+    expect_equal(got$distance, bn$distance, tolerance = 1e-10)
+    self <- BiocNeighbors::findKNN(x, k = 9)
+    got <- knnSearch(x, k = 9, metric = "euclidean", device = "cpu")
+    expect_identical(got$index, self$index)
+    expect_equal(got$distance, self$distance, tolerance = 1e-10)
+})
+
+test_that("any tile size gives the same bits", {
+    x <- randomMatrix(700, 10, 5)
+    tied <- tiedMatrix(700, 10, 6)
+    for (metric in c("pearson", "euclidean", "manhattan", "abspearson")) {
+        for (data in list(x, tied)) {
+            whole <- knnSearch(data, k = 15, metric = metric, device = "cpu")
+            small <- withOptions(list(knngpu.cpu.memory = 8 * 512 * 64),
+                knnSearch(data, k = 15, metric = metric, device = "cpu"))
+            expect_identical(small[c("index", "distance")],
+                             whole[c("index", "distance")], label = metric)
+        }
+    }
+})
+
+test_that("threads do not change the answer", {
+    x <- tiedMatrix(400, 9, 7)
+    one <- knnSearch(x, k = 12, metric = "spearman", threads = 1,
+                     device = "cpu")
+    two <- knnSearch(x, k = 12, metric = "spearman", threads = 2,
+                     device = "cpu")
+    one_info <- attributes(one)
+    expect_identical(one$index, two$index)
+    expect_identical(one$distance, two$distance)
+    expect_match(one_info$device, "1 threads")
+})
+
+test_that("values near the overflow and underflow limits keep the answer", {
+    x <- randomMatrix(120, 15, 8)
+    for (metric in allMetrics) {
+        base <- knnSearch(x, k = 6, metric = metric, device = "cpu")
+        for (scale in c(1e200, 1e-200)) {
+            got <- knnSearch(x * scale, k = 6, metric = metric,
+                             device = "cpu")
+            expect_identical(got$index, base$index,
+                             label = sprintf("%s x %g", metric, scale))
+            expect_true(all(is.finite(got$distance) |
+                            metric == "sqeuclidean"))
+        }
+    }
+    big <- knnSearch(x * 1e200, k = 6, metric = "euclidean", device = "cpu")
+    base <- knnSearch(x, k = 6, metric = "euclidean", device = "cpu")
+    expect_equal(big$distance / 1e200, base$distance, tolerance = 1e-12)
+})
+
+test_that("the result says which device and precision produced it", {
+    got <- knnSearch(randomMatrix(50, 5, 9), k = 3, device = "cpu")
+    expect_match(attr(got, "device"), "^cpu")
+    expect_match(attr(got, "precision"), "fp64")
+    expect_true(attr(got, "elapsed") >= 0)
+    expect_message(knnSearch(randomMatrix(50, 5, 9), k = 3, device = "cpu",
+                             verbose = TRUE), "candidates per node")
+})
+
+test_that("an interrupt stops the engine and frees it cleanly", {
+    x <- randomMatrix(40000, 60, 10)
+    start <- proc.time()[["elapsed"]]
+    expect_error({
+        setTimeLimit(elapsed = 0.3, transient = TRUE)
+        on.exit(setTimeLimit(elapsed = Inf), add = TRUE)
+        knnSearch(x, k = 10, metric = "euclidean", device = "cpu")
+    }, "interrupted|time limit")
+    setTimeLimit(elapsed = Inf)
+    expect_lt(proc.time()[["elapsed"]] - start, 3)
+    again <- knnSearch(x[1:200, ], k = 3, metric = "euclidean",
+                       device = "cpu")
+    expect_identical(dim(again$index), c(200L, 3L))
+})
+
+test_that("containers: data.frame, SummarizedExperiment, ExpressionSet", {
+    x <- randomMatrix(30, 6, 11)
+    base <- knnSearch(x, k = 4, device = "cpu")
+    same <- function(a, b) {
+        expect_identical(a[c("index", "distance")], b[c("index", "distance")])
+    }
+    same(knnSearch(as.data.frame(x), k = 4, device = "cpu"), base)
+    counts <- round(x * 100)
+    as_integer <- counts
+    storage.mode(as_integer) <- "integer"
+    same(knnSearch(as_integer, k = 4, device = "cpu"),
+         knnSearch(counts, k = 4, device = "cpu"))
+    skip_if_not_installed("SummarizedExperiment")
+    se <- SummarizedExperiment::SummarizedExperiment(
+        assays = list(counts = x * 0, logcounts = x))
+    same(knnSearch(se, k = 4, assay = "logcounts", device = "cpu"), base)
+    skip_if_not_installed("Biobase")
+    eset <- Biobase::ExpressionSet(assayData = x)
+    same(knnSearch(eset, k = 4, device = "cpu"), base)
+})

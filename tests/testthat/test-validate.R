@@ -1,0 +1,60 @@
+test_that("bad input gets a clear error naming the argument and nodes", {
+    x <- randomMatrix(20, 6, 31)
+    rownames(x) <- paste0("gene", 1:20)
+    expect_error(knnGraph(matrix(letters[1:12], 4)),
+                 "'x' must be a numeric matrix")
+    expect_error(knnGraph(list(1, 2)), "'x' must be a numeric matrix")
+    expect_error(knnGraph(data.frame(a = 1:3, b = letters[1:3])),
+                 "'x' has non-numeric columns: b")
+    bad <- x
+    bad[3, 2] <- NA
+    bad[7, 1] <- Inf
+    bad[9, 4] <- NaN
+    expect_error(knnGraph(bad), "NA, NaN or Inf values in rows: gene3, gene7")
+    many <- x
+    many[1:8, 1] <- NA
+    expect_error(knnGraph(many), "gene5 \\(and 3 more\\)")
+    flat <- x
+    flat[c(4, 11), ] <- 1
+    expect_error(knnGraph(flat, metric = "pearson"),
+                 "2 constant rows.*gene4, gene11.*remove them")
+    expect_error(knnGraph(flat, metric = "spearman"), "constant rows")
+    zero <- x
+    zero[5, ] <- 0
+    expect_error(knnGraph(zero, metric = "cosine"), "all-zero rows.*gene5")
+    expect_silent(knnGraph(zero, metric = "euclidean", device = "cpu"))
+    for (k in list(0, 1.5, 20, -1, NA, "3", c(2, 3))) {
+        expect_error(knnGraph(x, k = k), "'k' must be a whole number from 1 to 19")
+    }
+    expect_error(knnGraph(x[1, , drop = FALSE], k = 1), "at least 2 nodes")
+    expect_error(knnGraph(x[, 0]), "zero features")
+    expect_error(knnGraph(x, metric = "kendall"), "'metric' must be one of")
+    expect_error(knnGraph(x, by = "genes"), "'by' must be one of")
+    expect_error(knnGraph(x, symmetrize = "both"), "'symmetrize' must be one")
+    expect_error(knnGraph(x, snn = "shared"), "'snn' must be one of")
+    expect_error(knnGraph(x, snn = "rank", symmetrize = "union"),
+                 "'symmetrize' must be \"none\" when 'snn' is set")
+    expect_error(knnSearch(x, x[, 1:3], k = 2),
+                 "'query' has 3 features but 'x' has 6")
+    expect_error(knnGraph(x, threads = -2), "'threads' must be NULL")
+    expect_error(knnGraph(x, device = "tpu"), "'device' must be one of")
+    expect_error(knnGraph(x, progress = NA), "'progress' must be TRUE")
+})
+
+test_that("device = 'gpu' without a usable GPU says why", {
+    skip_if(gpuAvailable())
+    x <- randomMatrix(20, 6, 32)
+    expect_error(knnGraph(x, device = "gpu"),
+                 "device = \"gpu\" but no GPU can be used")
+})
+
+test_that("gpuInfo describes the GPU backend", {
+    info <- gpuInfo()
+    expect_s3_class(info, "knngpu_gpu_info")
+    expect_type(info$built_with_cuda, "logical")
+    expect_s3_class(info$devices, "data.frame")
+    expect_identical(gpuAvailable(), nrow(info$devices) > 0 &&
+                         !nzchar(info$reason))
+    if (!gpuAvailable()) expect_true(nzchar(info$reason))
+    expect_output(print(info), "built with CUDA")
+})

@@ -1,0 +1,17 @@
+#!/bin/sh
+# Installs what knngpu needs on a fresh Debian/Ubuntu machine, all from the
+# distribution's packages: R, the R packages the package, its tests, its
+# vignette and its benchmarks use, and OpenBLAS for a fast BLAS. The CUDA
+# toolkit is optional and not installed here (configure finds it if present).
+set -eu
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO=sudo
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -qq
+$SUDO apt-get install -y -qq --no-install-recommends \
+    r-base-dev libopenblas0-pthread pandoc \
+    r-cran-cli r-cran-testthat r-cran-roxygen2 r-cran-igraph r-cran-knitr \
+    r-cran-rmarkdown r-cran-matrix r-cran-fnn r-cran-rann r-cran-dbscan \
+    r-cran-wgcna r-bioc-biocneighbors r-bioc-bluster r-bioc-biocparallel \
+    r-bioc-summarizedexperiment r-bioc-biobase r-bioc-biocstyle r-bioc-all \
+    >/dev/null

@@ -1,0 +1,11 @@
+## Runs the whole test suite against the installed package and ends with
+## one "tests: N passed, N failed, N skipped" line; exits 1 on any failure.
+results <- as.data.frame(testthat::test_local(
+    "tests/testthat", load_package = "installed", reporter = "summary",
+    stop_on_failure = FALSE))
+failed <- sum(results$failed) + sum(results$error)
+skipped <- sum(results$skipped)
+passed <- sum(results$nb) - sum(results$failed) - sum(results$skipped)
+cat(sprintf("tests: %d passed, %d failed, %d skipped\n", passed, failed,
+            skipped))
+quit(status = if (failed > 0) 1L else 0L)
