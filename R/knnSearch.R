@@ -41,7 +41,7 @@
 #'   computed.
 #'
 #' @details Memory is bounded: work proceeds in tiles sized from
-#'   \code{getOption("knngpu.cpu.memory")} (bytes, default 256 MB) or
+#'   \code{getOption("knngpu.cpu.memory")} (bytes, default 128 MB) or
 #'   \code{getOption("knngpu.gpu.memory")}; the n-by-n distance matrix is
 #'   never stored. Candidates may come from faster arithmetic, but every
 #'   reported neighbour is re-ranked in float64 with a proven error margin.

@@ -7,5 +7,8 @@
 #' \code{vignette("knngpu", package = "knngpu")}.
 #'
 #' @useDynLib knngpu, .registration = TRUE
+#' @importFrom cli cli_progress_bar
+#' The engine's progress bars use cli's C API, which needs cli's namespace
+#' loaded: hence the import.
 #' @keywords internal
 "_PACKAGE"

@@ -22,13 +22,13 @@
 #include "knn_prepare.h"
 #include "knn_threads.h"
 
-#define KNN_CPU_DEFAULT_BYTES (256.0 * 1024 * 1024)
+#define KNN_CPU_DEFAULT_BYTES (128.0 * 1024 * 1024)
 /* Few, large products: each BLAS call ends with its threads spinning for
  * work, which steals cores from the parallel scan that follows it. */
 #define KNN_CPU_MIN_ROW_TILE 256.0
 #define KNN_CPU_MAX_ROW_TILE 4096.0
-/* Work per tile bounds how long Ctrl-C waits: about 0.2 s of arithmetic. */
-#define KNN_CPU_PRODUCT_WORK 8e9
+/* Work per tile bounds how long Ctrl-C waits: about 0.1 s of arithmetic. */
+#define KNN_CPU_PRODUCT_WORK 4e9
 #define KNN_CPU_DIRECT_WORK 2e8
 
 typedef struct {
@@ -114,6 +114,17 @@ static double knn_cpu_margin(const knn_cpu *cpu, int qi)
         return knn_margin_corr(sp->p, 0.0, KNN_U64, sp->kappa);
     return knn_margin_dist(sp->p, 0.0, KNN_U64,
                            sqrt(cpu->query->norm2[qi]), sp->norm_max);
+}
+
+static double knn_cpu_key(const void *ctx, int qi, int rj)
+{
+    const knn_cpu *cpu = ctx;
+    return knn_nodes_key(&cpu->space, cpu->query, qi, &cpu->ref, rj);
+}
+
+static void knn_cpu_reset_pool(const knn_cpu *cpu, knn_pool *pool, int qi)
+{
+    knn_pool_reset(pool, qi, knn_cpu_margin(cpu, qi), knn_cpu_key, cpu);
 }
 
 static knn_pool *knn_cpu_pool(const knn_cpu *cpu, int node, int q0)
@@ -216,8 +227,7 @@ static void knn_cpu_finish(const knn_cpu *cpu, knn_pool *pool, int qi,
     int k = cpu->req->k, nq = cpu->n_query;
     knn_pool_prune(pool);
     for (int c = 0; c < pool->size; c++)
-        pool->items[c].score = knn_nodes_key(&cpu->space, cpu->query, qi,
-                                             &cpu->ref, pool->items[c].index);
+        pool->items[c].score = knn_cpu_key(cpu, qi, pool->items[c].index);
     knn_pool_sort(pool);
     for (int r = 0; r < k; r++) {
         size_t at = (size_t)qi + (size_t)r * nq;
@@ -241,7 +251,7 @@ static knn_status knn_cpu_row_tile(knn_cpu *cpu, int q0, int nr,
     const knn_request *req = cpu->req;
     if (!cpu->symmetric)
         for (int i = 0; i < nr; i++)
-            knn_pool_reset(&cpu->pools[i], knn_cpu_margin(cpu, q0 + i));
+            knn_cpu_reset_pool(cpu, &cpu->pools[i], q0 + i);
 
     for (int c0 = cpu->symmetric ? q0 : 0; c0 < req->n_ref;
          c0 += cpu->col_tile) {
@@ -298,7 +308,7 @@ knn_status knn_cpu_search(const knn_request *req, knn_result *out,
     double t1 = knn_seconds();
     if (st == KNN_OK && cpu.symmetric)
         for (int j = 0; j < req->n_ref; j++)
-            knn_pool_reset(&cpu.pools[j], knn_cpu_margin(&cpu, j));
+            knn_cpu_reset_pool(&cpu, &cpu.pools[j], j);
     double pooled = 0.0;
     for (int q0 = 0; st == KNN_OK && q0 < cpu.n_query; q0 += cpu.row_tile) {
         int nr = cpu.n_query - q0 < cpu.row_tile ? cpu.n_query - q0

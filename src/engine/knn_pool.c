@@ -1,7 +1,8 @@
 /*
  * knn_pool.c: candidate pools (see knn_pool.h). Selection of the k-th score
  * is a three-way quickselect, so pools full of exact ties (duplicated nodes)
- * stay linear rather than quadratic.
+ * stay linear rather than quadratic, and such pools are compacted with the
+ * canonical keys rather than grown without bound.
  */
 #include <math.h>
 #include <stdlib.h>
@@ -24,11 +25,15 @@ void knn_pool_free(knn_pool *pool)
     pool->items = NULL;
 }
 
-void knn_pool_reset(knn_pool *pool, double margin)
+void knn_pool_reset(knn_pool *pool, int node, double margin, knn_key_fn key,
+                    const void *key_ctx)
 {
     pool->size = 0;
     pool->bound = INFINITY;
     pool->margin2 = 2.0 * margin;
+    pool->node = node;
+    pool->key = key;
+    pool->key_ctx = key_ctx;
 }
 
 static void knn_cand_swap(knn_cand *a, knn_cand *b)
@@ -71,20 +76,56 @@ void knn_pool_prune(knn_pool *pool)
     pool->size = kept;
 }
 
+typedef struct {
+    double key;
+    knn_cand cand;
+} knn_keyed;
+
+static int knn_keyed_cmp(const void *a, const void *b)
+{
+    const knn_keyed *x = a, *y = b;
+    if (x->key != y->key) return x->key < y->key ? -1 : 1;
+    return (x->cand.index > y->cand.index) - (x->cand.index < y->cand.index);
+}
+
+/* Keeps the exact best k entries (canonical key, then index), with their
+ * fast scores. Whatever is dropped is beaten exactly by k kept entries, and
+ * the bound stays valid because it only ever decreases. Returns 0 or -1. */
+static int knn_pool_compact(knn_pool *pool)
+{
+    knn_keyed *keyed = malloc((size_t)pool->size * sizeof *keyed);
+    if (!keyed) return -1;
+    for (int c = 0; c < pool->size; c++) {
+        keyed[c].cand = pool->items[c];
+        keyed[c].key = pool->key(pool->key_ctx, pool->node,
+                                 pool->items[c].index);
+    }
+    qsort(keyed, (size_t)pool->size, sizeof *keyed, knn_keyed_cmp);
+    for (int c = 0; c < pool->k; c++) pool->items[c] = keyed[c].cand;
+    pool->size = pool->k;
+    free(keyed);
+    return 0;
+}
+
+/* Makes room for one more entry: prune, then compact exact ties, or grow a
+ * pool too small to compact. Returns 0 or -1 when out of memory. */
+static int knn_pool_make_room(knn_pool *pool)
+{
+    knn_pool_prune(pool);
+    if (pool->size <= pool->cap / 2) return 0;
+    if (pool->key && pool->size > 4 * pool->k) return knn_pool_compact(pool);
+    int cap = 2 * pool->cap;
+    knn_cand *items = realloc(pool->items, (size_t)cap * sizeof *items);
+    if (!items) return -1;
+    pool->items = items;
+    pool->cap = cap;
+    return 0;
+}
+
 int knn_pool_offer(knn_pool *pool, double score, int index)
 {
     if (!(score <= pool->bound)) return 0;
-    if (pool->size == pool->cap) {
-        knn_pool_prune(pool);
-        /* Mostly ties: grow instead of pruning again on every offer. */
-        if (pool->size > pool->cap / 2) {
-            int cap = 2 * pool->cap;
-            knn_cand *items = realloc(pool->items, (size_t)cap * sizeof *items);
-            if (!items) return -1;
-            pool->items = items;
-            pool->cap = cap;
-        }
-    }
+    if (pool->size == pool->cap && knn_pool_make_room(pool) != 0) return -1;
     pool->items[pool->size].score = score;
     pool->items[pool->size].index = index;
     pool->size++;

@@ -5,8 +5,10 @@
  * whose score is within twice the margin of the k-th best score seen so far;
  * anything further cannot be in the exact top k (knn_exact.h), so the pool
  * stays near k entries while still holding every true neighbour, exact ties
- * included. At the end the caller replaces scores by canonical keys and
- * sorts: the first k entries are the answer.
+ * included. When exact ties keep it large (many duplicated nodes), it is
+ * compacted with the canonical keys to the exact best k seen so far. At the
+ * end the caller replaces scores by canonical keys and sorts: the first k
+ * entries are the answer.
  */
 #ifndef KNN_POOL_H
 #define KNN_POOL_H
@@ -16,6 +18,9 @@ typedef struct {
     int index;
 } knn_cand;
 
+/* Canonical key of the pool's node and candidate `index`. */
+typedef double (*knn_key_fn)(const void *ctx, int node, int index);
+
 typedef struct {
     knn_cand *items;
     int size;
@@ -23,14 +28,19 @@ typedef struct {
     int k;
     double bound;    /* offers above this cannot be in the top k */
     double margin2;  /* twice the margin of the fast scores */
+    int node;        /* the query node, for key */
+    knn_key_fn key;
+    const void *key_ctx;
 } knn_pool;
 
 /* Allocates a pool for k neighbours; returns 0, or -1 when out of memory. */
 int knn_pool_init(knn_pool *pool, int k);
 void knn_pool_free(knn_pool *pool);
 
-/* Empties the pool for a new query node with the given margin. */
-void knn_pool_reset(knn_pool *pool, double margin);
+/* Empties the pool for query node `node`, whose fast scores are within
+ * `margin` of its canonical keys (computed by key(key_ctx, node, index)). */
+void knn_pool_reset(knn_pool *pool, int node, double margin, knn_key_fn key,
+                    const void *key_ctx);
 
 /* Offers a candidate. Returns 0, or -1 when out of memory (pool intact). */
 int knn_pool_offer(knn_pool *pool, double score, int index);

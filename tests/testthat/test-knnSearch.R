@@ -136,3 +136,19 @@ test_that("containers: data.frame, SummarizedExperiment, ExpressionSet", {
     eset <- Biobase::ExpressionSet(assayData = x)
     same(knnSearch(eset, k = 4, device = "cpu"), base)
 })
+
+test_that("hundreds of duplicated nodes: smallest indices, bounded pools", {
+    set.seed(12)
+    x <- rbind(matrix(rep(c(3, 1, 4, 1, 5), each = 600), 600),
+               matrix(rnorm(200 * 5), 200))
+    x <- x[sample(nrow(x)), ]
+    for (metric in c("euclidean", "pearson", "manhattan")) {
+        got <- knnSearch(x, k = 5, metric = metric, device = "cpu")
+        ref <- refKnn(x, 5, metric)
+        expect_identical(got$index, ref$index, label = metric)
+    }
+    got <- knnSearch(x, k = 5, metric = "euclidean", device = "cpu",
+                     verbose = FALSE)
+    dup <- which(rowSums(abs(sweep(x, 2, c(3, 1, 4, 1, 5)))) == 0)
+    expect_identical(got$index[dup[1], ], head(dup[-1], 5))
+})
