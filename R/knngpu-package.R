@@ -1,3 +1,6 @@
+## The engine's progress bars use cli's C API, which needs cli's namespace
+## loaded: hence the import of cli below.
+
 #' knngpu: exact k-nearest-neighbour graphs of expression matrices
 #'
 #' Builds exact kNN graphs (Pearson, cosine, Euclidean, Spearman, |Pearson|,
@@ -8,7 +11,5 @@
 #'
 #' @useDynLib knngpu, .registration = TRUE
 #' @importFrom cli cli_progress_bar
-#' The engine's progress bars use cli's C API, which needs cli's namespace
-#' loaded: hence the import.
 #' @keywords internal
 "_PACKAGE"
