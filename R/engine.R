@@ -15,7 +15,7 @@
     }
     if (usable) return("gpu")
     if (!isTRUE(.state$toldCpu)) {
-        message("knngpu: using the CPU (", info$reason, ")")
+        message("knngpu: using the CPU; no GPU: ", info$reason)
         .state$toldCpu <- TRUE
     }
     "cpu"
@@ -60,6 +60,7 @@
                  .metricCode(metric), as.integer(backend == "gpu"), threads,
                  .memoryBudget(backend), devices, progress)
     res$info$elapsed <- proc.time()[["elapsed"]] - start
+    res$info$backend <- backend
     res$info$metric <- metric
     res$info$k <- k
     res$info$nodes <- ncol(ref$values)

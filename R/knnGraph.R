@@ -23,13 +23,17 @@
 #'   names from the row or column names, else 1-based integers),
 #'   \code{weight} (a similarity: r for pearson and spearman, |r| for
 #'   abspearson, the cosine similarity, and \eqn{1 / (1 + d)} for distance
-#'   metrics), \code{distance} and \code{rank} (1 to k). Rows are grouped by
-#'   \code{from} with ranks ascending. Attributes: \code{nodes} (a data.frame
+#'   metrics), \code{distance} and \code{rank} (1 to k). Directed edges are
+#'   grouped by \code{from} with ranks ascending; symmetrised and SNN edges
+#'   are ordered by \code{from}, then \code{to}, in node order, so a node's
+#'   edges appear both where it is \code{from} and where it is \code{to}.
+#'   Attributes: \code{nodes} (a data.frame
 #'   of every node, so isolated nodes survive
 #'   \code{graph_from_data_frame(edges, vertices = attr(edges, "nodes"))}),
 #'   \code{metric}, \code{k}, \code{by}, \code{symmetrize}, \code{snn},
-#'   \code{device}, \code{precision}, \code{elapsed} (seconds) and
-#'   \code{timings}.
+#'   \code{backend} (\code{"cpu"} or \code{"gpu"}), \code{device} (its
+#'   description, e.g. the GPU's name), \code{precision}, \code{elapsed}
+#'   (seconds) and \code{timings}.
 #'
 #' @seealso \code{\link{toIgraph}}, \code{\link{knnSearch}}.
 #' @examples
@@ -78,7 +82,7 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
     }
     .labelEdges(edges, nodes$labels, list(
         metric = metric, k = k, by = by, symmetrize = symmetrize, snn = snn,
-        device = res$info$device, precision = res$info$precision,
+        backend = res$info$backend, device = res$info$device, precision = res$info$precision,
         elapsed = res$info$elapsed, timings = res$info))
 }
 

@@ -37,7 +37,8 @@
 #'   \code{distance}, each an n-by-\code{k} matrix whose row i holds node
 #'   i's neighbours, closest first. For correlation metrics the distance is
 #'   \eqn{1 - r} (\eqn{1 - |r|} for \code{"abspearson"}). Attributes
-#'   \code{device}, \code{precision} and \code{elapsed} say how it was
+#'   \code{backend} (\code{"cpu"} or \code{"gpu"}), \code{device} (its
+#'   description), \code{precision} and \code{elapsed} say how it was
 #'   computed.
 #'
 #' @details Memory is bounded: work proceeds in tiles sized from
@@ -83,6 +84,7 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
     res <- .runEngine(ref, q, k, metric, device[1L], threads, progress,
                       verbose, devices)
     out <- list(index = res$index, distance = res$distance)
+    attr(out, "backend") <- res$info$backend
     attr(out, "device") <- res$info$device
     attr(out, "precision") <- res$info$precision
     attr(out, "elapsed") <- res$info$elapsed

@@ -164,35 +164,42 @@ SEXP C_knn_snn(SEXP index, SEXP type)
     return res;
 }
 
+/* One column of the device table: field `field` of each device. */
+typedef enum { KNN_DEV_NAME, KNN_DEV_TOTAL, KNN_DEV_FREE, KNN_DEV_MAJOR,
+               KNN_DEV_MINOR, KNN_DEV_SMS } knn_dev_field;
+
+static SEXP knn_device_column(const knn_gpu_info *info, knn_dev_field field)
+{
+    int n = info->n_devices;
+    SEXPTYPE type = field == KNN_DEV_NAME ? STRSXP
+        : (field == KNN_DEV_TOTAL || field == KNN_DEV_FREE) ? REALSXP
+        : INTSXP;
+    SEXP col = PROTECT(allocVector(type, n));
+    for (int i = 0; i < n; i++) {
+        const knn_gpu_device *d = &info->device[i];
+        switch (field) {
+        case KNN_DEV_NAME: SET_STRING_ELT(col, i, mkChar(d->name)); break;
+        case KNN_DEV_TOTAL: REAL(col)[i] = d->memory_total; break;
+        case KNN_DEV_FREE: REAL(col)[i] = d->memory_free; break;
+        case KNN_DEV_MAJOR: INTEGER(col)[i] = d->major; break;
+        case KNN_DEV_MINOR: INTEGER(col)[i] = d->minor; break;
+        case KNN_DEV_SMS: INTEGER(col)[i] = d->multiprocessors; break;
+        }
+    }
+    UNPROTECT(1);
+    return col;
+}
+
 /* Returns what the GPU backend sees, as a list for R/gpuInfo.R. */
 SEXP C_knn_gpu_info(void)
 {
     knn_gpu_info info;
     knn_gpu_query(&info);
-    int n = info.n_devices;
     const char *dev_names[] = {"name", "memory_total", "memory_free",
                                "major", "minor", "multiprocessors"};
     SEXP dev = PROTECT(knn_named_list(6, dev_names));
-    SEXP name = allocVector(STRSXP, n);
-    SET_VECTOR_ELT(dev, 0, name);
-    SEXP total = allocVector(REALSXP, n);
-    SET_VECTOR_ELT(dev, 1, total);
-    SEXP free_ = allocVector(REALSXP, n);
-    SET_VECTOR_ELT(dev, 2, free_);
-    SEXP major = allocVector(INTSXP, n);
-    SET_VECTOR_ELT(dev, 3, major);
-    SEXP minor = allocVector(INTSXP, n);
-    SET_VECTOR_ELT(dev, 4, minor);
-    SEXP sms = allocVector(INTSXP, n);
-    SET_VECTOR_ELT(dev, 5, sms);
-    for (int i = 0; i < n; i++) {
-        SET_STRING_ELT(name, i, mkChar(info.device[i].name));
-        REAL(total)[i] = info.device[i].memory_total;
-        REAL(free_)[i] = info.device[i].memory_free;
-        INTEGER(major)[i] = info.device[i].major;
-        INTEGER(minor)[i] = info.device[i].minor;
-        INTEGER(sms)[i] = info.device[i].multiprocessors;
-    }
+    for (int f = KNN_DEV_NAME; f <= KNN_DEV_SMS; f++)
+        SET_VECTOR_ELT(dev, f, knn_device_column(&info, (knn_dev_field)f));
     const char *names[] = {"built_with_cuda", "reason", "runtime_version",
                            "driver_version", "devices"};
     SEXP res = PROTECT(knn_named_list(5, names));

@@ -7,8 +7,12 @@
 #include <string.h>
 #include "knn_backend.h"
 
+#ifdef KNN_CUDA_DISABLED
+#define KNN_NO_CUDA_REASON "built without CUDA, as KNNGPU_CUDA=no asked"
+#else
 #define KNN_NO_CUDA_REASON \
-    "knngpu was built without CUDA (no toolkit found at install time)"
+    "built without CUDA: no CUDA toolkit was found at install time"
+#endif
 
 knn_status knn_gpu_search(const knn_request *req, knn_result *out,
                           knn_report *report)

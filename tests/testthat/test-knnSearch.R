@@ -94,6 +94,7 @@ test_that("values near the overflow and underflow limits keep the answer", {
 
 test_that("the result says which device and precision produced it", {
     got <- knnSearch(randomMatrix(50, 5, 9), k = 3, device = "cpu")
+    expect_identical(attr(got, "backend"), "cpu")
     expect_match(attr(got, "device"), "^cpu")
     expect_match(attr(got, "precision"), "fp64")
     expect_true(attr(got, "elapsed") >= 0)
