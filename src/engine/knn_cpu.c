@@ -151,20 +151,51 @@ static void knn_cpu_fill(const knn_cpu *cpu, int q0, int nr, int c0, int nc)
                               c0 + j);
 }
 
-/* The fast score (smaller is closer) of query qi and reference rj from
- * their tile value. */
-static inline double knn_cpu_score(const knn_cpu *cpu, int qi, int rj,
-                                   double value)
+/* Tiles are scanned in blocks of this many scores: a block that cannot
+ * beat any pool bound (the common case once pools have filled) is rejected
+ * with arithmetic the compiler vectorises, without touching the pools. */
+#define KNN_BLOCK 16
+
+/* Fast scores (smaller is closer) of one block from its tile values g:
+ * base + add[j] - 2 g[j] for distances (base, add: squared norms of the two
+ * nodes), -g or -|g| for correlations, g itself for Manhattan keys. */
+static inline void knn_block_scores(knn_metric m, double base,
+                                    const double *add, const double *g,
+                                    int n, double *s)
 {
-    switch (cpu->space.metric) {
-    case KNN_MANHATTAN: return value;
-    case KNN_ABSPEARSON: return -fabs(value);
+    switch (m) {
+    case KNN_MANHATTAN:
+        for (int j = 0; j < n; j++) s[j] = g[j];
+        break;
+    case KNN_ABSPEARSON:
+        for (int j = 0; j < n; j++) s[j] = -fabs(g[j]);
+        break;
     case KNN_PEARSON:
     case KNN_COSINE:
-    case KNN_SPEARMAN: return -value;
+    case KNN_SPEARMAN:
+        for (int j = 0; j < n; j++) s[j] = -g[j];
+        break;
     default:
-        return cpu->query->norm2[qi] + cpu->ref.norm2[rj] - 2.0 * value;
+        for (int j = 0; j < n; j++) s[j] = base + add[j] - 2.0 * g[j];
     }
+}
+
+static inline int knn_block_hits(const double *s, int n, double bound)
+{
+    int hit = 0;
+    for (int j = 0; j < n; j++) hit |= s[j] <= bound;
+    return hit;
+}
+
+/* Squared norms for the distance form, NULL for the others. */
+static const double *knn_cpu_norms(const knn_nodes *nodes, int first)
+{
+    return nodes->norm2 ? nodes->norm2 + first : NULL;
+}
+
+static double knn_cpu_norm(const knn_nodes *nodes, int node)
+{
+    return nodes->norm2 ? nodes->norm2[node] : 0.0;
 }
 
 /* Offers query node q0 + i the tile's references, itself excluded. */
@@ -174,28 +205,49 @@ static int knn_cpu_offer_row(const knn_cpu *cpu, int q0, int i, int c0,
     int qi = q0 + i;
     knn_pool *pool = knn_cpu_pool(cpu, qi, q0);
     const double *row = cpu->scores + (size_t)i * nc;
+    double base = knn_cpu_norm(cpu->query, qi);
     int itself = cpu->self ? qi : -1;
     int failed = 0;
-    for (int j = 0; j < nc; j++) {
-        int rj = c0 + j;
-        double s = knn_cpu_score(cpu, qi, rj, row[j]);
-        if (s <= pool->bound && rj != itself)
-            failed |= knn_pool_offer(pool, s, rj);
+    for (int j0 = 0; j0 < nc; j0 += KNN_BLOCK) {
+        int n = nc - j0 < KNN_BLOCK ? nc - j0 : KNN_BLOCK;
+        double s[KNN_BLOCK];
+        knn_block_scores(cpu->space.metric, base,
+                         knn_cpu_norms(&cpu->ref, c0 + j0), row + j0, n, s);
+        if (!knn_block_hits(s, n, pool->bound)) continue;
+        for (int j = 0; j < n; j++) {
+            int rj = c0 + j0 + j;
+            if (s[j] <= pool->bound && rj != itself)
+                failed |= knn_pool_offer(pool, s[j], rj);
+        }
     }
     return failed;
 }
 
-/* Symmetric mode: offers column node c0 + j the tile's row nodes. */
-static int knn_cpu_offer_column(const knn_cpu *cpu, int q0, int nr, int c0,
-                                int nc, int j)
+/* Symmetric mode: offers the column nodes [c0 + j0, c0 + j0 + n) of the
+ * tile its row nodes, reading the tile row by row. */
+static int knn_cpu_offer_columns(const knn_cpu *cpu, int q0, int nr, int c0,
+                                 int nc, int j0, int n)
 {
-    int rj = c0 + j;
-    knn_pool *pool = &cpu->pools[rj];
+    knn_pool *pools[KNN_BLOCK];
+    double bound[KNN_BLOCK];
+    for (int j = 0; j < n; j++) {
+        pools[j] = &cpu->pools[c0 + j0 + j];
+        bound[j] = pools[j]->bound;
+    }
+    const double *add = knn_cpu_norms(&cpu->ref, c0 + j0);
     int failed = 0;
     for (int i = 0; i < nr; i++) {
-        double s = knn_cpu_score(cpu, rj, q0 + i,
-                                 cpu->scores[(size_t)i * nc + j]);
-        if (s <= pool->bound) failed |= knn_pool_offer(pool, s, q0 + i);
+        double s[KNN_BLOCK];
+        knn_block_scores(cpu->space.metric, knn_cpu_norm(&cpu->ref, q0 + i),
+                         add, cpu->scores + (size_t)i * nc + j0, n, s);
+        int hit = 0;
+        for (int j = 0; j < n; j++) hit |= s[j] <= bound[j];
+        if (!hit) continue;
+        for (int j = 0; j < n; j++) {
+            if (!(s[j] <= bound[j])) continue;
+            failed |= knn_pool_offer(pools[j], s[j], q0 + i);
+            bound[j] = pools[j]->bound;
+        }
     }
     return failed;
 }
@@ -212,9 +264,11 @@ static knn_status knn_cpu_offer_tile(const knn_cpu *cpu, int q0, int nr,
         /* Columns inside the row tile already got their scores as rows. */
         int first = q0 + nr - c0 > 0 ? q0 + nr - c0 : 0;
         #pragma omp parallel for num_threads(cpu->threads) \
-            schedule(static, 16) reduction(| : failed)
-        for (int j = first; j < nc; j++)
-            failed |= knn_cpu_offer_column(cpu, q0, nr, c0, nc, j);
+            schedule(dynamic, 4) reduction(| : failed)
+        for (int j0 = first; j0 < nc; j0 += KNN_BLOCK) {
+            int n = nc - j0 < KNN_BLOCK ? nc - j0 : KNN_BLOCK;
+            failed |= knn_cpu_offer_columns(cpu, q0, nr, c0, nc, j0, n);
+        }
     }
     return failed ? KNN_E_NOMEM : KNN_OK;
 }
