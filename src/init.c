@@ -4,6 +4,7 @@
 #include <R.h>
 #include <Rinternals.h>
 #include <R_ext/Rdynload.h>
+#include "knn_threads.h"
 
 SEXP C_knn_search(SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP);
 SEXP C_knn_degenerate(SEXP, SEXP, SEXP);
@@ -23,4 +24,5 @@ void R_init_knngpu(DllInfo *dll)
     R_registerRoutines(dll, NULL, knn_call_methods, NULL, NULL);
     R_useDynamicSymbols(dll, FALSE);
     R_forceSymbols(dll, TRUE);
+    knn_threads_init();
 }

@@ -5,19 +5,11 @@
 #ifndef KNN_THREADS_H
 #define KNN_THREADS_H
 
-#ifdef _OPENMP
-#include <omp.h>
-#endif
+/* Registers the fork handler; call once when the library loads. */
+void knn_threads_init(void);
 
-/* The requested count, or the OpenMP default when requested <= 0. */
-static inline int knn_threads(int requested)
-{
-#ifdef _OPENMP
-    return requested > 0 ? requested : omp_get_max_threads();
-#else
-    (void)requested;
-    return 1;
-#endif
-}
+/* The requested count, or the OpenMP default when requested <= 0; always 1
+ * in a process forked after knn_threads_init() (see knn_threads.c). */
+int knn_threads(int requested);
 
 #endif

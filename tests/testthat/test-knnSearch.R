@@ -153,3 +153,13 @@ test_that("hundreds of duplicated nodes: smallest indices, bounded pools", {
     dup <- which(rowSums(abs(sweep(x, 2, c(3, 1, 4, 1, 5)))) == 0)
     expect_identical(got$index[dup[1], ], head(dup[-1], 5))
 })
+
+test_that("forked children (parallel::mclapply) run and do not hang", {
+    skip_on_os("windows")
+    x <- randomMatrix(3000, 20, 13)
+    parent <- knnSearch(x, k = 5, device = "cpu")
+    children <- parallel::mclapply(1:2, function(i) {
+        knnSearch(x, k = 5, device = "cpu")$index
+    }, mc.cores = 2)
+    for (child in children) expect_identical(child, parent$index)
+})

@@ -1,0 +1,144 @@
+## GPU benchmark: knngpu (device = "gpu") against what GPU users write by
+## hand (inst/bench/peers/torch_knn.py: chunked x @ x.T + topk in PyTorch,
+## float32) and against the bare float32 GEMM of the same product, on the
+## same N(0,1) data.
+##
+## Usage, on a machine with a GPU, from the repository root, with knngpu
+## installed in R_LIBS and python3 with torch on the PATH:
+##   Rscript inst/bench/gpu.R [--cases=a,b,...] [--out=FILE] [--dir=DIR]
+##
+##   --cases  names from the table below (default: all)
+##   --out    append the markdown table to FILE
+##   --dir    where the data files go (default: tempdir())
+##   --peers=no  knngpu alone (the torch columns stay empty)
+##
+## Each case's data is written once by torch_knn.py (float64, row-major
+## N x D, so R reads it as D x N with nodes as columns: no transpose) and
+## read by both contenders. Columns of the table:
+##   knngpu   end to end: R matrix in, edge data.frame out (knnGraph), or
+##            the index/distance matrices for searches and for k = 4096
+##            (a 1e9-row data.frame would measure R, not the search)
+##   engine   the .Call alone (upload, search, re-rank, results in R)
+##   torch    float64 host array in, k indices and distances on the host
+##   gemm     torch's chunked float32 products alone, inputs on the device
+## Times are one run each after a warm-up (seconds, wall clock).
+
+suppressPackageStartupMessages(library(knngpu))
+
+args <- commandArgs(trailingOnly = TRUE)
+argValue <- function(name, default) {
+    hit <- grep(paste0("^--", name, "="), args, value = TRUE)
+    if (length(hit)) sub(paste0("^--", name, "="), "", hit[1L]) else default
+}
+
+cases <- data.frame(
+    name = c("g100k_d50_k10", "g100k_d295_k20", "g262k_d128_k100",
+             "g262k_d128_k1024", "g262k_d128_k4096", "g1M_d50_k15",
+             "g1.53M_d295_k20", "s16k_q4k_d128_k16"),
+    n = c(1e5, 1e5, 262144, 262144, 262144, 1e6, 1533876, 16384),
+    d = c(50, 295, 128, 128, 128, 50, 295, 128),
+    k = c(10, 20, 100, 1024, 4096, 15, 20, 16),
+    metric = c("euclidean", "pearson", "euclidean", "euclidean",
+               "euclidean", "euclidean", "pearson", "euclidean"),
+    nq = c(0, 0, 0, 0, 0, 0, 0, 4096),
+    stringsAsFactors = FALSE)
+
+wanted <- argValue("cases", "")
+if (nzchar(wanted)) {
+    cases <- cases[cases$name %in% strsplit(wanted, ",")[[1L]], ]
+}
+dir <- argValue("dir", tempdir())
+peer <- file.path("inst", "bench", "peers", "torch_knn.py")
+
+elapsed <- function(expr) {
+    start <- proc.time()[["elapsed"]]
+    value <- expr
+    list(value = value, seconds = proc.time()[["elapsed"]] - start)
+}
+
+runKnngpu <- function(x, case) {
+    n <- ncol(x) - case$nq
+    if (case$nq > 0) {
+        ref <- x[, seq_len(n)]
+        query <- x[, n + seq_len(case$nq)]
+        got <- elapsed(knnSearch(ref, query, k = case$k, metric = case$metric,
+                                 by = "columns", device = "gpu",
+                                 progress = FALSE))
+    } else if (case$k >= 4096) {
+        got <- elapsed(knnSearch(x, k = case$k, metric = case$metric,
+                                 by = "columns", device = "gpu",
+                                 progress = FALSE))
+    } else {
+        got <- elapsed(knnGraph(x, k = case$k, metric = case$metric,
+                                by = "columns", device = "gpu",
+                                progress = FALSE))
+    }
+    engine <- attr(got$value, "elapsed")
+    timings <- attr(got$value, "timings")
+    list(total = got$seconds, engine = engine,
+         candidates = if (is.null(timings)) NA else timings$candidates,
+         device = attr(got$value, "device"))
+}
+
+runTorch <- function(file, case) {
+    out <- system2("python3", c(peer, "knn", file,
+                                sprintf("%d", as.integer(c(case$n + case$nq,
+                                    case$d, case$k))),
+                                case$metric, sprintf("%d", as.integer(case$nq))),
+                   stdout = TRUE, stderr = TRUE)
+    line <- grep("^torch total", out, value = TRUE)
+    if (!length(line)) {
+        message(paste(out, collapse = "\n"))
+        return(c(total = NA, gemm = NA))
+    }
+    f <- strsplit(line, " ")[[1L]]
+    c(total = as.numeric(f[3L]), gemm = as.numeric(f[5L]))
+}
+
+## Loads the CUDA context, cuBLAS and the kernels outside the timings.
+warm <- matrix(rnorm(64 * 3000), 64)
+invisible(knnSearch(warm, k = 10, by = "columns", device = "gpu",
+                    progress = FALSE))
+
+rows <- list()
+for (i in seq_len(nrow(cases))) {
+    case <- cases[i, ]
+    file <- file.path(dir, paste0(case$name, ".f64"))
+    system2("python3", c(peer, "make", file,
+                         sprintf("%d", as.integer(c(case$n + case$nq, case$d,
+                                                    1)))))
+    x <- matrix(readBin(file, "double", (case$n + case$nq) * case$d),
+                nrow = case$d)
+    ours <- runKnngpu(x, case)
+    rm(x)
+    gc(verbose = FALSE)
+    theirs <- if (argValue("peers", "yes") == "no") {
+        c(total = NA, gemm = NA)
+    } else {
+        runTorch(file, case)
+    }
+    unlink(file)
+    rows[[i]] <- data.frame(
+        case = case$name, metric = case$metric, k = case$k,
+        knngpu = round(ours$total, 2), engine = round(ours$engine, 2),
+        torch = round(theirs[["total"]], 2), gemm = round(theirs[["gemm"]], 2),
+        torch_over_knngpu = round(theirs[["total"]] / ours$total, 2),
+        candidates = round(ours$candidates, 1))
+    print(rows[[i]], row.names = FALSE)
+    device <- ours$device
+}
+
+table <- do.call(rbind, rows)
+md <- c(sprintf("Device: %s; %s; R %s; command: `Rscript inst/bench/gpu.R%s`",
+                device, format(Sys.time(), "%Y-%m-%d %H:%M UTC", tz = "UTC"),
+                getRversion(),
+                if (length(args)) paste0(" ", paste(args, collapse = " "))
+                else ""),
+        "",
+        paste0("| ", paste(names(table), collapse = " | "), " |"),
+        paste0("|", paste(rep("---", ncol(table)), collapse = "|"), "|"),
+        apply(table, 1, function(r) paste0("| ", paste(r, collapse = " | "),
+                                           " |")))
+cat(md, sep = "\n")
+out <- argValue("out", "")
+if (nzchar(out)) cat(md, "", sep = "\n", file = out, append = TRUE)

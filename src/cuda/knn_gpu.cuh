@@ -1,0 +1,182 @@
+/*
+ * knn_gpu.cuh: what the CUDA backend's files share (not part of the engine
+ * contract; knn_backend.h is). One device's search runs through a
+ * knn_gpu_dev: the prepared nodes (knn_gpu_prepare.cu), the row-tile buffers
+ * (knn_gpu_search.cu), the products of a tile (knn_gpu_products.cu), the
+ * candidate selection (knn_gpu_select.cu) and the exact re-rank
+ * (knn_gpu_rerank.cu). Every function returns a knn_status and, on failure,
+ * writes the failing call into dev->message; kernels never allocate, and
+ * streams are passed explicitly, last.
+ */
+#ifndef KNN_GPU_CUH
+#define KNN_GPU_CUH
+
+#include <cuda_runtime.h>
+#include <cublas_v2.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "knn_backend.h"
+#include "knn_exact.h"
+
+/* Error reporting: the first failure of a device is kept, with the call. */
+knn_status knn_gpu_fail(char *message, knn_status status, const char *what,
+                        const char *detail, const char *file, int line);
+knn_status knn_gpu_fail_cuda(char *message, cudaError_t e, const char *call,
+                             const char *file, int line);
+knn_status knn_gpu_fail_blas(char *message, cublasStatus_t s,
+                             const char *call, const char *file, int line);
+
+#define KNN_CUDA_TRY(msg, call)                                            \
+    do {                                                                   \
+        cudaError_t knn_e_ = (call);                                       \
+        if (knn_e_ != cudaSuccess)                                         \
+            return knn_gpu_fail_cuda((msg), knn_e_, #call, __FILE__,       \
+                                     __LINE__);                            \
+    } while (0)
+
+/* After every kernel launch: a bad configuration shows up here. */
+#define KNN_LAUNCH_TRY(msg, kernel)                                        \
+    do {                                                                   \
+        cudaError_t knn_e_ = cudaGetLastError();                           \
+        if (knn_e_ != cudaSuccess)                                         \
+            return knn_gpu_fail_cuda((msg), knn_e_, "launch of " kernel,   \
+                                     __FILE__, __LINE__);                  \
+    } while (0)
+
+#define KNN_BLAS_TRY(msg, call)                                            \
+    do {                                                                   \
+        cublasStatus_t knn_s_ = (call);                                    \
+        if (knn_s_ != CUBLAS_STATUS_SUCCESS)                               \
+            return knn_gpu_fail_blas((msg), knn_s_, #call, __FILE__,       \
+                                     __LINE__);                            \
+    } while (0)
+
+#define KNN_TRY(call)                                                      \
+    do {                                                                   \
+        knn_status knn_st_ = (call);                                       \
+        if (knn_st_ != KNN_OK) return knn_st_;                             \
+    } while (0)
+
+/* How a fast score is formed from the value a tile product left in the
+ * panel: correlation metrics rank by -(f_i . f_j) (|Pearson| by
+ * -|f_i . f_j|), distances by |f_i|^2 + |f_j|^2 - 2 f_i . f_j, and Manhattan
+ * panels already hold the distance. */
+typedef enum {
+    KNN_SCORE_NEG = 0,
+    KNN_SCORE_NEGABS,
+    KNN_SCORE_DIST,
+    KNN_SCORE_IDENT
+} knn_score_kind;
+
+/* Nodes prepared on one device: ref nodes 0..n_ref-1, then (query search
+ * only) this device's query rows. Every matrix is p x n_nodes, column-major
+ * (node-contiguous), as in knn.h. */
+typedef struct {
+    int p, n_ref, n_nodes;
+    double *exact;    /* canonical u (correlations) or 2^-e scaled nodes */
+    double *sum;      /* correlations: per-node sum and css of u */
+    double *css;
+    float *fast;      /* product metrics: fast vectors f, ldf x n_nodes */
+    int ldf;          /* p rounded up to 4, zero padded: aligned rows let
+                         cuBLAS use its tensor-core kernels */
+    float *sqnorm;    /* distances: |f|^2 */
+    double *margin2;  /* per node: twice its candidate margin */
+    int scale_exp;    /* distances: e of the 2^-e scaling */
+} knn_gpu_nodes;
+
+/* One row tile's arguments to the selection kernels. The panel holds, for
+ * each of `rows` queries, n_cols contiguous values at panel + r * ld. */
+typedef struct {
+    const float *panel;
+    size_t ld;
+    int rows, n_cols, k;
+    knn_score_kind kind;
+    int self_first;          /* self search: ref index of row 0, else -1 */
+    const float *col_sqnorm; /* KNN_SCORE_DIST: |f_j|^2 of ref nodes */
+    const float *row_sqnorm; /* KNN_SCORE_DIST: |f_i|^2 of the tile rows */
+    const double *row_margin2;
+    const int *offsets;      /* rows + 1: row r's slots [offsets[r],
+                                offsets[r + 1]) of cand_index */
+    int *cand_index;         /* out: candidates, ascending index per row */
+    int *count;              /* out: candidates found per row (may exceed
+                                the row's slots: the caller re-plans) */
+    int *seg_end;            /* out: offsets[r] + candidates stored */
+} knn_select_args;
+
+/* Selection algorithms, chosen by knn_select_choose(). */
+typedef enum {
+    KNN_SELECT_WARP = 0, /* one warp per row, register queues (k <= 32) */
+    KNN_SELECT_RADIX     /* one block per row, two radix histogram passes */
+} knn_select_algo;
+
+knn_select_algo knn_select_choose(int rows, int cols, int k);
+knn_status knn_select_candidates(const knn_select_args *a,
+                                 knn_select_algo algo, char *message,
+                                 cudaStream_t stream);
+
+/* Arithmetic of the candidate products. TF32 (tensor cores, float32
+ * accumulation) for the correlation metrics, where the margin is an
+ * absolute 0.008 or so in r and costs a few candidates; float32 for the
+ * distances, whose margin scales with (|f_i| + |f_max|)^2 and would let
+ * TF32 admit several times k candidates. KNNGPU_GEMM=fp32|tf32 forces
+ * one (tests, benchmarks). */
+typedef enum { KNN_GEMM_FP32 = 0, KNN_GEMM_TF32 } knn_gemm_mode;
+
+knn_gemm_mode knn_gemm_choose(knn_metric metric);
+/* unit_in of knn_margin_*: TF32 keeps 10 mantissa bits, so rounding or
+ * truncating an input errs by less than 2^-10 relative. */
+double knn_gemm_unit_in(knn_gemm_mode mode);
+const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode);
+
+/* Products of a row tile into the panel. */
+knn_status knn_panel_gemm(cublasHandle_t blas, const float *fast_ref,
+                          const float *fast_rows, int ldf, int n_ref,
+                          int rows, float *panel, size_t ld, char *message);
+knn_status knn_panel_manhattan(const double *x_rows, const double *x_ref,
+                               int p, int rows, int n_ref, float *panel,
+                               size_t ld, char *message, cudaStream_t stream);
+
+/* Leading dimension of a panel row: n_ref rounded up to 4 (aligned rows). */
+static inline size_t knn_panel_ld(int n_ref)
+{
+    return ((size_t)n_ref + 3) / 4 * 4;
+}
+
+/* Exact re-rank: keys of every stored candidate, a stable segmented sort
+ * by key, and the k best per row written as rows x k column-major. */
+typedef struct {
+    knn_metric metric;
+    knn_gpu_nodes nodes;   /* by value: kernels read its device pointers */
+    int rows, k;
+    int row_node0;         /* node index (in nodes) of tile row 0 */
+    const int *offsets, *seg_end, *cand_index;
+    int64_t n_slots;       /* offsets[rows] */
+    double *cand_key;      /* scratch, n_slots each */
+    uint64_t *sort_key, *sort_key_out;
+    int *sort_val, *sort_val_out;
+    void *sort_temp;
+    size_t sort_temp_bytes;
+    int *out_index;        /* rows x k, column-major */
+    double *out_distance, *out_weight;
+} knn_rerank_args;
+
+knn_status knn_rerank_sort_bytes(int64_t n_slots, int rows, size_t *bytes,
+                                 char *message);
+knn_status knn_rerank(const knn_rerank_args *a, char *message,
+                      cudaStream_t stream);
+
+/* Node preparation. `x` holds the p x n_nodes float64 input on the device;
+ * it becomes nodes->exact (then nodes owns it) or stays the caller's, also
+ * on failure. query_max_abs is the largest |value| of the query nodes that
+ * are not in x (distances). */
+knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
+                             int n_nodes, double query_max_abs,
+                             double unit_in,
+                             knn_gpu_nodes *nodes, char *message,
+                             cudaStream_t stream);
+void knn_nodes_free(knn_gpu_nodes *nodes);
+
+/* Fork guard and device discovery (knn_gpu_query.cu). */
+knn_status knn_gpu_claim_process(char *message, size_t size);
+
+#endif

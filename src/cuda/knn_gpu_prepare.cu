@@ -1,0 +1,313 @@
+/*
+ * knn_gpu_prepare.cu: turns the uploaded float64 nodes into what the search
+ * needs, on the device.
+ *
+ * Correlation metrics: (Spearman: each value replaced by knn_rank2, one
+ * thread per value) then knn_canon_corr per node, one thread per node, in
+ * place; from u the same thread writes the float32 fast vector
+ * f = (u - sum/p) / sqrt(css/p) (cosine: u / sqrt(css)) and its kappa.
+ * Distance metrics: every value scaled by 2^-e (e from the largest |value|
+ * of ref and all queries; a power of two, so exact), then the fast vectors
+ * are the scaled nodes minus the ref feature means (centring shrinks |f| and
+ * so the margin, and leaves distances alone), one thread per node.
+ * Reductions (max |x|, kappa, max |f|) use atomicMax on the bits of
+ * non-negative doubles, whose integer order is their numeric order.
+ */
+#include <math.h>
+#include "knn_gpu.cuh"
+
+#define KNN_PREP_THREADS 256
+
+/* Column-mean partial sums: this many node blocks, each summed in order, so
+ * the means come out the same on every run. */
+#define KNN_MEAN_PARTS 256
+
+static unsigned knn_blocks(size_t n)
+{
+    return (unsigned)((n + KNN_PREP_THREADS - 1) / KNN_PREP_THREADS);
+}
+
+__device__ static void knn_atomic_max_nonneg(double *target, double v)
+{
+    atomicMax((unsigned long long *)target,
+              (unsigned long long)__double_as_longlong(v));
+}
+
+__global__ static void knn_rank_kernel(const double *x, int p, size_t n_vals,
+                                       double *ranks)
+{
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n_vals) return;
+    size_t node = t / (size_t)p;
+    int f = (int)(t - node * (size_t)p);
+    ranks[t] = knn_rank2(x + node * (size_t)p, p, f);
+}
+
+/* One thread per node: canonical form in place, fast vector, kappa. */
+__global__ static void knn_canon_kernel(knn_metric m, double *u, int p, int n,
+                                        double *sum, double *css, float *fast,
+                                        int ldf, double *kappa_max)
+{
+    int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= n) return;
+    double *ug = u + (size_t)g * p;
+    float *fg = fast + (size_t)g * ldf;
+    double s, c;
+    knn_canon_corr(m, ug, p, ug, &s, &c);
+    sum[g] = s;
+    css[g] = c;
+    double uu = 0.0;
+    for (int f = 0; f < p; f++) uu += ug[f] * ug[f];
+    if (knn_is_centred(m)) {
+        double mean = s / p, scale = 1.0 / sqrt(c / p);
+        for (int f = 0; f < p; f++) fg[f] = (float)((ug[f] - mean) * scale);
+        knn_atomic_max_nonneg(kappa_max, p * uu / c);
+    } else {
+        double scale = 1.0 / sqrt(c);
+        for (int f = 0; f < p; f++) fg[f] = (float)(ug[f] * scale);
+    }
+}
+
+__global__ static void knn_max_abs_kernel(const double *x, size_t n_vals,
+                                          double *out)
+{
+    double m = 0.0;
+    for (size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+         t < n_vals; t += (size_t)gridDim.x * blockDim.x)
+        m = fmax(m, fabs(x[t]));
+    for (int o = 16; o > 0; o >>= 1)
+        m = fmax(m, __shfl_down_sync(0xffffffffu, m, o));
+    if ((threadIdx.x & 31) == 0) knn_atomic_max_nonneg(out, m);
+}
+
+__global__ static void knn_scale_kernel(double *x, size_t n_vals, int e)
+{
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t < n_vals) x[t] = ldexp(x[t], -e);
+}
+
+/* Block b sums feature f over its share of the ref nodes, in node order. */
+__global__ static void knn_mean_part_kernel(const double *x, int p, int n_ref,
+                                            double *parts)
+{
+    int per = (n_ref + KNN_MEAN_PARTS - 1) / KNN_MEAN_PARTS;
+    int j0 = blockIdx.x * per, j1 = min(n_ref, j0 + per);
+    for (int f = threadIdx.x; f < p; f += blockDim.x) {
+        double s = 0.0;
+        for (int j = j0; j < j1; j++) s += x[(size_t)j * p + f];
+        parts[(size_t)blockIdx.x * p + f] = s;
+    }
+}
+
+__global__ static void knn_mean_final_kernel(double *parts, int p, int n_ref)
+{
+    int f = blockIdx.x * blockDim.x + threadIdx.x;
+    if (f >= p) return;
+    double s = 0.0;
+    for (int b = 0; b < KNN_MEAN_PARTS; b++) s += parts[(size_t)b * p + f];
+    parts[f] = s / n_ref;
+}
+
+/* One thread per node: f = scaled node - means, |f|^2, and max |f| over
+ * the ref nodes (norm_max of the distance margin). */
+__global__ static void knn_dist_fast_kernel(const double *x, int p, int n,
+                                            int n_ref, const double *mean,
+                                            float *fast, int ldf,
+                                            float *sqnorm, double *norm,
+                                            double *norm_max)
+{
+    int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= n) return;
+    const double *xg = x + (size_t)g * p;
+    float *fg = fast + (size_t)g * ldf;
+    double ss = 0.0, sf = 0.0;
+    for (int f = 0; f < p; f++) {
+        double d = xg[f] - mean[f];
+        float v = (float)d;
+        fg[f] = v;
+        ss += d * d;
+        sf += (double)v * v;
+    }
+    sqnorm[g] = (float)sf;
+    norm[g] = sqrt(ss);
+    if (g < n_ref) knn_atomic_max_nonneg(norm_max, norm[g]);
+}
+
+__global__ static void knn_margin_corr_kernel(double *margin2, int n, int p,
+                                              double unit_in,
+                                              const double *kappa_max,
+                                              int cosine)
+{
+    int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= n) return;
+    double kappa = cosine ? 1.0 : *kappa_max;
+    margin2[g] = 2.0 * knn_margin_corr(p, unit_in, KNN_U32, kappa);
+}
+
+/* Turns the per-node norms (in margin2) into twice each node's margin. */
+__global__ static void knn_margin_dist_kernel(double *margin2, int n, int p,
+                                              double unit_in,
+                                              const double *norm_max)
+{
+    int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= n) return;
+    margin2[g] =
+        2.0 * knn_margin_dist(p, unit_in, KNN_U32, margin2[g], *norm_max);
+}
+
+static knn_status knn_alloc(void **ptr, size_t bytes, char *message)
+{
+    KNN_CUDA_TRY(message, cudaMalloc(ptr, bytes > 0 ? bytes : 1));
+    return KNN_OK;
+}
+
+/* Fast vectors, zeroed so that the padding adds nothing to products. */
+static knn_status knn_alloc_fast(knn_gpu_nodes *nd, char *message,
+                                 cudaStream_t stream)
+{
+    size_t bytes = (size_t)nd->ldf * nd->n_nodes * sizeof(float);
+    KNN_TRY(knn_alloc((void **)&nd->fast, bytes, message));
+    KNN_CUDA_TRY(message, cudaMemsetAsync(nd->fast, 0, bytes, stream));
+    return KNN_OK;
+}
+
+static knn_status knn_prepare_corr(knn_metric m, double *x, knn_gpu_nodes *nd,
+                                   double unit_in, double *scalar,
+                                   char *message, cudaStream_t stream)
+{
+    size_t n_vals = (size_t)nd->p * nd->n_nodes;
+    if (m == KNN_SPEARMAN) {
+        KNN_TRY(knn_alloc((void **)&nd->exact, n_vals * sizeof(double),
+                          message));
+        knn_rank_kernel<<<knn_blocks(n_vals), KNN_PREP_THREADS, 0, stream>>>(
+            x, nd->p, n_vals, nd->exact);
+        KNN_LAUNCH_TRY(message, "knn_rank_kernel");
+    } else {
+        nd->exact = x;
+    }
+    KNN_TRY(knn_alloc((void **)&nd->sum, nd->n_nodes * sizeof(double),
+                      message));
+    KNN_TRY(knn_alloc((void **)&nd->css, nd->n_nodes * sizeof(double),
+                      message));
+    KNN_TRY(knn_alloc_fast(nd, message, stream));
+    KNN_CUDA_TRY(message, cudaMemsetAsync(scalar, 0, sizeof(double), stream));
+    knn_canon_kernel<<<knn_blocks(nd->n_nodes), KNN_PREP_THREADS, 0,
+                       stream>>>(m, nd->exact, nd->p, nd->n_nodes, nd->sum,
+                                 nd->css, nd->fast, nd->ldf, scalar);
+    KNN_LAUNCH_TRY(message, "knn_canon_kernel");
+    knn_margin_corr_kernel<<<knn_blocks(nd->n_nodes), KNN_PREP_THREADS, 0,
+                             stream>>>(nd->margin2, nd->n_nodes, nd->p,
+                                       unit_in, scalar, m == KNN_COSINE);
+    KNN_LAUNCH_TRY(message, "knn_margin_corr_kernel");
+    return KNN_OK;
+}
+
+static knn_status knn_prepare_dist(knn_metric m, double *x, knn_gpu_nodes *nd,
+                                   double query_max_abs, double unit_in,
+                                   double *scalar, char *message,
+                                   cudaStream_t stream)
+{
+    size_t n_vals = (size_t)nd->p * nd->n_nodes;
+    nd->exact = x;
+    KNN_CUDA_TRY(message, cudaMemsetAsync(scalar, 0, sizeof(double), stream));
+    knn_max_abs_kernel<<<1024, KNN_PREP_THREADS, 0, stream>>>(x, n_vals,
+                                                              scalar);
+    KNN_LAUNCH_TRY(message, "knn_max_abs_kernel");
+    double amax;
+    KNN_CUDA_TRY(message, cudaMemcpyAsync(&amax, scalar, sizeof amax,
+                                          cudaMemcpyDeviceToHost, stream));
+    KNN_CUDA_TRY(message, cudaStreamSynchronize(stream));
+    nd->scale_exp = knn_exponent(amax > query_max_abs ? amax : query_max_abs);
+    knn_scale_kernel<<<knn_blocks(n_vals), KNN_PREP_THREADS, 0, stream>>>(
+        x, n_vals, nd->scale_exp);
+    KNN_LAUNCH_TRY(message, "knn_scale_kernel");
+    if (!knn_uses_product(m)) {
+        KNN_CUDA_TRY(message, cudaMemsetAsync(nd->margin2, 0,
+                                              nd->n_nodes * sizeof(double),
+                                              stream));
+        return KNN_OK;
+    }
+
+    double *parts = NULL;
+    KNN_TRY(knn_alloc((void **)&parts,
+                      (size_t)KNN_MEAN_PARTS * nd->p * sizeof(double),
+                      message));
+    knn_mean_part_kernel<<<KNN_MEAN_PARTS, KNN_PREP_THREADS, 0, stream>>>(
+        x, nd->p, nd->n_ref, parts);
+    cudaError_t e = cudaGetLastError();
+    if (e == cudaSuccess) {
+        knn_mean_final_kernel<<<knn_blocks(nd->p), KNN_PREP_THREADS, 0,
+                                stream>>>(parts, nd->p, nd->n_ref);
+        e = cudaGetLastError();
+    }
+    knn_status st = KNN_OK;
+    if (e == cudaSuccess &&
+        (st = knn_alloc_fast(nd, message, stream)) == KNN_OK &&
+        (st = knn_alloc((void **)&nd->sqnorm, nd->n_nodes * sizeof(float),
+                        message)) == KNN_OK) {
+        e = cudaMemsetAsync(scalar, 0, sizeof(double), stream);
+        if (e == cudaSuccess) {
+            knn_dist_fast_kernel<<<knn_blocks(nd->n_nodes), KNN_PREP_THREADS,
+                                   0, stream>>>(x, nd->p, nd->n_nodes,
+                                                nd->n_ref, parts, nd->fast,
+                                                nd->ldf, nd->sqnorm,
+                                                nd->margin2, scalar);
+            e = cudaGetLastError();
+        }
+        if (e == cudaSuccess) {
+            knn_margin_dist_kernel<<<knn_blocks(nd->n_nodes),
+                                     KNN_PREP_THREADS, 0, stream>>>(
+                nd->margin2, nd->n_nodes, nd->p, unit_in, scalar);
+            e = cudaGetLastError();
+        }
+        /* parts is freed below, so the kernels reading it must be done. */
+        if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
+    }
+    cudaFree(parts);
+    if (st != KNN_OK) return st;
+    KNN_CUDA_TRY(message, e);
+    return KNN_OK;
+}
+
+knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
+                             int n_nodes, double query_max_abs,
+                             double unit_in, knn_gpu_nodes *nodes,
+                             char *message,
+                             cudaStream_t stream)
+{
+    nodes->p = p;
+    nodes->ldf = (p + 3) / 4 * 4;
+    nodes->n_ref = n_ref;
+    nodes->n_nodes = n_nodes;
+    double *scalar = NULL;
+    knn_status st = knn_alloc((void **)&scalar, sizeof(double), message);
+    if (st != KNN_OK) return st;
+    st = knn_alloc((void **)&nodes->margin2, n_nodes * sizeof(double),
+                   message);
+    if (st == KNN_OK && knn_is_correlation(metric))
+        st = knn_prepare_corr(metric, x, nodes, unit_in, scalar, message,
+                              stream);
+    else if (st == KNN_OK)
+        st = knn_prepare_dist(metric, x, nodes, query_max_abs, unit_in,
+                              scalar, message, stream);
+    if (st == KNN_OK) {
+        cudaError_t e = cudaStreamSynchronize(stream);
+        if (e != cudaSuccess)
+            st = knn_gpu_fail_cuda(message, e, "cudaStreamSynchronize",
+                                   __FILE__, __LINE__);
+    }
+    cudaFree(scalar);
+    return st;
+}
+
+void knn_nodes_free(knn_gpu_nodes *nodes)
+{
+    cudaFree(nodes->exact);
+    cudaFree(nodes->sum);
+    cudaFree(nodes->css);
+    cudaFree(nodes->fast);
+    cudaFree(nodes->sqnorm);
+    cudaFree(nodes->margin2);
+    nodes->exact = nodes->sum = nodes->css = nodes->margin2 = NULL;
+    nodes->fast = nodes->sqnorm = NULL;
+}

@@ -1,0 +1,126 @@
+/*
+ * knn_gpu_products.cu: the distance work of a row tile, written into the
+ * panel that knn_gpu_select.cu reads (query row r's n_ref values contiguous
+ * at panel + r * ld, ld = knn_panel_ld(n_ref)).
+ *
+ *  - Product metrics: one cuBLAS GEMM, panel = F_rows^T F_ref with the fast
+ *    vectors of knn_gpu_prepare.cu, float32 or TF32 inputs (knn_gemm_mode)
+ *    with float32 accumulation; the caller sets the handle's math mode and
+ *    the margins use the matching unit_in.
+ *  - Manhattan: a direct float64 kernel. A 16 x 16 thread block computes a
+ *    64 x 64 tile of pairs, 4 x 4 per thread, staging 16 features of both
+ *    node sets in shared memory at a time. Each pair's sum runs over the
+ *    features in order with the same rounded operations as knn_key_dist, so
+ *    the panel holds the canonical key rounded to float32; rounding is
+ *    monotone, so the k-th panel value bounds the exact top k with no margin.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include "knn_gpu.cuh"
+
+#define KNN_MH_TILE 64   /* nodes per tile side */
+#define KNN_MH_SIDE 16   /* threads per block side */
+#define KNN_MH_PER (KNN_MH_TILE / KNN_MH_SIDE)
+#define KNN_MH_FEAT 16   /* features staged per step */
+
+knn_gemm_mode knn_gemm_choose(knn_metric metric)
+{
+    const char *force = getenv("KNNGPU_GEMM");
+    if (force && strcmp(force, "fp32") == 0) return KNN_GEMM_FP32;
+    if (force && strcmp(force, "tf32") == 0) return KNN_GEMM_TF32;
+    return knn_is_correlation(metric) ? KNN_GEMM_TF32 : KNN_GEMM_FP32;
+}
+
+double knn_gemm_unit_in(knn_gemm_mode mode)
+{
+    return mode == KNN_GEMM_TF32 ? 1.0 / 1024.0 : KNN_U32;
+}
+
+const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode)
+{
+    if (!knn_uses_product(metric))
+        return "fp64 direct candidates + fp64 exact re-rank";
+    return mode == KNN_GEMM_TF32
+        ? "tf32 GEMM candidates + fp64 exact re-rank"
+        : "fp32 GEMM candidates + fp64 exact re-rank";
+}
+
+knn_status knn_panel_gemm(cublasHandle_t blas, const float *fast_ref,
+                          const float *fast_rows, int ldf, int n_ref,
+                          int rows, float *panel, size_t ld, char *message)
+{
+    const float one = 1.0f, zero = 0.0f;
+    KNN_BLAS_TRY(message, cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, n_ref,
+                                      rows, ldf, &one, fast_ref, ldf,
+                                      fast_rows, ldf, &zero, panel,
+                                      (int)ld));
+    return KNN_OK;
+}
+
+__device__ static void knn_mh_stage(double (*dst)[KNN_MH_TILE + 1],
+                                    const double *x, int p, int n, int node0,
+                                    int f0, int tid)
+{
+    for (int l = tid; l < KNN_MH_TILE * KNN_MH_FEAT;
+         l += KNN_MH_SIDE * KNN_MH_SIDE) {
+        int node = l / KNN_MH_FEAT, f = l % KNN_MH_FEAT;
+        bool in = node0 + node < n && f0 + f < p;
+        dst[f][node] = in ? x[(size_t)(node0 + node) * p + f0 + f] : 0.0;
+    }
+}
+
+__global__ static void __launch_bounds__(KNN_MH_SIDE * KNN_MH_SIDE)
+knn_manhattan_kernel(const double *x_rows, const double *x_ref, int p,
+                     int rows, int n_ref, float *panel, size_t ld)
+{
+    __shared__ double sr[KNN_MH_FEAT][KNN_MH_TILE + 1];
+    __shared__ double sc[KNN_MH_FEAT][KNN_MH_TILE + 1];
+    int tx = threadIdx.x, ty = threadIdx.y, tid = ty * KNN_MH_SIDE + tx;
+    int row0 = blockIdx.y * KNN_MH_TILE, col0 = blockIdx.x * KNN_MH_TILE;
+    double acc[KNN_MH_PER][KNN_MH_PER];
+#pragma unroll
+    for (int i = 0; i < KNN_MH_PER; i++)
+#pragma unroll
+        for (int j = 0; j < KNN_MH_PER; j++) acc[i][j] = 0.0;
+
+    for (int f0 = 0; f0 < p; f0 += KNN_MH_FEAT) {
+        knn_mh_stage(sr, x_rows, p, rows, row0, f0, tid);
+        knn_mh_stage(sc, x_ref, p, n_ref, col0, f0, tid);
+        __syncthreads();
+        int nf = min(KNN_MH_FEAT, p - f0);
+        for (int f = 0; f < nf; f++) {
+#pragma unroll
+            for (int i = 0; i < KNN_MH_PER; i++) {
+                double a = sr[f][ty + KNN_MH_SIDE * i];
+#pragma unroll
+                for (int j = 0; j < KNN_MH_PER; j++)
+                    acc[i][j] = KNN_ADD(acc[i][j],
+                        fabs(KNN_SUB(a, sc[f][tx + KNN_MH_SIDE * j])));
+            }
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < KNN_MH_PER; i++) {
+        int r = row0 + ty + KNN_MH_SIDE * i;
+#pragma unroll
+        for (int j = 0; j < KNN_MH_PER; j++) {
+            int c = col0 + tx + KNN_MH_SIDE * j;
+            if (r < rows && c < n_ref)
+                panel[(size_t)r * ld + c] = (float)acc[i][j];
+        }
+    }
+}
+
+knn_status knn_panel_manhattan(const double *x_rows, const double *x_ref,
+                               int p, int rows, int n_ref, float *panel,
+                               size_t ld, char *message, cudaStream_t stream)
+{
+    dim3 block(KNN_MH_SIDE, KNN_MH_SIDE);
+    dim3 grid((n_ref + KNN_MH_TILE - 1) / KNN_MH_TILE,
+              (rows + KNN_MH_TILE - 1) / KNN_MH_TILE);
+    knn_manhattan_kernel<<<grid, block, 0, stream>>>(x_rows, x_ref, p, rows,
+                                                     n_ref, panel, ld);
+    KNN_LAUNCH_TRY(message, "knn_manhattan_kernel");
+    return KNN_OK;
+}

@@ -1,0 +1,97 @@
+/*
+ * knn_gpu_rerank.cu: the exact float64 ranking of a row tile's candidates.
+ *
+ * 1. Keys: one block per query row, its threads striding over the row's
+ *    candidate slots; each thread computes one candidate's canonical key
+ *    with knn_key_corr / knn_key_dist of knn_exact.h (sequential over
+ *    features, rounded operations), the same bits as the C engine.
+ * 2. Order: each key becomes 64 unsigned bits whose integer order is the
+ *    key order (-0 folded into +0, since the C engine's comparison treats
+ *    them as equal), and CUB's stable segmented sort orders every row's
+ *    slots by it. Slots were filled in ascending node order, so equal keys
+ *    stay ordered by the smaller index: the engine's tie rule.
+ * 3. Output: one thread per (row, rank < k) reads its slot's node and
+ *    original key and writes index, distance and weight (knn_key_output)
+ *    into rows x k column-major arrays.
+ */
+#include <cub/device/device_segmented_sort.cuh>
+#include "knn_gpu.cuh"
+
+#define KNN_KEY_THREADS 128
+#define KNN_OUT_THREADS 256
+
+__device__ __forceinline__ uint64_t knn_order_bits64(double key)
+{
+    uint64_t u = (uint64_t)__double_as_longlong(__dadd_rn(key, 0.0));
+    return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
+}
+
+__global__ static void __launch_bounds__(KNN_KEY_THREADS)
+knn_key_kernel(knn_rerank_args a)
+{
+    const knn_gpu_nodes *nd = &a.nodes;
+    int r = blockIdx.x, p = nd->p;
+    int i = a.row_node0 + r;
+    const double *xi = nd->exact + (size_t)i * p;
+    int corr = knn_is_correlation(a.metric);
+    for (int s = a.offsets[r] + threadIdx.x; s < a.seg_end[r];
+         s += blockDim.x) {
+        int j = a.cand_index[s];
+        const double *xj = nd->exact + (size_t)j * p;
+        double key = corr
+            ? knn_key_corr(a.metric, xi, xj, p, nd->sum[i], nd->css[i],
+                           nd->sum[j], nd->css[j])
+            : knn_key_dist(a.metric, xi, xj, p);
+        a.cand_key[s] = key;
+        a.sort_key[s] = knn_order_bits64(key);
+        a.sort_val[s] = s;
+    }
+}
+
+__global__ static void knn_output_kernel(knn_rerank_args a)
+{
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= (size_t)a.rows * a.k) return;
+    int r = (int)(t % a.rows), rank = (int)(t / a.rows);
+    int s = a.sort_val_out[a.offsets[r] + rank];
+    double distance, weight;
+    knn_key_output(a.metric, a.cand_key[s], a.nodes.scale_exp, &distance,
+                   &weight);
+    a.out_index[t] = a.cand_index[s];
+    a.out_distance[t] = distance;
+    a.out_weight[t] = weight;
+}
+
+knn_status knn_rerank_sort_bytes(int64_t n_slots, int rows, size_t *bytes,
+                                 char *message)
+{
+    *bytes = 0;
+    KNN_CUDA_TRY(message, cub::DeviceSegmentedSort::StableSortPairs(
+        (void *)NULL, *bytes, (const uint64_t *)NULL, (uint64_t *)NULL,
+        (const int *)NULL, (int *)NULL, n_slots, (int64_t)rows,
+        (const int *)NULL, (const int *)NULL));
+    return KNN_OK;
+}
+
+knn_status knn_rerank(const knn_rerank_args *a, char *message,
+                      cudaStream_t stream)
+{
+    knn_key_kernel<<<a->rows, KNN_KEY_THREADS, 0, stream>>>(*a);
+    KNN_LAUNCH_TRY(message, "knn_key_kernel");
+    size_t temp_bytes = 0;
+    KNN_TRY(knn_rerank_sort_bytes(a->n_slots, a->rows, &temp_bytes, message));
+    if (temp_bytes > a->sort_temp_bytes)
+        return knn_gpu_fail(message, KNN_E_DEVICE, "segmented sort",
+                            "its scratch was planned too small", __FILE__,
+                            __LINE__);
+    KNN_CUDA_TRY(message, cub::DeviceSegmentedSort::StableSortPairs(
+        a->sort_temp, temp_bytes, a->sort_key, a->sort_key_out, a->sort_val,
+        a->sort_val_out, a->n_slots, (int64_t)a->rows, a->offsets,
+        a->seg_end, stream));
+    size_t n_out = (size_t)a->rows * a->k;
+    unsigned blocks = (unsigned)((n_out + KNN_OUT_THREADS - 1) /
+                                 KNN_OUT_THREADS);
+    knn_output_kernel<<<blocks, KNN_OUT_THREADS, 0, stream>>>(*a);
+    KNN_LAUNCH_TRY(message, "knn_output_kernel");
+    return KNN_OK;
+}

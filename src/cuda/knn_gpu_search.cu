@@ -1,0 +1,294 @@
+/*
+ * knn_gpu_search.cu: knn_gpu_search(), the CUDA backend's entry point.
+ *
+ * The query rows are split into one contiguous block per device; one host
+ * thread per device prepares its copy of the nodes and runs its row tiles
+ * (knn_gpu_tiles.cu), writing its own rows of the caller's arrays. Every
+ * row's answer is the exact one of knn_exact.h, so the split changes
+ * nothing in the output. The calling thread only waits: every 100 ms it asks
+ * the interrupt callback and reports progress (callbacks run on the caller's
+ * thread alone), and on an interrupt or a device's failure it raises the
+ * stop flag that the device threads read between tiles. Each device thread
+ * frees everything it allocated before it ends, so device memory is as
+ * before after an interrupt or an error too.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <chrono>
+#include <condition_variable>
+#include <mutex>
+#include <new>
+#include <thread>
+#include <vector>
+#include "knn_gpu_tiles.cuh"
+
+#define KNN_POLL_MS 100
+
+static knn_score_kind knn_score_of(knn_metric m)
+{
+    if (m == KNN_ABSPEARSON) return KNN_SCORE_NEGABS;
+    if (knn_is_correlation(m)) return KNN_SCORE_NEG;
+    if (m == KNN_MANHATTAN) return KNN_SCORE_IDENT;
+    return KNN_SCORE_DIST;
+}
+
+/* Fills ids with the devices to use: the request's list, or every visible
+ * device of compute capability 8.0 or newer. */
+static knn_status knn_pick_devices(const knn_request *req,
+                                   std::vector<int> &ids, knn_report *rep)
+{
+    int count = 0;
+    cudaError_t e = cudaGetDeviceCount(&count);
+    if (e != cudaSuccess || count == 0) {
+        cudaGetLastError();
+        knn_gpu_info info;
+        knn_gpu_query(&info);
+        snprintf(rep->message, sizeof rep->message, "no usable GPU: %s",
+                 info.reason[0] ? info.reason : "no CUDA device is visible");
+        return KNN_E_NOGPU;
+    }
+    if (req->n_devices <= 0) {
+        for (int d = 0; d < count && d < KNN_MAX_DEVICES; d++) ids.push_back(d);
+    } else {
+        /* A device listed twice runs two row blocks side by side; the R
+         * layer refuses that, the C tests use it to split on one GPU. */
+        for (int i = 0; i < req->n_devices && i < KNN_MAX_DEVICES; i++) {
+            int d = req->devices[i];
+            if (d < 0 || d >= count) {
+                snprintf(rep->message, sizeof rep->message,
+                         "GPU %d does not exist (%d visible, numbered from "
+                         "0)", d, count);
+                return KNN_E_INVALID;
+            }
+            ids.push_back(d);
+        }
+    }
+    std::vector<int> usable;
+    for (int d : ids) {
+        cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, d) == cudaSuccess &&
+            prop.major >= 8)
+            usable.push_back(d);
+    }
+    cudaGetLastError();
+    if (usable.empty()) {
+        snprintf(rep->message, sizeof rep->message,
+                 "no usable GPU: none of the devices has compute capability "
+                 "8.0 or newer");
+        return KNN_E_NOGPU;
+    }
+    if (req->n_devices > 0 && usable.size() != ids.size()) {
+        snprintf(rep->message, sizeof rep->message,
+                 "a GPU in 'devices' has compute capability below 8.0");
+        return KNN_E_NOGPU;
+    }
+    ids = usable;
+    return KNN_OK;
+}
+
+static void knn_device_names(const std::vector<int> &ids, knn_report *rep)
+{
+    cudaDeviceProp prop;
+    const char *name = "GPU";
+    if (cudaGetDeviceProperties(&prop, ids[0]) == cudaSuccess)
+        name = prop.name;
+    cudaGetLastError();
+    if (ids.size() == 1) {
+        snprintf(rep->device, sizeof rep->device, "%.100s (GPU %d)", name,
+                 ids[0]);
+        return;
+    }
+    int n = snprintf(rep->device, sizeof rep->device, "%d x %.80s (GPUs",
+                     (int)ids.size(), name);
+    for (size_t i = 0; i < ids.size() && n < (int)sizeof rep->device; i++)
+        n += snprintf(rep->device + n, sizeof rep->device - n, "%s%d",
+                      i ? ", " : " ", ids[i]);
+    if (n < (int)sizeof rep->device)
+        snprintf(rep->device + n, sizeof rep->device - n, ")");
+}
+
+/* Largest |value| of the query nodes, which the distance metrics' 2^-e
+ * scaling must cover on every device alike. */
+static double knn_query_max_abs(const knn_request *req)
+{
+    if (req->query == NULL || knn_is_correlation(req->metric)) return 0.0;
+    size_t n = (size_t)req->p * req->n_query;
+    double m = 0.0;
+    for (size_t i = 0; i < n; i++) {
+        double a = fabs(req->query[i]);
+        if (a > m) m = a;
+    }
+    return m;
+}
+
+static knn_status knn_dev_run(knn_gpu_dev *d)
+{
+    KNN_CUDA_TRY(d->message, cudaSetDevice(d->device));
+    KNN_CUDA_TRY(d->message,
+                 cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
+    KNN_BLAS_TRY(d->message, cublasCreate(&d->blas));
+    KNN_BLAS_TRY(d->message, cublasSetStream(d->blas, d->stream));
+    KNN_BLAS_TRY(d->message, cublasSetMathMode(d->blas,
+        d->gemm == KNN_GEMM_TF32 ? CUBLAS_TF32_TENSOR_OP_MATH
+                                 : CUBLAS_DEFAULT_MATH));
+    KNN_TRY(knn_dev_prepare(d));
+    if (d->shared->stop) return KNN_E_INTERRUPTED;
+    KNN_TRY(knn_dev_plan(d));
+    return knn_dev_search(d);
+}
+
+typedef struct {
+    std::mutex lock;
+    std::condition_variable wake;
+    int running;
+} knn_gpu_join;
+
+static void knn_dev_thread(knn_gpu_dev *d, knn_gpu_join *j)
+{
+    try {
+        d->status = knn_dev_run(d);
+    } catch (...) {
+        snprintf(d->message, sizeof d->message,
+                 "out of host memory in the GPU backend");
+        d->status = KNN_E_NOMEM;
+    }
+    if (d->status != KNN_OK) d->shared->stop = 1;
+    knn_dev_free(d);
+    std::lock_guard<std::mutex> g(j->lock);
+    j->running--;
+    j->wake.notify_all();
+}
+
+/* The caller's loop while the device threads run: polls the callbacks. */
+static int knn_wait_devices(const knn_request *req, knn_gpu_join *j,
+                            knn_gpu_shared *shared, double total)
+{
+    int interrupted = 0;
+    std::unique_lock<std::mutex> g(j->lock);
+    while (j->running > 0) {
+        j->wake.wait_for(g, std::chrono::milliseconds(KNN_POLL_MS));
+        g.unlock();
+        if (!interrupted && req->cb.interrupted &&
+            req->cb.interrupted(req->cb.ctx)) {
+            interrupted = 1;
+            shared->stop = 1;
+        }
+        if (req->cb.progress)
+            req->cb.progress(req->cb.ctx, (double)shared->rows_done, total);
+        g.lock();
+    }
+    return interrupted;
+}
+
+static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
+                            knn_metric m, knn_report *rep)
+{
+    double cand = 0.0;
+    rep->row_tile = 0;
+    for (const knn_gpu_dev &d : devs) {
+        if (d.seconds_prepare > rep->seconds_prepare)
+            rep->seconds_prepare = d.seconds_prepare;
+        if (d.seconds_search > rep->seconds_search)
+            rep->seconds_search = d.seconds_search;
+        if (d.seconds_rerank > rep->seconds_rerank)
+            rep->seconds_rerank = d.seconds_rerank;
+        cand += d.candidates;
+        if (rep->row_tile == 0 || d.row_tile < rep->row_tile)
+            rep->row_tile = d.row_tile;
+    }
+    rep->candidates = n_q > 0 ? cand / n_q : 0.0;
+    rep->col_tile = devs.empty() ? 0 : devs[0].req->n_ref;
+    snprintf(rep->precision, sizeof rep->precision, "%s",
+             knn_gemm_precision(m, devs.empty() ? KNN_GEMM_FP32
+                                                : devs[0].gemm));
+}
+
+static knn_status knn_gpu_search_devices(const knn_request *req,
+                                         knn_result *out, knn_report *rep,
+                                         const std::vector<int> &ids)
+{
+    int n_q = req->query ? req->n_query : req->n_ref;
+    int n_dev = (int)ids.size() < n_q ? (int)ids.size() : n_q;
+    int block = (n_q + n_dev - 1) / n_dev;
+    knn_gpu_shared shared;
+    shared.stop = 0;
+    shared.rows_done = 0;
+    double qmax = knn_query_max_abs(req);
+
+    std::vector<knn_gpu_dev> devs(n_dev);
+    for (int i = 0; i < n_dev; i++) {
+        knn_gpu_dev *d = &devs[i];
+        memset((void *)d, 0, sizeof *d);
+        d->req = req;
+        d->out = out;
+        d->shared = &shared;
+        d->device = ids[i];
+        d->q0 = i * block;
+        d->nq = n_q - d->q0 < block ? n_q - d->q0 : block;
+        d->query_max_abs = qmax;
+        d->score_kind = knn_score_of(req->metric);
+        d->gemm = knn_gemm_choose(req->metric);
+    }
+
+    knn_gpu_join j;
+    j.running = 0;
+    std::vector<std::thread> threads;
+    knn_status st = KNN_OK;
+    for (int i = 0; i < n_dev && st == KNN_OK; i++) {
+        if (devs[i].nq <= 0) continue;
+        try {
+            std::lock_guard<std::mutex> g(j.lock);
+            threads.emplace_back(knn_dev_thread, &devs[i], &j);
+            j.running++;
+        } catch (...) {
+            shared.stop = 1;
+            snprintf(rep->message, sizeof rep->message,
+                     "could not start a host thread for GPU %d", ids[i]);
+            st = KNN_E_NOMEM;
+        }
+    }
+    int interrupted = knn_wait_devices(req, &j, &shared, (double)n_q);
+    for (std::thread &t : threads) t.join();
+    if (st != KNN_OK) return st;
+
+    for (const knn_gpu_dev &d : devs) {
+        if (d.status != KNN_OK && d.status != KNN_E_INTERRUPTED) {
+            snprintf(rep->message, sizeof rep->message, "GPU %d: %.490s",
+                     d.device, d.message);
+            return d.status;
+        }
+    }
+    if (interrupted) {
+        snprintf(rep->message, sizeof rep->message,
+                 "interrupted by the user");
+        return KNN_E_INTERRUPTED;
+    }
+    knn_fill_report(devs, n_q, req->metric, rep);
+    return KNN_OK;
+}
+
+extern "C" knn_status knn_gpu_search(const knn_request *req, knn_result *out,
+                                     knn_report *report)
+{
+    if (knn_gpu_claim_process(report->message, sizeof report->message) !=
+        KNN_OK)
+        return KNN_E_NOGPU;
+    std::vector<int> ids;
+    knn_status st;
+    try {
+        st = knn_pick_devices(req, ids, report);
+        if (st == KNN_OK) {
+            knn_device_names(ids, report);
+            st = knn_gpu_search_devices(req, out, report, ids);
+        }
+    } catch (const std::bad_alloc &) {
+        snprintf(report->message, sizeof report->message,
+                 "out of host memory in the GPU backend");
+        st = KNN_E_NOMEM;
+    } catch (...) {
+        snprintf(report->message, sizeof report->message,
+                 "unexpected failure in the GPU backend");
+        st = KNN_E_DEVICE;
+    }
+    return st;
+}

@@ -1,0 +1,450 @@
+/*
+ * knn_gpu_select.cu: candidate selection on a row tile's panel of products.
+ *
+ * For query row r the fast scores s_j (knn_score_kind) of all reference
+ * nodes lie in one contiguous panel row. A node is a candidate when
+ * s_j <= T_r with T_r >= (k-th smallest s of the row) + 2 * margin_r; by the
+ * margins of knn_exact.h every node of the exact top k is then a candidate.
+ * Each kernel makes a threshold pass (or two) and one compaction pass that
+ * writes the candidates in ascending node order (stable), so that the
+ * re-rank's stable sort breaks equal keys by the smaller index. The number
+ * found is always written, also when it exceeds the row's slots; the caller
+ * then gives the row more slots and runs the tile again, so nothing is
+ * dropped.
+ *
+ *  - KNN_SELECT_WARP (k <= 32): one warp per row. Each lane keeps the K
+ *    smallest scores of its strided share in a sorted register queue (K the
+ *    power-of-two bucket >= k); the warp then pops the k smallest of the 32
+ *    queues, which is exactly the row's k-th score. Then a ballot
+ *    compaction, 32 nodes per step.
+ *  - KNN_SELECT_RADIX (any k): one block per row. Two histogram passes over
+ *    the order-preserving bits of the scores (12 bits each, shared-memory
+ *    bins) find the bucket holding the k-th score; T uses the bucket's upper
+ *    edge, a bound at most 2^-15 relative above it. Then a block-wide ballot
+ *    compaction, blockDim nodes per step. For k small against the row, the
+ *    histograms run on 1/stride of the nodes only (runs of 32), which bounds
+ *    T from above, and one pass moves the few nodes under that bound into
+ *    shared memory where the exact bucket is found: one read of the row
+ *    instead of three.
+ * knn_select_choose() picks one from (rows, cols, k) by the crossovers that
+ * inst/bench/select_thresholds.R measured.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <cub/block/block_scan.cuh>
+#include "knn_gpu.cuh"
+
+#define KNN_WARP_ROWS 4            /* rows (warps) per block, warp select */
+#define KNN_RADIX_THREADS 512
+#define KNN_RADIX_BINS 4096        /* 12-bit digits */
+#define KNN_RADIX_PER_THREAD (KNN_RADIX_BINS / KNN_RADIX_THREADS)
+#define KNN_SAMPLE_BUF 3072         /* shared-memory nodes, sampled path */
+#define KNN_SAMPLE_MAX_STRIDE 16
+#define KNN_ITEMS 8                 /* loads in flight per thread */
+
+/* Crossovers measured by inst/bench/select_thresholds.R (numbers in
+ * inst/bench/RESULTS.md, "## GPU"): the warp kernel wins only for small k
+ * and row tiles big enough to keep every SM's warps busy. KNN_WARP_MAX_K is
+ * its largest queue, usable when forced. */
+#define KNN_WARP_MAX_K 32
+#define KNN_WARP_AUTO_MAX_K 8
+#define KNN_WARP_MIN_ROWS 16384
+
+knn_select_algo knn_select_choose(int rows, int cols, int k)
+{
+    const char *force = getenv("KNNGPU_SELECT");
+    if (force && strcmp(force, "radix") == 0) return KNN_SELECT_RADIX;
+    if (force && strcmp(force, "warp") == 0 && k <= KNN_WARP_MAX_K)
+        return KNN_SELECT_WARP;
+    /* cols enters through the plan: R x cols is capped at 2^31 floats, so
+     * R >= KNN_WARP_MIN_ROWS already means cols <= 131072, the narrow
+     * references where the warp kernel was measured to win. */
+    (void)cols;
+    if (k <= KNN_WARP_AUTO_MAX_K && rows >= KNN_WARP_MIN_ROWS)
+        return KNN_SELECT_WARP;
+    return KNN_SELECT_RADIX;
+}
+
+template <int KIND>
+__device__ __forceinline__ float knn_fast_score(float v, int j,
+                                                const knn_select_args &a,
+                                                float row_sq)
+{
+    if (KIND == KNN_SCORE_NEG) return -v;
+    if (KIND == KNN_SCORE_NEGABS) return -fabsf(v);
+    /* Rounded operations: every pass must see the same score bits. */
+    if (KIND == KNN_SCORE_DIST)
+        return __fsub_rn(__fadd_rn(row_sq, a.col_sqnorm[j]),
+                         __fmul_rn(2.0f, v));
+    return v;
+}
+
+/* Unsigned bits whose integer order is the float order (no NaNs here). */
+__device__ __forceinline__ unsigned knn_order_bits(float v)
+{
+    unsigned u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float knn_order_float(unsigned u)
+{
+    return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
+}
+
+/* Row setup shared by both kernels. */
+struct knn_row {
+    const float *vals;
+    int self;
+    float sq;
+    double margin2;
+    int begin, slots;
+};
+
+__device__ __forceinline__ knn_row knn_row_of(const knn_select_args &a, int r)
+{
+    knn_row w;
+    w.vals = a.panel + (size_t)r * a.ld;
+    w.self = a.self_first >= 0 ? a.self_first + r : -1;
+    w.sq = a.kind == KNN_SCORE_DIST ? a.row_sqnorm[r] : 0.0f;
+    w.margin2 = a.row_margin2[r];
+    w.begin = a.offsets[r];
+    w.slots = a.offsets[r + 1] - w.begin;
+    return w;
+}
+
+__device__ __forceinline__ void knn_row_done(const knn_select_args &a, int r,
+                                             const knn_row &w, int found)
+{
+    a.count[r] = found;
+    a.seg_end[r] = w.begin + min(found, w.slots);
+}
+
+/* ---- warp select ------------------------------------------------------ */
+
+template <int K>
+__device__ __forceinline__ void knn_queue_insert(float (&q)[K], float v)
+{
+    if (!(v < q[K - 1])) return;
+    q[K - 1] = v;
+#pragma unroll
+    for (int i = K - 1; i > 0; i--) {
+        if (q[i] < q[i - 1]) {
+            float t = q[i];
+            q[i] = q[i - 1];
+            q[i - 1] = t;
+        }
+    }
+}
+
+/* The k-th smallest value over the lanes' sorted queues: k rounds, each
+ * popping the warp's minimum head (lowest lane on ties). */
+template <int K>
+__device__ __forceinline__ float knn_warp_kth(float (&q)[K], int k, int lane)
+{
+    float m = 0.0f;
+    for (int round = 0; round < k; round++) {
+        m = q[0];
+        for (int o = 16; o > 0; o >>= 1)
+            m = fminf(m, __shfl_xor_sync(0xffffffffu, m, o));
+        unsigned owners = __ballot_sync(0xffffffffu, q[0] == m);
+        if (lane == __ffs(owners) - 1) {
+#pragma unroll
+            for (int i = 0; i < K - 1; i++) q[i] = q[i + 1];
+            q[K - 1] = INFINITY;
+        }
+    }
+    return m;
+}
+
+template <int K, int KIND>
+__global__ void __launch_bounds__(32 * KNN_WARP_ROWS)
+knn_warp_select_kernel(knn_select_args a)
+{
+    int lane = threadIdx.x & 31;
+    int r = blockIdx.x * KNN_WARP_ROWS + (threadIdx.x >> 5);
+    if (r >= a.rows) return;
+    knn_row w = knn_row_of(a, r);
+
+    float q[K];
+#pragma unroll
+    for (int i = 0; i < K; i++) q[i] = INFINITY;
+    for (int j = lane; j < a.n_cols; j += 32) {
+        if (j == w.self) continue;
+        knn_queue_insert<K>(q, knn_fast_score<KIND>(w.vals[j], j, a, w.sq));
+    }
+    double t = (double)knn_warp_kth<K>(q, a.k, lane) + w.margin2;
+
+    int found = 0;
+    unsigned below = (1u << lane) - 1u;
+    for (int base = 0; base < a.n_cols; base += 32) {
+        int j = base + lane;
+        bool take = j < a.n_cols && j != w.self &&
+            (double)knn_fast_score<KIND>(w.vals[j], j, a, w.sq) <= t;
+        unsigned mask = __ballot_sync(0xffffffffu, take);
+        int pos = found + __popc(mask & below);
+        if (take && pos < w.slots) a.cand_index[w.begin + pos] = j;
+        found += __popc(mask);
+    }
+    if (lane == 0) knn_row_done(a, r, w, found);
+}
+
+/* ---- radix select ----------------------------------------------------- */
+
+typedef cub::BlockScan<unsigned, KNN_RADIX_THREADS> knn_radix_scan;
+
+struct knn_radix_shared {
+    unsigned hist[KNN_RADIX_BINS];
+    typename knn_radix_scan::TempStorage scan;
+    unsigned warp_count[KNN_RADIX_THREADS / 32];
+    unsigned bin, rank;
+    int buf_index[KNN_SAMPLE_BUF]; /* sampled path: nodes under T1, */
+    float buf_score[KNN_SAMPLE_BUF]; /* ascending index, and scores */
+};
+
+/* Finds the bin holding the rank-th smallest counted value (rank >= 1) and
+ * the value's rank inside that bin; every thread gets both. */
+__device__ static void knn_radix_find(knn_radix_shared &sh, unsigned rank,
+                               unsigned *bin, unsigned *rank_in_bin)
+{
+    int t = threadIdx.x;
+    unsigned local = 0;
+#pragma unroll
+    for (int i = 0; i < KNN_RADIX_PER_THREAD; i++)
+        local += sh.hist[t * KNN_RADIX_PER_THREAD + i];
+    unsigned before;
+    knn_radix_scan(sh.scan).ExclusiveSum(local, before);
+    if (before < rank && rank <= before + local) {
+        for (int i = 0; i < KNN_RADIX_PER_THREAD; i++) {
+            unsigned c = sh.hist[t * KNN_RADIX_PER_THREAD + i];
+            if (rank <= before + c) {
+                sh.bin = t * KNN_RADIX_PER_THREAD + i;
+                sh.rank = rank - before;
+                break;
+            }
+            before += c;
+        }
+    }
+    __syncthreads();
+    *bin = sh.bin;
+    *rank_in_bin = sh.rank;
+    __syncthreads();
+}
+
+/* score(i, &v) gives item i's score, or false for an item not counted.
+ * Each thread loads KNN_ITEMS items before counting them, so that enough
+ * loads are in flight to keep device memory busy. */
+template <typename Score>
+__device__ void knn_radix_histogram(knn_radix_shared &sh, int count,
+                                    Score score, int pass, unsigned prefix)
+{
+    for (int i = threadIdx.x; i < KNN_RADIX_BINS; i += blockDim.x)
+        sh.hist[i] = 0;
+    __syncthreads();
+    for (int base = 0; base < count; base += KNN_RADIX_THREADS * KNN_ITEMS) {
+        float v[KNN_ITEMS];
+        bool ok[KNN_ITEMS];
+#pragma unroll
+        for (int it = 0; it < KNN_ITEMS; it++) {
+            int i = base + it * KNN_RADIX_THREADS + threadIdx.x;
+            ok[it] = i < count && score(i, &v[it]);
+        }
+#pragma unroll
+        for (int it = 0; it < KNN_ITEMS; it++) {
+            if (!ok[it]) continue;
+            unsigned u = knn_order_bits(v[it]);
+            if (pass == 0) atomicAdd(&sh.hist[u >> 20], 1u);
+            else if ((u >> 20) == prefix)
+                atomicAdd(&sh.hist[(u >> 8) & 0xfffu], 1u);
+        }
+    }
+    __syncthreads();
+}
+
+/* Upper edge of the 24-bit bucket holding the k-th smallest score: at most
+ * 2^-15 relative above it. */
+template <typename Score>
+__device__ double knn_radix_bound(knn_radix_shared &sh, int count,
+                                  Score score, int k)
+{
+    unsigned bin1, bin2, rank1, rank2;
+    knn_radix_histogram(sh, count, score, 0, 0);
+    knn_radix_find(sh, (unsigned)k, &bin1, &rank1);
+    knn_radix_histogram(sh, count, score, 1, bin1);
+    knn_radix_find(sh, rank1, &bin2, &rank2);
+    return (double)knn_order_float((bin1 << 20) | (bin2 << 8) | 0xffu);
+}
+
+/* Stable block-wide compaction: emit(i, pos) for each item i < count with
+ * take(i), pos counting from 0 in item order. Returns how many. Items are
+ * tested KNN_ITEMS per thread at a time (loads in flight together), and a
+ * chunk none of whose items is taken, the usual case, costs one barrier. */
+template <typename Take, typename Emit>
+__device__ int knn_block_compact(knn_radix_shared &sh, int count, Take take,
+                                 Emit emit)
+{
+    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    unsigned below = (1u << lane) - 1u;
+    int found = 0;
+    for (int base = 0; base < count; base += KNN_RADIX_THREADS * KNN_ITEMS) {
+        bool t[KNN_ITEMS];
+        bool any = false;
+#pragma unroll
+        for (int it = 0; it < KNN_ITEMS; it++) {
+            int i = base + it * KNN_RADIX_THREADS + threadIdx.x;
+            t[it] = i < count && take(i);
+            any |= t[it];
+        }
+        if (!__syncthreads_or(any)) continue;
+#pragma unroll
+        for (int it = 0; it < KNN_ITEMS; it++) {
+            unsigned mask = __ballot_sync(0xffffffffu, t[it]);
+            if (lane == 0) sh.warp_count[warp] = __popc(mask);
+            __syncthreads();
+            int pos = found + __popc(mask & below);
+            for (int v = 0; v < warp; v++) pos += sh.warp_count[v];
+            if (t[it]) emit(base + it * KNN_RADIX_THREADS + threadIdx.x, pos);
+            for (int v = 0; v < KNN_RADIX_THREADS / 32; v++)
+                found += sh.warp_count[v];
+            __syncthreads();
+        }
+    }
+    return found;
+}
+
+/* Sampled path (stride > 1): T1 from 1 / stride of the nodes bounds the row's
+ * k-th score from above (a subset's k-th is never below the whole row's);
+ * one pass keeps the nodes under T1 + margin in shared memory, where the
+ * exact bucket of the k-th score is found. Returns -1 when they do not fit
+ * (the caller then runs the full path), else the candidates found. */
+template <int KIND>
+__device__ int knn_radix_sampled(knn_radix_shared &sh,
+                                 const knn_select_args &a, const knn_row &w,
+                                 int stride)
+{
+    /* The sample: runs of 32 contiguous nodes (whole memory sectors), one
+     * run in every stride runs. */
+    int period = 32 * stride, runs = a.n_cols / period;
+    int tail = a.n_cols - runs * period;
+    int n_sample = runs * 32 + (tail < 32 ? tail : 32);
+    if (n_sample <= a.k) return -1; /* the sample needs k nodes besides self */
+    double t1 = knn_radix_bound(sh, n_sample, [&](int i, float *v) {
+        int j = (i >> 5) * period + (i & 31);
+        *v = knn_fast_score<KIND>(w.vals[j], j, a, w.sq);
+        return j != w.self;
+    }, a.k) + w.margin2;
+    int kept = knn_block_compact(sh, a.n_cols, [&](int j) {
+        return j != w.self &&
+            (double)knn_fast_score<KIND>(w.vals[j], j, a, w.sq) <= t1;
+    }, [&](int j, int pos) {
+        if (pos < KNN_SAMPLE_BUF) {
+            sh.buf_index[pos] = j;
+            sh.buf_score[pos] = knn_fast_score<KIND>(w.vals[j], j, a, w.sq);
+        }
+    });
+    if (kept > KNN_SAMPLE_BUF) return -1;
+    double t = knn_radix_bound(sh, kept, [&](int i, float *v) {
+        *v = sh.buf_score[i];
+        return true;
+    }, a.k) + w.margin2;
+    return knn_block_compact(sh, kept, [&](int i) {
+        return (double)sh.buf_score[i] <= t;
+    }, [&](int i, int pos) {
+        if (pos < w.slots) a.cand_index[w.begin + pos] = sh.buf_index[i];
+    });
+}
+
+template <int KIND>
+__global__ void __launch_bounds__(KNN_RADIX_THREADS)
+knn_radix_select_kernel(knn_select_args a, int stride)
+{
+    __shared__ knn_radix_shared sh;
+    int r = blockIdx.x;
+    knn_row w = knn_row_of(a, r);
+    int found = stride > 1 ? knn_radix_sampled<KIND>(sh, a, w, stride) : -1;
+    if (found < 0) {
+        double t = knn_radix_bound(sh, a.n_cols, [&](int j, float *v) {
+            *v = knn_fast_score<KIND>(w.vals[j], j, a, w.sq);
+            return j != w.self;
+        }, a.k) + w.margin2;
+        found = knn_block_compact(sh, a.n_cols, [&](int j) {
+            return j != w.self &&
+                (double)knn_fast_score<KIND>(w.vals[j], j, a, w.sq) <= t;
+        }, [&](int j, int pos) {
+            if (pos < w.slots) a.cand_index[w.begin + pos] = j;
+        });
+    }
+    if (threadIdx.x == 0) knn_row_done(a, r, w, found);
+}
+
+/* The sampling stride: about KNN_SAMPLE_BUF / 4 expected nodes under T1,
+ * with at least 4k sampled nodes; 1 (no sampling) when that leaves < 2. */
+static int knn_sample_stride(int n_cols, int k)
+{
+    int s = KNN_SAMPLE_BUF / (4 * k);
+    if (s > KNN_SAMPLE_MAX_STRIDE) s = KNN_SAMPLE_MAX_STRIDE;
+    if ((long long)s * 4 * k > n_cols) s = n_cols / (4 * k);
+    return s < 2 ? 1 : s;
+}
+
+/* ---- dispatch --------------------------------------------------------- */
+
+template <int KIND>
+static knn_status knn_launch_radix(const knn_select_args *a, char *message,
+                                   cudaStream_t stream)
+{
+    knn_radix_select_kernel<KIND><<<a->rows, KNN_RADIX_THREADS, 0, stream>>>(
+        *a, knn_sample_stride(a->n_cols, a->k));
+    KNN_LAUNCH_TRY(message, "knn_radix_select_kernel");
+    return KNN_OK;
+}
+
+template <int K, int KIND>
+static knn_status knn_launch_warp(const knn_select_args *a, char *message,
+                                  cudaStream_t stream)
+{
+    unsigned blocks = (a->rows + KNN_WARP_ROWS - 1) / KNN_WARP_ROWS;
+    knn_warp_select_kernel<K, KIND>
+        <<<blocks, 32 * KNN_WARP_ROWS, 0, stream>>>(*a);
+    KNN_LAUNCH_TRY(message, "knn_warp_select_kernel");
+    return KNN_OK;
+}
+
+/* One rung of the k-bucket ladder per queue length. */
+#define KNN_WARP_BUCKET(K)                                                 \
+    if (a->k <= (K)) return knn_launch_warp<(K), KIND>(a, message, stream);
+
+template <int KIND>
+static knn_status knn_select_kind(const knn_select_args *a,
+                                  knn_select_algo algo, char *message,
+                                  cudaStream_t stream)
+{
+    if (algo == KNN_SELECT_RADIX)
+        return knn_launch_radix<KIND>(a, message, stream);
+    KNN_WARP_BUCKET(1)
+    KNN_WARP_BUCKET(2)
+    KNN_WARP_BUCKET(4)
+    KNN_WARP_BUCKET(8)
+    KNN_WARP_BUCKET(16)
+    KNN_WARP_BUCKET(32)
+    return knn_gpu_fail(message, KNN_E_INVALID, "warp selection",
+                        "k is larger than its largest queue (32)", __FILE__,
+                        __LINE__);
+}
+
+knn_status knn_select_candidates(const knn_select_args *a,
+                                 knn_select_algo algo, char *message,
+                                 cudaStream_t stream)
+{
+    switch (a->kind) {
+    case KNN_SCORE_NEG:
+        return knn_select_kind<KNN_SCORE_NEG>(a, algo, message, stream);
+    case KNN_SCORE_NEGABS:
+        return knn_select_kind<KNN_SCORE_NEGABS>(a, algo, message, stream);
+    case KNN_SCORE_DIST:
+        return knn_select_kind<KNN_SCORE_DIST>(a, algo, message, stream);
+    case KNN_SCORE_IDENT:
+        return knn_select_kind<KNN_SCORE_IDENT>(a, algo, message, stream);
+    }
+    return knn_gpu_fail(message, KNN_E_INVALID, "candidate selection",
+                        "unknown score kind", __FILE__, __LINE__);
+}

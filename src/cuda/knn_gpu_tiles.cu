@@ -1,0 +1,481 @@
+/*
+ * knn_gpu_tiles.cu: one device's share of a search, as a loop over row
+ * tiles of its query rows (host code; the kernels live in the files that
+ * knn_gpu.cuh lists).
+ *
+ * The float64 input travels once, through two pinned staging buffers so that
+ * copying into one overlaps the transfer of the other, and is prepared on
+ * the device. A row tile of R queries then takes a panel of R x n_ref fast
+ * products (the column tile is the whole reference: R is chosen so that the
+ * panel fits the budget, at most 2^31 floats, and the n x n matrix never
+ * exists; rows are padded to 4 floats for aligned GEMM output),
+ * the candidate selection, the exact re-rank and sort, and a transfer of the
+ * R x k results into one of two pinned slots. The host copies tile t-1's
+ * slot into the caller's arrays while the device works on tile t. A row whose
+ * candidates outnumber its slots (heavy ties) makes the host run that tile
+ * again with each row's exact count of slots, so no candidate is dropped.
+ * R comes from cudaMemGetInfo and the request's budget; when an allocation
+ * fails, R is halved and tried again.
+ */
+#include <stdio.h>
+#include <string.h>
+#include <vector>
+#include "knn_gpu_tiles.cuh"
+
+#define KNN_STAGE_DOUBLES (2u << 20)  /* 16 MB per staging buffer */
+#define KNN_RESERVE_BYTES (512.0 * 1048576.0)
+#define KNN_SLOT_BYTES_MAX (256.0 * 1048576.0)
+#define KNN_PANEL_FLOATS_MAX 2147483648.0 /* keeps one tile well under 1 s */
+
+/* Bytes of device memory one tile row needs, besides the sort's scratch. */
+static double knn_row_bytes(int n_ref, int slots, int k)
+{
+    double panel = 4.0 * knn_panel_ld(n_ref);
+    double candidates = (double)slots * (sizeof(int) + sizeof(double) +
+                                         2 * sizeof(uint64_t) +
+                                         2 * sizeof(int));
+    double output = (double)k * (sizeof(int) + 2 * sizeof(double));
+    return panel + candidates + output + 4 * sizeof(int);
+}
+
+static knn_status knn_upload(knn_gpu_dev *d, double *dst, const double *src,
+                             size_t n, double *stage[2], cudaEvent_t ev[2])
+{
+    for (size_t done = 0, b = 0; done < n; done += KNN_STAGE_DOUBLES, b ^= 1) {
+        if (d->shared->stop) break;
+        size_t len = n - done < KNN_STAGE_DOUBLES ? n - done
+                                                  : KNN_STAGE_DOUBLES;
+        KNN_CUDA_TRY(d->message, cudaEventSynchronize(ev[b]));
+        memcpy(stage[b], src + done, len * sizeof(double));
+        KNN_CUDA_TRY(d->message,
+                     cudaMemcpyAsync(dst + done, stage[b], len * sizeof(double),
+                                     cudaMemcpyHostToDevice, d->stream));
+        KNN_CUDA_TRY(d->message, cudaEventRecord(ev[b], d->stream));
+    }
+    /* The staging buffers are freed next: the copies must be done. */
+    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
+    return d->shared->stop ? KNN_E_INTERRUPTED : KNN_OK;
+}
+
+/* Copies ref and this device's query rows into one p x n_nodes array. */
+static knn_status knn_upload_nodes(knn_gpu_dev *d, double **x)
+{
+    const knn_request *req = d->req;
+    size_t p = (size_t)req->p;
+    KNN_CUDA_TRY(d->message,
+                 cudaMalloc((void **)x, p * d->n_nodes * sizeof(double)));
+    double *stage[2] = {NULL, NULL};
+    cudaEvent_t ev[2] = {NULL, NULL};
+    knn_status st = KNN_OK;
+    cudaError_t e = cudaSuccess;
+    for (int b = 0; b < 2 && e == cudaSuccess; b++) {
+        e = cudaHostAlloc((void **)&stage[b],
+                          KNN_STAGE_DOUBLES * sizeof(double),
+                          cudaHostAllocDefault);
+        if (e == cudaSuccess)
+            e = cudaEventCreateWithFlags(&ev[b], cudaEventDisableTiming);
+        if (e == cudaSuccess) e = cudaEventRecord(ev[b], d->stream);
+    }
+    if (e != cudaSuccess)
+        st = knn_gpu_fail_cuda(d->message, e, "cudaHostAlloc (staging)",
+                               __FILE__, __LINE__);
+    if (st == KNN_OK)
+        st = knn_upload(d, *x, req->ref, p * req->n_ref, stage, ev);
+    if (st == KNN_OK && req->query != NULL)
+        st = knn_upload(d, *x + p * req->n_ref, req->query + p * d->q0,
+                        p * d->nq, stage, ev);
+    for (int b = 0; b < 2; b++) {
+        if (ev[b]) cudaEventDestroy(ev[b]);
+        cudaFreeHost(stage[b]);
+    }
+    return st;
+}
+
+knn_status knn_dev_prepare(knn_gpu_dev *d)
+{
+    const knn_request *req = d->req;
+    double t0 = knn_seconds();
+    d->self = req->query == NULL;
+    d->n_nodes = req->n_ref + (d->self ? 0 : d->nq);
+    double *x = NULL;
+    knn_status st = knn_upload_nodes(d, &x);
+    if (st == KNN_OK)
+        st = knn_prepare_nodes(req->metric, x, req->p, req->n_ref,
+                               d->n_nodes, d->query_max_abs,
+                               knn_gemm_unit_in(d->gemm), &d->nodes,
+                               d->message, d->stream);
+    if (x != d->nodes.exact) cudaFree(x);
+    d->seconds_prepare = knn_seconds() - t0;
+    return st;
+}
+
+static void knn_tiles_free(knn_gpu_tiles *t)
+{
+    void *dev[] = {t->panel, t->offsets_uniform, t->offsets_exact,
+                   t->seg_end, t->count, t->cand_index, t->cand_key,
+                   t->sort_key, t->sort_key_out, t->sort_val,
+                   t->sort_val_out, t->sort_temp, t->out_index,
+                   t->out_distance, t->out_weight};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
+    cudaFreeHost(t->h_offsets);
+    for (int s = 0; s < 2; s++) {
+        knn_gpu_slot *sl = &t->slot[s];
+        cudaFreeHost(sl->index);
+        cudaFreeHost(sl->distance);
+        cudaFreeHost(sl->weight);
+        cudaFreeHost(sl->count);
+        if (sl->start) cudaEventDestroy(sl->start);
+        if (sl->selected) cudaEventDestroy(sl->selected);
+        if (sl->done) cudaEventDestroy(sl->done);
+    }
+    memset(t, 0, sizeof *t);
+}
+
+/* Candidate slot arrays for n_slots slots, and the sort's scratch for a
+ * full tile or `min_temp` bytes, whichever is more. */
+static knn_status knn_slots_alloc(knn_gpu_dev *d, int64_t n_slots,
+                                  size_t min_temp)
+{
+    knn_gpu_tiles *t = &d->t;
+    size_t n = (size_t)n_slots;
+    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->cand_index,
+                                        n * sizeof(int)));
+    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->cand_key,
+                                        n * sizeof(double)));
+    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->sort_key,
+                                        n * sizeof(uint64_t)));
+    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->sort_key_out,
+                                        n * sizeof(uint64_t)));
+    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->sort_val,
+                                        n * sizeof(int)));
+    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->sort_val_out,
+                                        n * sizeof(int)));
+    KNN_TRY(knn_rerank_sort_bytes(n_slots, t->rows, &t->sort_temp_bytes,
+                                  d->message));
+    if (min_temp > t->sort_temp_bytes) t->sort_temp_bytes = min_temp;
+    KNN_CUDA_TRY(d->message, cudaMalloc(&t->sort_temp, t->sort_temp_bytes));
+    t->n_slots_alloc = n_slots;
+    return KNN_OK;
+}
+
+static void knn_slots_free(knn_gpu_tiles *t)
+{
+    void *dev[] = {t->cand_index, t->cand_key, t->sort_key, t->sort_key_out,
+                   t->sort_val, t->sort_val_out, t->sort_temp};
+    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
+    t->cand_index = t->sort_val = t->sort_val_out = NULL;
+    t->cand_key = NULL;
+    t->sort_key = t->sort_key_out = NULL;
+    t->sort_temp = NULL;
+    t->n_slots_alloc = 0;
+}
+
+static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots)
+{
+    knn_gpu_tiles *t = &d->t;
+    int k = d->req->k;
+    size_t r = (size_t)rows, rk = r * k;
+    t->rows = rows;
+    t->slots = slots;
+    KNN_CUDA_TRY(d->message,
+                 cudaMalloc((void **)&t->panel,
+                            r * knn_panel_ld(d->req->n_ref) * sizeof(float)));
+    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->offsets_uniform,
+                                        (r + 1) * sizeof(int)));
+    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->offsets_exact,
+                                        (r + 1) * sizeof(int)));
+    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->seg_end,
+                                        r * sizeof(int)));
+    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->count,
+                                        r * sizeof(int)));
+    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->out_index,
+                                        rk * sizeof(int)));
+    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->out_distance,
+                                        rk * sizeof(double)));
+    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->out_weight,
+                                        rk * sizeof(double)));
+    KNN_TRY(knn_slots_alloc(d, (int64_t)rows * slots, 0));
+    KNN_CUDA_TRY(d->message, cudaHostAlloc((void **)&t->h_offsets,
+                                           (r + 1) * sizeof(int),
+                                           cudaHostAllocDefault));
+    for (int s = 0; s < 2; s++) {
+        knn_gpu_slot *sl = &t->slot[s];
+        KNN_CUDA_TRY(d->message, cudaHostAlloc((void **)&sl->index,
+                                               rk * sizeof(int), 0));
+        KNN_CUDA_TRY(d->message, cudaHostAlloc((void **)&sl->distance,
+                                               rk * sizeof(double), 0));
+        KNN_CUDA_TRY(d->message, cudaHostAlloc((void **)&sl->weight,
+                                               rk * sizeof(double), 0));
+        KNN_CUDA_TRY(d->message, cudaHostAlloc((void **)&sl->count,
+                                               r * sizeof(int), 0));
+        KNN_CUDA_TRY(d->message, cudaEventCreate(&sl->start));
+        KNN_CUDA_TRY(d->message, cudaEventCreate(&sl->selected));
+        KNN_CUDA_TRY(d->message, cudaEventCreate(&sl->done));
+    }
+    for (int i = 0; i <= rows; i++) t->h_offsets[i] = i * slots;
+    KNN_CUDA_TRY(d->message,
+                 cudaMemcpyAsync(t->offsets_uniform, t->h_offsets,
+                                 (r + 1) * sizeof(int),
+                                 cudaMemcpyHostToDevice, d->stream));
+    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
+    return KNN_OK;
+}
+
+/* Chooses the row tile from free memory and the budget, halving it while
+ * the allocation fails. */
+knn_status knn_dev_plan(knn_gpu_dev *d)
+{
+    const knn_request *req = d->req;
+    int k = req->k;
+    int avail = req->n_ref - (d->self ? 1 : 0);
+    int slots = 2 * k + 256 < avail ? 2 * k + 256 : avail;
+    size_t free_b = 0, total_b = 0;
+    KNN_CUDA_TRY(d->message, cudaMemGetInfo(&free_b, &total_b));
+    double budget = (double)free_b - KNN_RESERVE_BYTES - 0.05 * total_b;
+    if (req->memory_bytes > 0 && req->memory_bytes < budget)
+        budget = req->memory_bytes;
+    double per_row = knn_row_bytes(req->n_ref, slots, k);
+    double rows = budget / per_row;
+    double limits[] = {(double)d->nq, 2147483647.0 / slots,
+                       KNN_SLOT_BYTES_MAX / (k * 20.0),
+                       KNN_PANEL_FLOATS_MAX / req->n_ref};
+    for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++)
+        if (limits[i] < rows) rows = limits[i];
+    int r = rows < 1.0 ? 1 : (int)rows;
+    for (;;) {
+        knn_status st = knn_tiles_alloc(d, r, slots);
+        if (st == KNN_OK) {
+            d->row_tile = r;
+            return KNN_OK;
+        }
+        knn_tiles_free(&d->t);
+        if (st != KNN_E_NOMEM) return st;
+        if (r == 1) {
+            snprintf(d->message, sizeof d->message,
+                     "GPU %d: not enough free memory for one row tile "
+                     "(%.0f MB per row, %.0f MB free)", d->device,
+                     per_row / 1048576.0, free_b / 1048576.0);
+            return KNN_E_NOMEM;
+        }
+        r /= 2;
+    }
+}
+
+/* Queues tile work for global query rows [row0, row0 + rows) with the given
+ * per-row slot offsets, and the transfer of its results into slot s. */
+static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
+                                   const int *offsets, int64_t n_slots,
+                                   int s)
+{
+    const knn_request *req = d->req;
+    knn_gpu_tiles *t = &d->t;
+    knn_gpu_nodes *nd = &d->nodes;
+    knn_gpu_slot *sl = &t->slot[s];
+    int p = req->p, k = req->k;
+    int node0 = d->self ? row0 : req->n_ref + (row0 - d->q0);
+    size_t rk = (size_t)rows * k, ld = knn_panel_ld(req->n_ref);
+    sl->row0 = row0;
+    sl->rows = rows;
+
+    KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
+    if (knn_uses_product(req->metric))
+        KNN_TRY(knn_panel_gemm(d->blas, nd->fast,
+                               nd->fast + (size_t)node0 * nd->ldf, nd->ldf,
+                               req->n_ref, rows, t->panel, ld, d->message));
+    else
+        KNN_TRY(knn_panel_manhattan(nd->exact + (size_t)node0 * p,
+                                    nd->exact, p, rows, req->n_ref,
+                                    t->panel, ld, d->message, d->stream));
+
+    knn_select_args sa;
+    sa.panel = t->panel;
+    sa.ld = ld;
+    sa.rows = rows;
+    sa.n_cols = req->n_ref;
+    sa.k = k;
+    sa.kind = d->score_kind;
+    sa.self_first = d->self ? row0 : -1;
+    sa.col_sqnorm = nd->sqnorm;
+    sa.row_sqnorm = nd->sqnorm ? nd->sqnorm + node0 : NULL;
+    sa.row_margin2 = nd->margin2 + node0;
+    sa.offsets = offsets;
+    sa.cand_index = t->cand_index;
+    sa.count = t->count;
+    sa.seg_end = t->seg_end;
+    KNN_TRY(knn_select_candidates(&sa, knn_select_choose(rows, req->n_ref, k),
+                                  d->message, d->stream));
+    KNN_CUDA_TRY(d->message, cudaEventRecord(sl->selected, d->stream));
+
+    knn_rerank_args ra;
+    ra.metric = req->metric;
+    ra.nodes = *nd;
+    ra.rows = rows;
+    ra.k = k;
+    ra.row_node0 = node0;
+    ra.offsets = offsets;
+    ra.seg_end = t->seg_end;
+    ra.cand_index = t->cand_index;
+    ra.n_slots = n_slots;
+    ra.cand_key = t->cand_key;
+    ra.sort_key = t->sort_key;
+    ra.sort_key_out = t->sort_key_out;
+    ra.sort_val = t->sort_val;
+    ra.sort_val_out = t->sort_val_out;
+    ra.sort_temp = t->sort_temp;
+    ra.sort_temp_bytes = t->sort_temp_bytes;
+    ra.out_index = t->out_index;
+    ra.out_distance = t->out_distance;
+    ra.out_weight = t->out_weight;
+    KNN_TRY(knn_rerank(&ra, d->message, d->stream));
+
+    KNN_CUDA_TRY(d->message, cudaMemcpyAsync(sl->index, t->out_index,
+                                             rk * sizeof(int),
+                                             cudaMemcpyDeviceToHost,
+                                             d->stream));
+    KNN_CUDA_TRY(d->message, cudaMemcpyAsync(sl->distance, t->out_distance,
+                                             rk * sizeof(double),
+                                             cudaMemcpyDeviceToHost,
+                                             d->stream));
+    KNN_CUDA_TRY(d->message, cudaMemcpyAsync(sl->weight, t->out_weight,
+                                             rk * sizeof(double),
+                                             cudaMemcpyDeviceToHost,
+                                             d->stream));
+    KNN_CUDA_TRY(d->message, cudaMemcpyAsync(sl->count, t->count,
+                                             (size_t)rows * sizeof(int),
+                                             cudaMemcpyDeviceToHost,
+                                             d->stream));
+    KNN_CUDA_TRY(d->message, cudaEventRecord(sl->done, d->stream));
+    return KNN_OK;
+}
+
+/* Runs the tile in slot s again with each row's exact candidate count as
+ * its slots (the first run found more than its uniform slots held). */
+static knn_status knn_tile_redo(knn_gpu_dev *d, int s)
+{
+    knn_gpu_tiles *t = &d->t;
+    knn_gpu_slot *sl = &t->slot[s];
+    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
+    std::vector<int> found(sl->count, sl->count + sl->rows);
+    int64_t total = 0;
+    for (int r = 0; r < sl->rows; r++) {
+        t->h_offsets[r] = (int)total;
+        total += found[r];
+    }
+    if (total > 2147483647) {
+        snprintf(d->message, sizeof d->message,
+                 "a row tile has %lld tied candidates, more than one pass "
+                 "can sort; lower options(knngpu.gpu.memory)",
+                 (long long)total);
+        return KNN_E_NOMEM;
+    }
+    t->h_offsets[sl->rows] = (int)total;
+    size_t temp_bytes = 0;
+    KNN_TRY(knn_rerank_sort_bytes(total, sl->rows, &temp_bytes, d->message));
+    if (total > t->n_slots_alloc || temp_bytes > t->sort_temp_bytes) {
+        int64_t want = total > t->n_slots_alloc ? total : t->n_slots_alloc;
+        knn_slots_free(t);
+        knn_status st = knn_slots_alloc(d, want, temp_bytes);
+        if (st != KNN_OK) {
+            if (st == KNN_E_NOMEM)
+                snprintf(d->message, sizeof d->message,
+                         "GPU %d: no memory for the %lld candidates that "
+                         "tied values produce in one row tile",
+                         d->device, (long long)total);
+            return st;
+        }
+    }
+    KNN_CUDA_TRY(d->message,
+                 cudaMemcpyAsync(t->offsets_exact, t->h_offsets,
+                                 (size_t)(sl->rows + 1) * sizeof(int),
+                                 cudaMemcpyHostToDevice, d->stream));
+    KNN_TRY(knn_tile_enqueue(d, sl->row0, sl->rows, t->offsets_exact, total,
+                             s));
+    KNN_CUDA_TRY(d->message, cudaEventSynchronize(sl->done));
+    for (int r = 0; r < sl->rows; r++) {
+        if (sl->count[r] != found[r])
+            return knn_gpu_fail(d->message, KNN_E_DEVICE, "candidate redo",
+                                "a row's candidate count changed between "
+                                "two runs of the same tile", __FILE__,
+                                __LINE__);
+    }
+    return KNN_OK;
+}
+
+/* Waits for slot s, re-runs its tile if a row overflowed, and copies its
+ * rows x k results into the caller's n_query x k arrays. */
+static knn_status knn_tile_collect(knn_gpu_dev *d, int s)
+{
+    knn_gpu_tiles *t = &d->t;
+    knn_gpu_slot *sl = &t->slot[s];
+    const knn_request *req = d->req;
+    int k = req->k;
+    KNN_CUDA_TRY(d->message, cudaEventSynchronize(sl->done));
+    float ms_search = 0.0f, ms_rerank = 0.0f;
+    KNN_CUDA_TRY(d->message,
+                 cudaEventElapsedTime(&ms_search, sl->start, sl->selected));
+    KNN_CUDA_TRY(d->message,
+                 cudaEventElapsedTime(&ms_rerank, sl->selected, sl->done));
+    d->seconds_search += ms_search / 1000.0;
+    d->seconds_rerank += ms_rerank / 1000.0;
+
+    int overflow = 0;
+    for (int r = 0; r < sl->rows; r++) overflow |= sl->count[r] > t->slots;
+    if (overflow) {
+        double t0 = knn_seconds();
+        KNN_TRY(knn_tile_redo(d, s));
+        d->seconds_rerank += knn_seconds() - t0;
+    }
+    for (int r = 0; r < sl->rows; r++) {
+        if (sl->count[r] < k)
+            return knn_gpu_fail(d->message, KNN_E_DEVICE,
+                                "candidate selection",
+                                "a row has fewer candidates than k",
+                                __FILE__, __LINE__);
+        d->candidates += sl->count[r];
+    }
+
+    int n_q = req->query ? req->n_query : req->n_ref;
+    for (int c = 0; c < k; c++) {
+        size_t to = (size_t)c * n_q + sl->row0, from = (size_t)c * sl->rows;
+        memcpy(d->out->index + to, sl->index + from, sl->rows * sizeof(int));
+        memcpy(d->out->distance + to, sl->distance + from,
+               sl->rows * sizeof(double));
+        memcpy(d->out->weight + to, sl->weight + from,
+               sl->rows * sizeof(double));
+    }
+    d->shared->rows_done += sl->rows;
+    return KNN_OK;
+}
+
+knn_status knn_dev_search(knn_gpu_dev *d)
+{
+    knn_gpu_tiles *t = &d->t;
+    int pending = -1; /* slot whose results are not yet collected */
+    int s = 0;
+    for (int row0 = d->q0; row0 < d->q0 + d->nq; row0 += t->rows) {
+        if (d->shared->stop) break;
+        int rows = d->q0 + d->nq - row0 < t->rows ? d->q0 + d->nq - row0
+                                                 : t->rows;
+        KNN_TRY(knn_tile_enqueue(d, row0, rows, t->offsets_uniform,
+                                 (int64_t)rows * t->slots, s));
+        if (pending >= 0) KNN_TRY(knn_tile_collect(d, pending));
+        pending = s;
+        s ^= 1;
+    }
+    if (pending >= 0 && !d->shared->stop)
+        KNN_TRY(knn_tile_collect(d, pending));
+    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
+    return d->shared->stop ? KNN_E_INTERRUPTED : KNN_OK;
+}
+
+void knn_dev_free(knn_gpu_dev *d)
+{
+    if (d->stream) cudaStreamSynchronize(d->stream);
+    knn_tiles_free(&d->t);
+    knn_nodes_free(&d->nodes);
+    if (d->blas) cublasDestroy(d->blas);
+    if (d->stream) cudaStreamDestroy(d->stream);
+    d->blas = NULL;
+    d->stream = NULL;
+    cudaGetLastError();
+}

@@ -1,0 +1,74 @@
+/*
+ * knn_gpu_tiles.cuh: one device's state during a search (knn_gpu_tiles.cu),
+ * driven by one host thread from knn_gpu_search.cu.
+ */
+#ifndef KNN_GPU_TILES_CUH
+#define KNN_GPU_TILES_CUH
+
+#include <atomic>
+#include "knn_gpu.cuh"
+
+/* What the calling thread and the device threads share. */
+typedef struct {
+    std::atomic<int> stop;            /* set by the caller: stop at the
+                                         next tile */
+    std::atomic<long long> rows_done; /* query rows finished, all devices */
+} knn_gpu_shared;
+
+/* One of the two pinned result slots: the host copies one out while the
+ * device fills the other. */
+typedef struct {
+    int row0, rows;
+    int *index, *count;
+    double *distance, *weight;
+    cudaEvent_t start, selected, done;
+} knn_gpu_slot;
+
+typedef struct {
+    int rows;               /* row tile R */
+    int slots;              /* uniform candidate slots per row */
+    float *panel;           /* R x n_ref */
+    int *offsets_uniform;   /* r * slots */
+    int *offsets_exact;     /* a redo's per-row counts, summed */
+    int *h_offsets;         /* pinned, R + 1 */
+    int *seg_end, *count;
+    int64_t n_slots_alloc;
+    int *cand_index;
+    double *cand_key;
+    uint64_t *sort_key, *sort_key_out;
+    int *sort_val, *sort_val_out;
+    void *sort_temp;
+    size_t sort_temp_bytes;
+    int *out_index;         /* R x k, column-major */
+    double *out_distance, *out_weight;
+    knn_gpu_slot slot[2];
+} knn_gpu_tiles;
+
+typedef struct {
+    const knn_request *req;
+    knn_result *out;
+    knn_gpu_shared *shared;
+    int device;
+    int q0, nq;             /* query rows [q0, q0 + nq) */
+    int self;
+    int n_nodes;
+    double query_max_abs;   /* distances, query search: max |query| */
+    knn_score_kind score_kind;
+    knn_gemm_mode gemm;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    knn_gpu_nodes nodes;
+    knn_gpu_tiles t;
+    int row_tile;           /* the plan's R, kept after t is freed */
+    knn_status status;
+    char message[512];
+    double seconds_prepare, seconds_search, seconds_rerank;
+    double candidates;      /* candidates re-ranked, summed */
+} knn_gpu_dev;
+
+knn_status knn_dev_prepare(knn_gpu_dev *d);
+knn_status knn_dev_plan(knn_gpu_dev *d);
+knn_status knn_dev_search(knn_gpu_dev *d);
+void knn_dev_free(knn_gpu_dev *d);
+
+#endif

@@ -1,0 +1,68 @@
+## The exactness contract on the GPU: knnSearch(device = "gpu") returns the
+## CPU engine's index and distance bit for bit (identical(), not all.equal),
+## for every metric and k, by rows and by columns, on random and on tied
+## data with duplicated nodes, and for query search.
+
+test_that("random data: every metric and k from 1 to 1000", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    x <- randomMatrix(1500, 40, 11)
+    for (metric in allMetrics) for (k in c(1, 16, 100, 1000)) {
+        expectGpuIdentical(x, k, metric, label = "random")
+    }
+})
+
+test_that("k = 3000 and k = n - 1", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    x <- randomMatrix(3100, 20, 12)
+    for (metric in c("pearson", "euclidean", "manhattan", "spearman")) {
+        expectGpuIdentical(x, 3000, metric, label = "large k")
+        expectGpuIdentical(x, 3099, metric, label = "n - 1")
+    }
+})
+
+test_that("tied small-integer data with duplicated rows", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    x <- tiedMatrix(1200, 12, 13)
+    for (metric in allMetrics) for (k in c(1, 16, 100, 1000)) {
+        expectGpuIdentical(x, k, metric, label = "tied")
+    }
+    ## Nine distinct nodes: tie groups larger than the candidate slots the
+    ## GPU plans, so its overflow path runs.
+    set.seed(14)
+    heavy <- cbind(0, 1, matrix(sample(0:2, 3000 * 2, TRUE), 3000, 2))
+    for (metric in allMetrics) for (k in c(1, 16, 500)) {
+        expectGpuIdentical(heavy, k, metric, label = "heavy ties")
+    }
+})
+
+test_that("by columns", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    x <- randomMatrix(30, 1200, 15)
+    for (metric in allMetrics) for (k in c(1, 16, 100)) {
+        expectGpuIdentical(x, k, metric, by = "columns", label = "columns")
+    }
+})
+
+test_that("query search", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    x <- randomMatrix(1000, 30, 16)
+    q <- randomMatrix(300, 30, 17) * 3
+    for (metric in allMetrics) for (k in c(1, 10, 999)) {
+        expectGpuIdentical(x, k, metric, query = q, label = "query")
+    }
+})
+
+test_that("knnGraph edges and weights are identical on GPU and CPU", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    x <- randomMatrix(800, 25, 18)
+    for (metric in allMetrics) {
+        cpu <- knnGraph(x, k = 12, metric = metric, device = "cpu",
+                        progress = FALSE)
+        gpu <- knnGraph(x, k = 12, metric = metric, device = "gpu",
+                        progress = FALSE)
+        expect_identical(gpu[c("from", "to", "weight", "distance", "rank")],
+                         cpu[c("from", "to", "weight", "distance", "rank")],
+                         label = metric)
+        expect_match(attr(gpu, "precision"), "fp64 exact re-rank")
+    }
+})

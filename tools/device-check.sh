@@ -1,0 +1,112 @@
+#!/usr/bin/env bash
+# Checks knngpu on a machine with an NVIDIA GPU: installs the package with
+# CUDA, runs the whole test suite (the GPU tests run, not skip), the C-level
+# parity harness (tools/gpu-harness.c: knn_gpu_search against a plain
+# float64 reference), and compute-sanitizer memcheck and racecheck on a
+# small knnGraph. Logs and summary.txt go to $OUT (default /tmp/knngpu-check).
+#
+# Through the device tool, from this machine (R does not exist there):
+#   cd /work/main && ../shared/device/pack-r ALL Biobase BiocGenerics
+#   run: carry [".device"], command
+#     tar -xJf .device/r.tar.xz -C / && /opt/r-compat/setup && \
+#       tools/device-check.sh
+# Options: KNNGPU_CHECK_STEPS="install tests harness sanitizer" (default
+# all), KNNGPU_TEST_FILTER (a testthat filter, e.g. "gpu"), KNNGPU_LIB (the
+# library to install into), KNNGPU_STEP_SECONDS (limit per step, 300).
+set -u
+OUT=${OUT:-/tmp/knngpu-check}
+mkdir -p "$OUT"
+export PATH="$PATH:/usr/local/cuda/bin"
+steps=${KNNGPU_CHECK_STEPS:-install tests harness sanitizer}
+lib=${KNNGPU_LIB:-$(mktemp -d)}
+summary="$OUT/summary.txt"
+: > "$summary"
+jobs=$(nproc)
+
+# step NAME COMMAND...: runs COMMAND with its output in $OUT/NAME.log and
+# appends "NAME: ok|FAILED (rc, seconds): last line of the log".
+step() {
+    local name=$1 start rc
+    shift
+    start=$(date +%s)
+    timeout "${KNNGPU_STEP_SECONDS:-300}" bash -c '"$@"' step "$@" \
+        > "$OUT/$name.log" 2>&1
+    rc=$?
+    printf '%-12s %s (rc %d, %d s): %s\n' "$name" \
+        "$([ $rc -eq 0 ] && echo ok || echo FAILED)" "$rc" \
+        "$(( $(date +%s) - start ))" "$(tail -n 1 "$OUT/$name.log")" \
+        >> "$summary"
+    return $rc
+}
+
+install_pkg() {
+    MAKEFLAGS="-j$jobs" R CMD INSTALL --library="$lib" . &&
+        R_LIBS="$lib" Rscript -e 'library(knngpu); print(gpuInfo());
+            stopifnot(gpuAvailable())'
+}
+
+run_tests() {
+    if [ -n "${KNNGPU_TEST_FILTER:-}" ]; then
+        R_LIBS="$lib" NOT_CRAN=true Rscript -e "testthat::test_local(
+            'tests/testthat', filter = '$KNNGPU_TEST_FILTER',
+            load_package = 'installed', reporter = 'summary',
+            stop_on_failure = TRUE)"
+    else
+        R_LIBS="$lib" NOT_CRAN=true Rscript tools/run-tests.R
+    fi
+}
+
+# The harness links the CUDA sources for this GPU only.
+run_harness() {
+    local build
+    build=$(mktemp -d)
+    for f in src/cuda/*.cu; do
+        nvcc -O3 -std=c++17 -Xcompiler -fPIC -Isrc/engine \
+            -gencode arch=compute_90,code=sm_90 -c "$f" \
+            -o "$build/$(basename "$f" .cu).o" &
+    done
+    wait
+    gcc -O2 -fopenmp -ffp-contract=off -Isrc/engine \
+        -I/usr/local/cuda/include tools/gpu-harness.c "$build"/*.o \
+        -L/usr/local/cuda/lib64 -Wl,-rpath,/usr/local/cuda/lib64 \
+        -lcudart -lcublas -lstdc++ -lm -o "$build/gpu-harness" &&
+        "$build/gpu-harness" check
+}
+
+sanitize() {
+    local tool=$1
+    compute-sanitizer --tool "$tool" --error-exitcode 9 \
+        --target-processes all \
+        env R_LIBS="$lib" Rscript -e '
+            suppressPackageStartupMessages(library(knngpu))
+            set.seed(1)
+            x <- matrix(rnorm(1500 * 20), 1500)
+            t <- matrix(sample(0:2, 1200 * 6, TRUE), 1200)
+            t[, 1] <- 0; t[, 2] <- 1
+            for (m in c("pearson", "euclidean", "manhattan", "spearman"))
+                g <- knnGraph(x, k = 20, metric = m, device = "gpu",
+                              progress = FALSE)
+            g <- knnGraph(x, k = 600, device = "gpu", progress = FALSE)
+            g <- knnGraph(t, k = 5, metric = "cosine", device = "gpu",
+                          progress = FALSE)
+            cat("sanitized run done\n")'
+}
+
+# Steps run in child shells, under a time limit.
+export lib jobs
+export -f install_pkg run_tests run_harness sanitize
+
+nvidia-smi -L > "$OUT/device.txt" 2>&1
+nvcc --version | tail -n 2 >> "$OUT/device.txt"
+for s in $steps; do
+    case $s in
+    install) step install install_pkg || break ;;
+    tests) step tests run_tests ;;
+    harness) step harness run_harness ;;
+    sanitizer)
+        step memcheck sanitize memcheck
+        step racecheck sanitize racecheck ;;
+    esac
+done
+cat "$OUT/device.txt" "$summary"
+! grep -q FAILED "$summary"

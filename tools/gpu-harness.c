@@ -1,0 +1,443 @@
+/*
+ * gpu-harness.c: checks and times the CUDA backend without R, on the GPU
+ * machine (tools/device-check.sh builds and runs it).
+ *
+ *   gpu-harness check        parity of knn_gpu_search() with a plain float64
+ *                            reference built on knn_exact.h, for every
+ *                            metric, many k, self and query search, tied
+ *                            data, small budgets, both selection kernels,
+ *                            a two-block split; an interrupt and a memory
+ *                            check. Prints one line per case, then a summary.
+ *   gpu-harness bench N P K METRIC [NQ]
+ *                            engine-only timing on N(0,1) data (seed 1);
+ *                            NQ > 0: search of NQ queries in N references.
+ *
+ * The reference ranks exactly as knn.h defines (canonical keys, ascending,
+ * ties by the smaller index) by sorting every row in full, so it shares no
+ * code with the backend beyond knn_exact.h's arithmetic.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include <cuda_runtime_api.h>
+#include "knn_backend.h"
+#include "knn_exact.h"
+
+double knn_seconds(void)
+{
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return ts.tv_sec + 1e-9 * ts.tv_nsec;
+}
+
+static const char *metric_name[] = {"pearson", "cosine", "euclidean",
+                                    "spearman", "abspearson", "manhattan",
+                                    "sqeuclidean"};
+
+static uint64_t rng_state = 1;
+
+static double rng_unif(void)
+{
+    rng_state = rng_state * 6364136223846793005ull + 1442695040888963407ull;
+    return ((rng_state >> 11) + 0.5) / 9007199254740992.0;
+}
+
+static double rng_norm(void)
+{
+    return sqrt(-2.0 * log(rng_unif())) * cos(6.283185307179586 * rng_unif());
+}
+
+/* ---- reference -------------------------------------------------------- */
+
+typedef struct {
+    double key;
+    int index;
+} ref_pair;
+
+static int ref_cmp(const void *a, const void *b)
+{
+    const ref_pair *x = a, *y = b;
+    if (x->key < y->key) return -1;
+    if (x->key > y->key) return 1;
+    return (x->index > y->index) - (x->index < y->index);
+}
+
+/* Canonical nodes: u, sum, css (correlations) or 2^-e scaled (distances). */
+static void ref_canon(knn_metric m, const double *x, int p, int n, int e,
+                      double *u, double *sum, double *css)
+{
+    double *tmp = malloc(sizeof(double) * p);
+    for (int j = 0; j < n; j++) {
+        const double *xj = x + (size_t)j * p;
+        double *uj = u + (size_t)j * p;
+        if (knn_is_correlation(m)) {
+            for (int f = 0; f < p; f++)
+                tmp[f] = m == KNN_SPEARMAN ? knn_rank2(xj, p, f) : xj[f];
+            knn_canon_corr(m, tmp, p, uj, &sum[j], &css[j]);
+        } else {
+            for (int f = 0; f < p; f++) uj[f] = ldexp(xj[f], -e);
+        }
+    }
+    free(tmp);
+}
+
+/* Full reference: rows x kmax column-major index/distance/weight. */
+static void ref_search(knn_metric m, const double *ref, int n_ref,
+                       const double *query, int n_query, int p, int kmax,
+                       int *index, double *distance, double *weight)
+{
+    int self = query == NULL;
+    int nq = self ? n_ref : n_query;
+    double amax = knn_max_abs(ref, (int)((size_t)p * n_ref));
+    if (!self) {
+        double qa = knn_max_abs(query, (int)((size_t)p * n_query));
+        if (qa > amax) amax = qa;
+    }
+    int e = knn_exponent(amax);
+    double *ur = malloc(sizeof(double) * p * n_ref);
+    double *sr = malloc(sizeof(double) * n_ref), *cr = malloc(sizeof(double) * n_ref);
+    ref_canon(m, ref, p, n_ref, e, ur, sr, cr);
+    double *uq = ur, *sq = sr, *cq = cr;
+    if (!self) {
+        uq = malloc(sizeof(double) * p * n_query);
+        sq = malloc(sizeof(double) * n_query);
+        cq = malloc(sizeof(double) * n_query);
+        ref_canon(m, query, p, n_query, e, uq, sq, cq);
+    }
+#pragma omp parallel for schedule(dynamic, 8)
+    for (int i = 0; i < nq; i++) {
+        ref_pair *pairs = malloc(sizeof(ref_pair) * n_ref);
+        int c = 0;
+        const double *ui = uq + (size_t)i * p;
+        for (int j = 0; j < n_ref; j++) {
+            if (self && j == i) continue;
+            const double *uj = ur + (size_t)j * p;
+            pairs[c].key = knn_is_correlation(m)
+                ? knn_key_corr(m, ui, uj, p, sq[i], cq[i], sr[j], cr[j])
+                : knn_key_dist(m, ui, uj, p);
+            pairs[c].index = j;
+            c++;
+        }
+        qsort(pairs, c, sizeof(ref_pair), ref_cmp);
+        for (int r = 0; r < kmax; r++) {
+            size_t at = (size_t)r * nq + i;
+            index[at] = pairs[r].index;
+            knn_key_output(m, pairs[r].key, e, &distance[at], &weight[at]);
+        }
+        free(pairs);
+    }
+    free(ur);
+    free(sr);
+    free(cr);
+    if (!self) {
+        free(uq);
+        free(sq);
+        free(cq);
+    }
+}
+
+/* ---- cases ------------------------------------------------------------ */
+
+static int n_pass = 0, n_fail = 0;
+
+typedef struct {
+    int polls, stop_after;
+} poll_ctx;
+
+static int poll_interrupted(void *ctx)
+{
+    poll_ctx *c = ctx;
+    return ++c->polls > c->stop_after;
+}
+
+static void no_progress(void *ctx, double done, double total)
+{
+    (void)ctx;
+    (void)done;
+    (void)total;
+}
+
+static knn_status gpu_run(knn_metric m, const double *ref, int n_ref,
+                          const double *query, int n_query, int p, int k,
+                          double budget, int n_dev, const int *devs,
+                          int *index, double *distance, double *weight,
+                          knn_report *rep)
+{
+    knn_request req;
+    memset(&req, 0, sizeof req);
+    req.metric = m;
+    req.p = p;
+    req.k = k;
+    req.ref = ref;
+    req.n_ref = n_ref;
+    req.query = query;
+    req.n_query = n_query;
+    req.memory_bytes = budget;
+    req.n_devices = n_dev;
+    for (int i = 0; i < n_dev; i++) req.devices[i] = devs[i];
+    req.cb.progress = no_progress;
+    knn_result out = {index, distance, weight};
+    memset(rep, 0, sizeof *rep);
+    return knn_gpu_search(&req, &out, rep);
+}
+
+/* Compares GPU output for k with the reference's first k columns. */
+static void check_case(const char *data, knn_metric m, const double *ref,
+                       int n_ref, const double *query, int n_query, int p,
+                       int k, double budget, int n_dev, const int *devs,
+                       const char *select, const int *ri, const double *rd,
+                       const double *rw)
+{
+    int nq = query ? n_query : n_ref;
+    size_t nk = (size_t)nq * k;
+    int *gi = malloc(sizeof(int) * nk);
+    double *gd = malloc(sizeof(double) * nk), *gw = malloc(sizeof(double) * nk);
+    for (size_t t = 0; t < nk; t++) {
+        gi[t] = -7;
+        gd[t] = gw[t] = NAN;
+    }
+    if (select) setenv("KNNGPU_SELECT", select, 1);
+    else unsetenv("KNNGPU_SELECT");
+    knn_report rep;
+    double t0 = knn_seconds();
+    knn_status st = gpu_run(m, ref, n_ref, query, n_query, p, k, budget,
+                            n_dev, devs, gi, gd, gw, &rep);
+    double secs = knn_seconds() - t0;
+    long bad = 0, first = -1;
+    if (st == KNN_OK) {
+        for (size_t t = 0; t < nk; t++) {
+            int ok = gi[t] == ri[t] &&
+                memcmp(&gd[t], &rd[t], sizeof(double)) == 0 &&
+                memcmp(&gw[t], &rw[t], sizeof(double)) == 0;
+            if (!ok && first < 0) first = (long)t;
+            bad += !ok;
+        }
+    }
+    int pass = st == KNN_OK && bad == 0;
+    pass ? n_pass++ : n_fail++;
+    const char *gemm = getenv("KNNGPU_GEMM");
+    printf("%s %-6s %-11s %s k=%-5d n=%d p=%d budget=%.0f dev=%d sel=%s "
+           "gemm=%s tile=%d cand=%.1f %.3fs",
+           pass ? "PASS" : "FAIL", data, metric_name[m],
+           query ? "query" : "self ", k, n_ref, p, budget, n_dev,
+           select ? select : "auto", gemm ? gemm : "auto", rep.row_tile,
+           rep.candidates, secs);
+    if (st != KNN_OK) printf(" status=%d %s", (int)st, rep.message);
+    if (bad) {
+        long r = first % nq, c = first / nq;
+        printf(" mismatches=%ld first row=%ld rank=%ld gpu=(%d,%.17g) "
+               "ref=(%d,%.17g)", bad, r, c, gi[first], gd[first], ri[first],
+               rd[first]);
+    }
+    printf("\n");
+    fflush(stdout);
+    free(gi);
+    free(gd);
+    free(gw);
+}
+
+static void check_metric(const char *data, knn_metric m, const double *ref,
+                         int n_ref, const double *query, int n_query, int p,
+                         const int *ks, int nks, int extras)
+{
+    int nq = query ? n_query : n_ref;
+    int kmax = 0;
+    for (int i = 0; i < nks; i++) kmax = ks[i] > kmax ? ks[i] : kmax;
+    size_t nk = (size_t)nq * kmax;
+    int *ri = malloc(sizeof(int) * nk);
+    double *rd = malloc(sizeof(double) * nk), *rw = malloc(sizeof(double) * nk);
+    ref_search(m, ref, n_ref, query, n_query, p, kmax, ri, rd, rw);
+    int dev0[2] = {0, 0};
+    for (int i = 0; i < nks; i++) {
+        int k = ks[i];
+        /* The reference's first k columns are the top k: column-major with
+         * nq rows, so a prefix of the array. */
+        check_case(data, m, ref, n_ref, query, n_query, p, k, 0, 0, NULL,
+                   NULL, ri, rd, rw);
+        if (extras) {
+            check_case(data, m, ref, n_ref, query, n_query, p, k, 2e6, 0,
+                       NULL, "radix", ri, rd, rw);
+            if (k <= 32)
+                check_case(data, m, ref, n_ref, query, n_query, p, k, 5e5, 0,
+                           NULL, "warp", ri, rd, rw);
+            check_case(data, m, ref, n_ref, query, n_query, p, k, 3e6, 2,
+                       dev0, NULL, ri, rd, rw);
+            /* The other candidate arithmetic than the metric's default. */
+            setenv("KNNGPU_GEMM", knn_is_correlation(m) ? "fp32" : "tf32", 1);
+            check_case(data, m, ref, n_ref, query, n_query, p, k, 0, 0, NULL,
+                       NULL, ri, rd, rw);
+            unsetenv("KNNGPU_GEMM");
+        }
+    }
+    free(ri);
+    free(rd);
+    free(rw);
+}
+
+static double *random_data(int p, int n)
+{
+    double *x = malloc(sizeof(double) * p * n);
+    for (size_t t = 0; t < (size_t)p * n; t++) x[t] = rng_norm();
+    return x;
+}
+
+/* Small integers 0..3 with every fourth node a copy of an earlier one: heavy
+ * ties, duplicates at distance 0; no constant node. */
+static double *tied_data(int p, int n)
+{
+    double *x = malloc(sizeof(double) * p * n);
+    for (int j = 0; j < n; j++) {
+        double *xj = x + (size_t)j * p;
+        if (j % 4 == 3) {
+            memcpy(xj, x + (size_t)(j / 2) * p, sizeof(double) * p);
+            continue;
+        }
+        for (int f = 0; f < p; f++) xj[f] = floor(4.0 * rng_unif());
+        xj[0] = 0.0;
+        xj[1] = 1.0;
+    }
+    return x;
+}
+
+/* Nine distinct nodes (x0 = 0, x1 = 1, two values in 0..2) over n nodes:
+ * tie groups larger than the uniform candidate slots, so rows overflow and
+ * the tile is run again with exact slots. */
+static double *heavy_data(int n)
+{
+    double *x = malloc(sizeof(double) * 4 * n);
+    for (int j = 0; j < n; j++) {
+        x[4 * j] = 0.0;
+        x[4 * j + 1] = 1.0;
+        x[4 * j + 2] = floor(3.0 * rng_unif());
+        x[4 * j + 3] = floor(3.0 * rng_unif());
+    }
+    return x;
+}
+
+static void check_interrupt(void)
+{
+    int n = 120000, p = 64, k = 10;
+    double *x = random_data(p, n);
+    size_t nk = (size_t)n * k;
+    int *gi = malloc(sizeof(int) * nk);
+    double *gd = malloc(sizeof(double) * nk), *gw = malloc(sizeof(double) * nk);
+    knn_request req;
+    memset(&req, 0, sizeof req);
+    req.metric = KNN_EUCLIDEAN;
+    req.p = p;
+    req.k = k;
+    req.ref = x;
+    req.n_ref = n;
+    req.memory_bytes = 4e8;
+    poll_ctx pc = {0, 2};
+    req.cb.interrupted = poll_interrupted;
+    req.cb.ctx = &pc;
+    knn_result out = {gi, gd, gw};
+    knn_report rep;
+    size_t free0 = 0, free1 = 0, total = 0;
+    cudaSetDevice(0);
+    cudaMemGetInfo(&free0, &total);
+    double t0 = knn_seconds();
+    memset(&rep, 0, sizeof rep);
+    knn_status st = knn_gpu_search(&req, &out, &rep);
+    double secs = knn_seconds() - t0;
+    cudaMemGetInfo(&free1, &total);
+    int pass = st == KNN_E_INTERRUPTED && free0 == free1;
+    pass ? n_pass++ : n_fail++;
+    printf("%s interrupt: status=%d (%s) after %.3fs, %d polls; device free "
+           "before %zu after %zu\n", pass ? "PASS" : "FAIL", (int)st,
+           rep.message, secs, pc.polls, free0, free1);
+    free(x);
+    free(gi);
+    free(gd);
+    free(gw);
+}
+
+static void check_all(void)
+{
+    knn_gpu_info info;
+    knn_gpu_query(&info);
+    printf("gpu: runtime %d driver %d devices %d reason '%s'\n",
+           info.runtime_version, info.driver_version, info.n_devices,
+           info.reason);
+    for (int d = 0; d < info.n_devices; d++)
+        printf("  %d: %s cc %d.%d %d SMs %.1f/%.1f GB free\n", d,
+               info.device[d].name, info.device[d].major,
+               info.device[d].minor, info.device[d].multiprocessors,
+               info.device[d].memory_free / 1e9,
+               info.device[d].memory_total / 1e9);
+
+    int n = 1500, p = 37, n_ref = 900, n_q = 333;
+    double *rnd = random_data(p, n);
+    double *tie = tied_data(12, 1200);
+    double *qry = random_data(p, n_q);
+    int ks[] = {1, 5, 16, 33, 100, 1000, 1499};
+    int kt[] = {1, 3, 16, 100, 1000, 1199};
+    int kq[] = {1, 10, 100, 899};
+    double *heavy = heavy_data(3000);
+    int kh[] = {1, 16, 500};
+    for (int m = 0; m < KNN_N_METRICS; m++) {
+        check_metric("heavy", (knn_metric)m, heavy, 3000, NULL, 0, 4, kh, 3,
+                     1);
+        check_metric("random", (knn_metric)m, rnd, n, NULL, 0, p, ks, 7, 1);
+        check_metric("tied", (knn_metric)m, tie, 1200, NULL, 0, 12, kt, 6, 1);
+        check_metric("random", (knn_metric)m, rnd, n_ref, qry, n_q, p, kq, 4,
+                     0);
+    }
+    check_interrupt();
+    printf("summary: %d passed, %d failed\n", n_pass, n_fail);
+    free(rnd);
+    free(heavy);
+    free(tie);
+    free(qry);
+}
+
+static void bench(int n, int p, int k, knn_metric m, int nq)
+{
+    double *ref = random_data(p, n);
+    double *query = nq > 0 ? random_data(p, nq) : NULL;
+    int rows = nq > 0 ? nq : n;
+    size_t nk = (size_t)rows * k;
+    int *gi = malloc(sizeof(int) * nk);
+    double *gd = malloc(sizeof(double) * nk), *gw = malloc(sizeof(double) * nk);
+    knn_report rep;
+    for (int rep_i = 0; rep_i < 2; rep_i++) {
+        double t0 = knn_seconds();
+        knn_status st = gpu_run(m, ref, n, query, nq, p, k, 0, 0, NULL, gi,
+                                gd, gw, &rep);
+        double secs = knn_seconds() - t0;
+        printf("bench %s n=%d nq=%d p=%d k=%d: status=%d %.3f s (prepare "
+               "%.3f search %.3f rerank %.3f) cand=%.1f tile=%dx%d %s\n",
+               metric_name[m], n, nq, p, k, (int)st, secs,
+               rep.seconds_prepare, rep.seconds_search, rep.seconds_rerank,
+               rep.candidates, rep.row_tile, rep.col_tile,
+               st ? rep.message : rep.device);
+        fflush(stdout);
+    }
+    free(ref);
+    free(query);
+    free(gi);
+    free(gd);
+    free(gw);
+}
+
+int main(int argc, char **argv)
+{
+    if (argc >= 2 && strcmp(argv[1], "check") == 0) {
+        check_all();
+        return n_fail > 0;
+    }
+    if (argc >= 6 && strcmp(argv[1], "bench") == 0) {
+        int m = 0;
+        while (m < KNN_N_METRICS && strcmp(metric_name[m], argv[5]) != 0) m++;
+        if (m == KNN_N_METRICS) return 2;
+        bench(atoi(argv[2]), atoi(argv[3]), atoi(argv[4]), (knn_metric)m,
+              argc >= 7 ? atoi(argv[6]) : 0);
+        return 0;
+    }
+    fprintf(stderr, "usage: gpu-harness check | bench N P K METRIC [NQ]\n");
+    return 2;
+}
