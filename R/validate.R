@@ -51,10 +51,10 @@
     value
 }
 
-## Lists at most five node labels, then how many more there are.
-.nameNodes <- function(labels) {
+## Lists at most five labels, then how many more of `count` there are.
+.nameNodes <- function(labels, count = length(labels)) {
     shown <- utils::head(labels, 5L)
-    more <- length(labels) - length(shown)
+    more <- count - length(shown)
     paste0(paste(shown, collapse = ", "),
            if (more > 0L) sprintf(" (and %d more)", more) else "")
 }
@@ -98,29 +98,27 @@
 ## node (features x nodes), plus the node labels. Checks values once.
 .asNodes <- function(x, by, assay = 1L, arg = "x") {
     m <- .extractMatrix(x, assay, arg)
-    if (!is.matrix(m) || !(is.numeric(m) || is.logical(m)) || is.logical(m)) {
+    if (!is.matrix(m) || !is.numeric(m)) {
         stop(sprintf(paste("'%s' must be a numeric matrix, a data.frame of",
                            "numeric columns, a SummarizedExperiment or an",
                            "ExpressionSet"), arg), call. = FALSE)
     }
     labels <- .nodeLabels(m, by)
-    nodes <- if (by == "rows") t(m) else m
-    dimnames(nodes) <- NULL
-    storage.mode(nodes) <- "double"
     what <- if (by == "rows") "rows" else "columns"
-    if (ncol(nodes) < 1L) {
+    if ((if (by == "rows") nrow(m) else ncol(m)) < 1L) {
         stop(sprintf("'%s' has no %s (nodes)", arg, what), call. = FALSE)
     }
-    if (nrow(nodes) < 1L) {
+    if ((if (by == "rows") ncol(m) else nrow(m)) < 1L) {
         stop(sprintf("'%s' has zero features: its %s are empty", arg, what),
              call. = FALSE)
     }
-    bad <- which(colSums(!is.finite(nodes)) > 0L)
-    if (length(bad)) {
+    nodes <- .Call(C_knn_nodes, m, by == "rows", 5L)
+    if (nodes$count > 0L) {
         stop(sprintf("'%s' has NA, NaN or Inf values in %s: %s", arg, what,
-                     .nameNodes(labels[bad])), call. = FALSE)
+                     .nameNodes(labels[nodes$bad], nodes$count)),
+             call. = FALSE)
     }
-    list(values = nodes, labels = labels, what = what)
+    list(values = nodes$values, labels = labels, what = what)
 }
 
 ## Rejects nodes the metric cannot use: constant nodes for correlations,
@@ -131,13 +129,9 @@
     count <- attr(bad, "count")
     if (count == 0L) return(invisible(NULL))
     kind <- if (metric == "cosine") "all-zero" else "constant"
-    shown <- nodes$labels[bad]
-    more <- if (count > length(bad)) {
-        sprintf(" (and %d more)", count - length(bad))
-    } else ""
     stop(sprintf(paste0("'%s' has %d %s %s, for which the %s metric is ",
-                        "undefined: %s%s; remove them first (e.g. keep %s ",
+                        "undefined: %s; remove them first (e.g. keep %s ",
                         "with non-zero variance)"), arg, count, kind,
-                 nodes$what, metric, paste(shown, collapse = ", "), more,
+                 nodes$what, metric, .nameNodes(nodes$labels[bad], count),
                  nodes$what), call. = FALSE)
 }

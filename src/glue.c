@@ -111,6 +111,33 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
     return res;
 }
 
+/* x: numeric matrix (double or integer). Returns list(values: the nodes in
+ * the engine's p x n layout, bad: the first max_bad 1-based nodes holding
+ * NA, NaN or Inf, count: how many such nodes there are). */
+SEXP C_knn_nodes(SEXP x, SEXP by_rows, SEXP max_bad)
+{
+    int nprot = 0;
+    SEXP dbl = PROTECT(coerceVector(x, REALSXP)); nprot++;
+    int nrow = nrows(x), ncol = ncols(x), rows = asLogical(by_rows) == TRUE;
+    int cap = asInteger(max_bad);
+    SEXP values = PROTECT(allocMatrix(REALSXP, rows ? ncol : nrow,
+                                      rows ? nrow : ncol)); nprot++;
+    int *bad = (int *)R_alloc((size_t)cap, sizeof(int));
+    int found = knn_layout_nodes(REAL(dbl), nrow, ncol, rows, REAL(values),
+                                 bad, cap);
+
+    int shown = found < cap ? found : cap;
+    SEXP bad1 = PROTECT(allocVector(INTSXP, shown)); nprot++;
+    for (int i = 0; i < shown; i++) INTEGER(bad1)[i] = bad[i] + 1;
+    const char *names[] = {"values", "bad", "count"};
+    SEXP res = PROTECT(knn_named_list(3, names)); nprot++;
+    SET_VECTOR_ELT(res, 0, values);
+    SET_VECTOR_ELT(res, 1, bad1);
+    SET_VECTOR_ELT(res, 2, ScalarInteger(found));
+    UNPROTECT(nprot);
+    return res;
+}
+
 /* x: p x n double matrix. Returns the 1-based degenerate nodes (at most
  * max_rows of them) with the total count as attribute "count". */
 SEXP C_knn_degenerate(SEXP x, SEXP metric, SEXP max_rows)

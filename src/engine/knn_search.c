@@ -17,28 +17,6 @@ double knn_seconds(void)
     return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
 }
 
-/* A node a metric cannot use: constant (correlations), all zero (cosine). */
-static int knn_is_degenerate(knn_metric metric, const double *x, int p)
-{
-    if (!knn_is_correlation(metric)) return 0;
-    if (metric == KNN_COSINE) return knn_max_abs(x, p) == 0.0;
-    for (int f = 1; f < p; f++)
-        if (x[f] != x[0]) return 0;
-    return 1;
-}
-
-int knn_degenerate_nodes(knn_metric metric, const double *x, int p, int n,
-                         int *rows, int max_rows)
-{
-    int found = 0;
-    for (int j = 0; j < n; j++) {
-        if (!knn_is_degenerate(metric, x + (size_t)j * p, p)) continue;
-        if (found < max_rows) rows[found] = j;
-        found++;
-    }
-    return found;
-}
-
 static knn_status knn_invalid(knn_report *report, const char *why)
 {
     snprintf(report->message, sizeof report->message, "%s", why);

@@ -1,0 +1,70 @@
+/*
+ * knn_input.c: the engine's view of its input: the node-contiguous layout,
+ * and the nodes it cannot use (non-finite values; constant or all-zero nodes
+ * for the metrics that are undefined there). The R layer names the
+ * offending nodes from these indices.
+ */
+#include <math.h>
+#include <string.h>
+#include "knn_exact.h"
+
+/* Transposes in square blocks so both sides stay in cache. */
+#define KNN_LAYOUT_BLOCK 32
+
+static void knn_transpose(const double *x, int nrow, int ncol, double *out)
+{
+    for (int r0 = 0; r0 < nrow; r0 += KNN_LAYOUT_BLOCK)
+        for (int c0 = 0; c0 < ncol; c0 += KNN_LAYOUT_BLOCK) {
+            int r1 = r0 + KNN_LAYOUT_BLOCK < nrow ? r0 + KNN_LAYOUT_BLOCK
+                                                  : nrow;
+            int c1 = c0 + KNN_LAYOUT_BLOCK < ncol ? c0 + KNN_LAYOUT_BLOCK
+                                                  : ncol;
+            for (int r = r0; r < r1; r++)
+                for (int c = c0; c < c1; c++)
+                    out[(size_t)r * ncol + c] = x[(size_t)c * nrow + r];
+        }
+}
+
+static int knn_all_finite(const double *x, int p)
+{
+    for (int f = 0; f < p; f++)
+        if (!isfinite(x[f])) return 0;
+    return 1;
+}
+
+int knn_layout_nodes(const double *x, int nrow, int ncol, int by_rows,
+                     double *out, int *bad, int max_bad)
+{
+    int p = by_rows ? ncol : nrow, n = by_rows ? nrow : ncol;
+    if (by_rows) knn_transpose(x, nrow, ncol, out);
+    else memcpy(out, x, (size_t)nrow * ncol * sizeof(double));
+    int found = 0;
+    for (int j = 0; j < n; j++) {
+        if (knn_all_finite(out + (size_t)j * p, p)) continue;
+        if (found < max_bad) bad[found] = j;
+        found++;
+    }
+    return found;
+}
+
+/* A node a metric cannot use: constant (correlations), all zero (cosine). */
+static int knn_is_degenerate(knn_metric metric, const double *x, int p)
+{
+    if (!knn_is_correlation(metric)) return 0;
+    if (metric == KNN_COSINE) return knn_max_abs(x, p) == 0.0;
+    for (int f = 1; f < p; f++)
+        if (x[f] != x[0]) return 0;
+    return 1;
+}
+
+int knn_degenerate_nodes(knn_metric metric, const double *x, int p, int n,
+                         int *rows, int max_rows)
+{
+    int found = 0;
+    for (int j = 0; j < n; j++) {
+        if (!knn_is_degenerate(metric, x + (size_t)j * p, p)) continue;
+        if (found < max_rows) rows[found] = j;
+        found++;
+    }
+    return found;
+}
