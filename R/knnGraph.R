@@ -88,13 +88,7 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
 
 ## One row per (node, neighbour), grouped by node, ranks ascending.
 .directedEdges <- function(res) {
-    n <- nrow(res$index)
-    k <- ncol(res$index)
-    data.frame(from = rep(seq_len(n), each = k),
-               to = as.vector(t(res$index)),
-               weight = as.vector(t(res$weight)),
-               distance = as.vector(t(res$distance)),
-               rank = rep(seq_len(k), times = n))
+    list2DF(.Call(C_knn_edges, res$index, res$weight, res$distance))
 }
 
 ## Undirected edges: each pair once (from < to), keeping its better rank;

@@ -113,18 +113,24 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
 
 /* x: numeric matrix (double or integer). Returns list(values: the nodes in
  * the engine's p x n layout, bad: the first max_bad 1-based nodes holding
- * NA, NaN or Inf, count: how many such nodes there are). */
+ * NA, NaN or Inf, count: how many such nodes there are). A double matrix
+ * whose columns are the nodes is already in that layout and is not
+ * copied. */
 SEXP C_knn_nodes(SEXP x, SEXP by_rows, SEXP max_bad)
 {
     int nprot = 0;
-    SEXP dbl = PROTECT(coerceVector(x, REALSXP)); nprot++;
     int nrow = nrows(x), ncol = ncols(x), rows = asLogical(by_rows) == TRUE;
+    SEXP values = x;
+    if (rows || TYPEOF(x) != REALSXP) {
+        SEXP dbl = PROTECT(coerceVector(x, REALSXP)); nprot++;
+        values = PROTECT(allocMatrix(REALSXP, rows ? ncol : nrow,
+                                     rows ? nrow : ncol)); nprot++;
+        knn_layout_nodes(REAL(dbl), nrow, ncol, rows, REAL(values));
+    }
     int cap = asInteger(max_bad);
-    SEXP values = PROTECT(allocMatrix(REALSXP, rows ? ncol : nrow,
-                                      rows ? nrow : ncol)); nprot++;
     int *bad = (int *)R_alloc((size_t)cap, sizeof(int));
-    int found = knn_layout_nodes(REAL(dbl), nrow, ncol, rows, REAL(values),
-                                 bad, cap);
+    int found = knn_nonfinite_nodes(REAL(values), nrows(values),
+                                    ncols(values), bad, cap);
 
     int shown = found < cap ? found : cap;
     SEXP bad1 = PROTECT(allocVector(INTSXP, shown)); nprot++;
@@ -135,6 +141,43 @@ SEXP C_knn_nodes(SEXP x, SEXP by_rows, SEXP max_bad)
     SET_VECTOR_ELT(res, 1, bad1);
     SET_VECTOR_ELT(res, 2, ScalarInteger(found));
     UNPROTECT(nprot);
+    return res;
+}
+
+/* index, weight, distance: n x k matrices of a self search (index 1-based).
+ * Returns list(from, to, weight, distance, rank): one element per directed
+ * edge, grouped by `from`, ranks ascending. */
+SEXP C_knn_edges(SEXP index, SEXP weight, SEXP distance)
+{
+    int n = nrows(index), k = ncols(index);
+    R_xlen_t m = (R_xlen_t)n * k;
+    const char *names[] = {"from", "to", "weight", "distance", "rank"};
+    SEXP res = PROTECT(knn_named_list(5, names));
+    SEXP from = allocVector(INTSXP, m);
+    SET_VECTOR_ELT(res, 0, from);
+    SEXP to = allocVector(INTSXP, m);
+    SET_VECTOR_ELT(res, 1, to);
+    SEXP w = allocVector(REALSXP, m);
+    SET_VECTOR_ELT(res, 2, w);
+    SEXP d = allocVector(REALSXP, m);
+    SET_VECTOR_ELT(res, 3, d);
+    SEXP rank = allocVector(INTSXP, m);
+    SET_VECTOR_ELT(res, 4, rank);
+    int *pf = INTEGER(from), *pt = INTEGER(to), *pr = INTEGER(rank);
+    double *pw = REAL(w), *pd = REAL(d);
+    const int *ix = INTEGER(index);
+    const double *wx = REAL(weight), *dx = REAL(distance);
+    /* Reads each neighbour column in order; writes stride k apart. */
+    for (int r = 0; r < k; r++)
+        for (int i = 0; i < n; i++) {
+            R_xlen_t e = (R_xlen_t)i * k + r, at = i + (R_xlen_t)r * n;
+            pf[e] = i + 1;
+            pt[e] = ix[at];
+            pw[e] = wx[at];
+            pd[e] = dx[at];
+            pr[e] = r + 1;
+        }
+    UNPROTECT(1);
     return res;
 }
 

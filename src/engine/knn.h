@@ -109,11 +109,16 @@ knn_status knn_search(const knn_request *req, knn_backend backend,
 
 /* Copies the nodes of a column-major nrow x ncol matrix into `out` in the
  * engine's layout (p x n, node-contiguous): the rows are the nodes when
- * by_rows (a transpose), else the columns (a copy). Writes into `bad`
- * (capacity max_bad) the 0-based nodes holding NA, NaN or Inf and returns
- * how many there are in all. x is left untouched; never fails. */
-int knn_layout_nodes(const double *x, int nrow, int ncol, int by_rows,
-                     double *out, int *bad, int max_bad);
+ * by_rows (a transpose), else the columns (a copy). x is left untouched;
+ * never fails. */
+void knn_layout_nodes(const double *x, int nrow, int ncol, int by_rows,
+                      double *out);
+
+/* Writes into `bad` (capacity max_bad) the 0-based nodes of the p x n
+ * matrix x that hold NA, NaN or Inf; returns how many there are in all.
+ * Never fails. */
+int knn_nonfinite_nodes(const double *x, int p, int n, int *bad,
+                        int max_bad);
 
 /* Writes into `rows` (capacity max_rows) the 0-based nodes of the p x n matrix
  * x that the metric cannot use: constant nodes for the correlation metrics,

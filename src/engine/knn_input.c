@@ -32,15 +32,18 @@ static int knn_all_finite(const double *x, int p)
     return 1;
 }
 
-int knn_layout_nodes(const double *x, int nrow, int ncol, int by_rows,
-                     double *out, int *bad, int max_bad)
+void knn_layout_nodes(const double *x, int nrow, int ncol, int by_rows,
+                      double *out)
 {
-    int p = by_rows ? ncol : nrow, n = by_rows ? nrow : ncol;
     if (by_rows) knn_transpose(x, nrow, ncol, out);
     else memcpy(out, x, (size_t)nrow * ncol * sizeof(double));
+}
+
+int knn_nonfinite_nodes(const double *x, int p, int n, int *bad, int max_bad)
+{
     int found = 0;
     for (int j = 0; j < n; j++) {
-        if (knn_all_finite(out + (size_t)j * p, p)) continue;
+        if (knn_all_finite(x + (size_t)j * p, p)) continue;
         if (found < max_bad) bad[found] = j;
         found++;
     }
