@@ -23,6 +23,9 @@
 #include "knn_gpu_tiles.cuh"
 
 #define KNN_STAGE_DOUBLES (2u << 20)  /* 16 MB per staging buffer */
+/* Below this, pinning staging buffers costs more than the copy it speeds
+ * up: small inputs go straight from R's (pageable) memory. */
+#define KNN_DIRECT_UPLOAD_BYTES (64.0 * 1048576.0)
 #define KNN_RESERVE_BYTES (512.0 * 1048576.0)
 #define KNN_SLOT_BYTES_MAX (256.0 * 1048576.0)
 #define KNN_PANEL_FLOATS_MAX 2147483648.0 /* keeps one tile well under 1 s */
@@ -57,6 +60,23 @@ static knn_status knn_upload(knn_gpu_dev *d, double *dst, const double *src,
     return d->shared->stop ? KNN_E_INTERRUPTED : KNN_OK;
 }
 
+/* Small inputs: one pageable copy each, no staging. */
+static knn_status knn_upload_direct(knn_gpu_dev *d, double *x)
+{
+    const knn_request *req = d->req;
+    size_t p = (size_t)req->p;
+    KNN_CUDA_TRY(d->message,
+                 cudaMemcpyAsync(x, req->ref, p * req->n_ref * sizeof(double),
+                                 cudaMemcpyHostToDevice, d->stream));
+    if (req->query != NULL)
+        KNN_CUDA_TRY(d->message,
+                     cudaMemcpyAsync(x + p * req->n_ref, req->query + p * d->q0,
+                                     p * d->nq * sizeof(double),
+                                     cudaMemcpyHostToDevice, d->stream));
+    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
+    return KNN_OK;
+}
+
 /* Copies ref and this device's query rows into one p x n_nodes array. */
 static knn_status knn_upload_nodes(knn_gpu_dev *d, double **x)
 {
@@ -64,6 +84,8 @@ static knn_status knn_upload_nodes(knn_gpu_dev *d, double **x)
     size_t p = (size_t)req->p;
     KNN_CUDA_TRY(d->message,
                  cudaMalloc((void **)x, p * d->n_nodes * sizeof(double)));
+    if ((double)p * d->n_nodes * sizeof(double) <= KNN_DIRECT_UPLOAD_BYTES)
+        return knn_upload_direct(d, *x);
     double *stage[2] = {NULL, NULL};
     cudaEvent_t ev[2] = {NULL, NULL};
     knn_status st = KNN_OK;
