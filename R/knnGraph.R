@@ -118,11 +118,13 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
     edges
 }
 
-## Replaces node numbers by labels and attaches the node table and the
-## description of the run.
+## Replaces node numbers by names (unnamed nodes keep their 1-based
+## numbers) and attaches the node table and the description of the run.
 .labelEdges <- function(edges, labels, about) {
-    edges$from <- labels[edges$from]
-    edges$to <- labels[edges$to]
+    if (is.character(labels)) {
+        edges$from <- labels[edges$from]
+        edges$to <- labels[edges$to]
+    }
     attr(edges, "nodes") <- data.frame(name = labels)
     for (field in names(about)) attr(edges, field) <- about[[field]]
     edges
