@@ -76,14 +76,15 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
     res <- .runEngine(nodes, NULL, k, metric, device[1L], threads, progress,
                       verbose, devices)
     edges <- if (is.null(snn)) {
-        .symmetrize(.directedEdges(res), symmetrize)
+        .symmetrize(.directedEdges(res), symmetrize, ncol(nodes$values))
     } else {
         .snnEdges(res$index, snn)
     }
     .labelEdges(edges, nodes$labels, list(
         metric = metric, k = k, by = by, symmetrize = symmetrize, snn = snn,
-        backend = res$info$backend, device = res$info$device, precision = res$info$precision,
-        elapsed = res$info$elapsed, timings = res$info))
+        backend = res$info$backend, device = res$info$device,
+        precision = res$info$precision, elapsed = res$info$elapsed,
+        timings = res$info))
 }
 
 ## One row per (node, neighbour), grouped by node, ranks ascending.
@@ -92,15 +93,16 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
 }
 
 ## Undirected edges: each pair once (from < to), keeping its better rank;
-## "mutual" keeps pairs that both ends chose.
-.symmetrize <- function(edges, symmetrize) {
+## "mutual" keeps pairs that both ends chose. A pair's key is a double,
+## exact for any number of nodes R can index.
+.symmetrize <- function(edges, symmetrize, n) {
     if (symmetrize == "none") return(edges)
     lo <- pmin(edges$from, edges$to)
     hi <- pmax(edges$from, edges$to)
     edges$from <- lo
     edges$to <- hi
     edges <- edges[order(lo, hi, edges$rank), , drop = FALSE]
-    pair <- paste(edges$from, edges$to)
+    pair <- (edges$from - 1) * as.double(n) + edges$to
     repeated <- duplicated(pair)
     keep <- !repeated
     if (symmetrize == "mutual") keep <- keep & pair %in% pair[repeated]

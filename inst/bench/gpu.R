@@ -84,7 +84,8 @@ runTorch <- function(file, case) {
     out <- system2("python3", c(peer, "knn", file,
                                 sprintf("%d", as.integer(c(case$n + case$nq,
                                     case$d, case$k))),
-                                case$metric, sprintf("%d", as.integer(case$nq))),
+                                case$metric,
+                                sprintf("%d", as.integer(case$nq))),
                    stdout = TRUE, stderr = TRUE)
     line <- grep("^torch total", out, value = TRUE)
     if (!length(line)) {

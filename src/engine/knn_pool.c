@@ -52,8 +52,9 @@ static void knn_select_rank(knn_cand *items, int n, int r)
         double pivot = items[lo + (hi - lo) / 2].score;
         int lt = lo, i = lo, gt = hi;
         while (i < gt) {
-            if (items[i].score < pivot) knn_cand_swap(&items[lt++], &items[i++]);
-            else if (items[i].score > pivot) knn_cand_swap(&items[i], &items[--gt]);
+            double s = items[i].score;
+            if (s < pivot) knn_cand_swap(&items[lt++], &items[i++]);
+            else if (s > pivot) knn_cand_swap(&items[i], &items[--gt]);
             else i++;
         }
         if (r < lt) hi = lt;

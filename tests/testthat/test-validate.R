@@ -24,7 +24,8 @@ test_that("bad input gets a clear error naming the argument and nodes", {
     expect_error(knnGraph(zero, metric = "cosine"), "all-zero rows.*gene5")
     expect_silent(knnGraph(zero, metric = "euclidean", device = "cpu"))
     for (k in list(0, 1.5, 20, -1, NA, "3", c(2, 3))) {
-        expect_error(knnGraph(x, k = k), "'k' must be a whole number from 1 to 19")
+        expect_error(knnGraph(x, k = k),
+                     "'k' must be a whole number from 1 to 19")
     }
     expect_error(knnGraph(x[1, , drop = FALSE], k = 1), "at least 2 nodes")
     expect_error(knnGraph(x[, 0]), "zero features")
