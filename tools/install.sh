@@ -1,8 +1,10 @@
 #!/bin/sh
-# Installs what knngpu needs on a fresh Debian/Ubuntu machine, all from the
-# distribution's packages: R, the R packages the package, its tests, its
-# vignette and its benchmarks use, and OpenBLAS for a fast BLAS. The CUDA
-# toolkit is optional and not installed here (configure finds it if present).
+# Installs knngpu and what it needs on a fresh Debian/Ubuntu machine, all
+# from the distribution's packages: R, the R packages the package, its
+# tests, its vignette and its benchmarks use, and OpenBLAS for a fast BLAS;
+# then this package from this checkout. The CUDA toolkit is optional and
+# not installed here (configure finds one if present). Run from the root
+# of the checkout.
 set -eu
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo
@@ -15,3 +17,6 @@ $SUDO apt-get install -y -qq --no-install-recommends \
     r-cran-wgcna r-bioc-biocneighbors r-bioc-bluster r-bioc-biocparallel \
     r-bioc-summarizedexperiment r-bioc-biobase r-bioc-biocstyle r-bioc-all \
     >/dev/null
+
+# --clean removes the build's objects, so the tree stays as checked out.
+$SUDO R CMD INSTALL --clean .
