@@ -105,10 +105,11 @@
     }
     labels <- .nodeLabels(m, by)
     what <- if (by == "rows") "rows" else "columns"
-    if ((if (by == "rows") nrow(m) else ncol(m)) < 1L) {
+    shape <- if (by == "rows") dim(m) else rev(dim(m))  # nodes, features
+    if (shape[1L] < 1L) {
         stop(sprintf("'%s' has no %s (nodes)", arg, what), call. = FALSE)
     }
-    if ((if (by == "rows") ncol(m) else nrow(m)) < 1L) {
+    if (shape[2L] < 1L) {
         stop(sprintf("'%s' has zero features: its %s are empty", arg, what),
              call. = FALSE)
     }

@@ -44,6 +44,7 @@ typedef struct {
     double *scores;          /* col_tile x row_tile */
     knn_pool *pools;         /* one per node when symmetric, else per row */
     int n_pools;
+    double seconds_rerank;   /* spent in knn_cpu_finish, all row tiles */
 } knn_cpu;
 
 /* Tile shape from the memory budget: as many reference columns as leave
@@ -317,7 +318,7 @@ static knn_status knn_cpu_row_tile(knn_cpu *cpu, int q0, int nr,
         if (knn_cpu_interrupted(req)) return KNN_E_INTERRUPTED;
     }
 
-    double sizes = 0.0;
+    double sizes = 0.0, t0 = knn_seconds();
     #pragma omp parallel for num_threads(cpu->threads) schedule(dynamic, 8) \
         reduction(+ : sizes)
     for (int i = 0; i < nr; i++) {
@@ -325,6 +326,7 @@ static knn_status knn_cpu_row_tile(knn_cpu *cpu, int q0, int nr,
         knn_cpu_finish(cpu, pool, q0 + i, out);
         sizes += pool->size;
     }
+    cpu->seconds_rerank += knn_seconds() - t0;
     *pooled += sizes;
     return KNN_OK;
 }
@@ -374,7 +376,8 @@ knn_status knn_cpu_search(const knn_request *req, knn_result *out,
     if (st == KNN_OK) {
         knn_cpu_describe(&cpu, report);
         report->seconds_prepare = t1 - t0;
-        report->seconds_search = knn_seconds() - t1;
+        report->seconds_rerank = cpu.seconds_rerank;
+        report->seconds_search = knn_seconds() - t1 - cpu.seconds_rerank;
         report->candidates = pooled / cpu.n_query;
     } else {
         knn_cpu_describe_failure(&cpu, st, report);

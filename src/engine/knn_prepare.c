@@ -41,6 +41,14 @@ static void knn_rank2_sorted(const double *x, int p, knn_ranked *scratch,
     }
 }
 
+static double knn_nodes_max_abs(const double *x, int p, int n)
+{
+    double amax = 0.0;
+    for (int j = 0; j < n; j++)
+        amax = fmax(amax, knn_max_abs(x + (size_t)j * p, p));
+    return amax;
+}
+
 knn_status knn_space_init(knn_space *space, const knn_request *req)
 {
     int p = req->p;
@@ -50,13 +58,9 @@ knn_status knn_space_init(knn_space *space, const knn_request *req)
     space->kappa = 1.0;
     if (knn_is_correlation(req->metric)) return KNN_OK;
 
-    size_t nr = (size_t)req->n_ref * p;
-    double amax = 0.0;
-    for (size_t i = 0; i < nr; i++) amax = fmax(amax, fabs(req->ref[i]));
-    if (req->query) {
-        size_t nq = (size_t)req->n_query * p;
-        for (size_t i = 0; i < nq; i++) amax = fmax(amax, fabs(req->query[i]));
-    }
+    double amax = knn_nodes_max_abs(req->ref, p, req->n_ref);
+    if (req->query)
+        amax = fmax(amax, knn_nodes_max_abs(req->query, p, req->n_query));
     space->scale_exp = knn_exponent(amax);
     if (!knn_uses_product(req->metric)) return KNN_OK;
 
