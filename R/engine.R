@@ -7,23 +7,37 @@
 .resolveDevice <- function(device) {
     device <- .checkChoice(device, c("auto", "cpu", "gpu"), "device")
     if (device == "cpu") return("cpu")
-    info <- gpuInfo()
-    usable <- .gpuUsable(info)
-    if (device == "gpu" && !usable) {
-        stop("device = \"gpu\" but no GPU can be used: ", info$reason,
+    gpu <- .gpuStatus()
+    if (device == "gpu" && !gpu$usable) {
+        stop("device = \"gpu\" but no GPU can be used: ", gpu$reason,
              call. = FALSE)
     }
-    if (usable) return("gpu")
+    if (gpu$usable) return("gpu")
     if (!isTRUE(.state$toldCpu)) {
-        message("knngpu: using the CPU; no GPU: ", info$reason)
+        message("knngpu: using the CPU; no GPU: ", gpu$reason)
         .state$toldCpu <- TRUE
     }
     "cpu"
 }
 
+## Whether a GPU can be used and how many there are, asked once per
+## process: gpuInfo() queries every device's properties and free memory,
+## a millisecond or more that a small search would pay on every call. A
+## forked child asks again, since CUDA cannot be used there.
+.gpuStatus <- function() {
+    pid <- Sys.getpid()
+    if (!identical(.state$gpuPid, pid)) {
+        info <- gpuInfo()
+        .state$gpu <- list(usable = .gpuUsable(info), reason = info$reason,
+                           count = nrow(info$devices))
+        .state$gpuPid <- pid
+    }
+    .state$gpu
+}
+
 .checkDevices <- function(devices, backend) {
     if (is.null(devices) || backend == "cpu") return(integer())
-    count <- nrow(gpuInfo()$devices)
+    count <- .gpuStatus()$count
     ok <- is.numeric(devices) && length(devices) >= 1L &&
         all(!is.na(devices)) && all(devices == round(devices)) &&
         all(devices >= 0) && all(devices < count) && !anyDuplicated(devices)
@@ -46,10 +60,12 @@
 }
 
 ## Runs one search. ref, query: results of .asNodes() (query may be NULL).
-## Returns the engine's list(index, distance, weight, info), info extended
-## with the metric, sizes and elapsed seconds.
+## Returns the engine's list(index, distance, weight, info) of n x k
+## matrices, or with edges = TRUE (self search) the directed edge list
+## list(from, to, weight, distance, rank, info); info is extended with the
+## metric, sizes and elapsed seconds.
 .runEngine <- function(ref, query, k, metric, device, threads, progress,
-                       verbose, devices) {
+                       verbose, devices, edges = FALSE) {
     backend <- .resolveDevice(device)
     devices <- .checkDevices(devices, backend)
     threads <- .checkThreads(threads)
@@ -58,7 +74,7 @@
     start <- proc.time()[["elapsed"]]
     res <- .Call(C_knn_search, ref$values, query$values, k,
                  .metricCode(metric), as.integer(backend == "gpu"), threads,
-                 .memoryBudget(backend), devices, progress)
+                 .memoryBudget(backend), devices, progress, edges)
     res$info$elapsed <- proc.time()[["elapsed"]] - start
     res$info$backend <- backend
     res$info$metric <- metric
@@ -70,12 +86,17 @@
 }
 
 .reportRun <- function(info) {
+    gpu <- info$backend == "gpu"
     message(sprintf(paste0("knngpu: %d nodes x %d features, %s, k = %d on %s",
                            " [%s]\n"), info$nodes, info$features, info$metric,
                     info$k, info$device, info$precision),
-            sprintf(paste0("knngpu: prepare %.3f s, search %.3f s, re-rank ",
-                           "%.3f s, total %.3f s; %.1f candidates per node; ",
-                           "tiles %d x %d"), info$seconds_prepare,
-                    info$seconds_search, info$seconds_rerank, info$elapsed,
-                    info$candidates, info$row_tile, info$col_tile))
+            if (gpu) sprintf("knngpu: setup %.3f s, ", info$seconds_setup)
+            else "knngpu: ",
+            sprintf("prepare %.3f s, search %.3f s, re-rank %.3f s, ",
+                    info$seconds_prepare, info$seconds_search,
+                    info$seconds_rerank),
+            if (gpu) sprintf("copy-out %.3f s, ", info$seconds_collect),
+            sprintf(paste0("total %.3f s; %.1f candidates per node; ",
+                           "tiles %d x %d"), info$elapsed, info$candidates,
+                    info$row_tile, info$col_tile))
 }

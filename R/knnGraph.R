@@ -74,7 +74,7 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
     }
     k <- .checkK(k, ncol(nodes$values) - 1L)
     res <- .runEngine(nodes, NULL, k, metric, device[1L], threads, progress,
-                      verbose, devices)
+                      verbose, devices, edges = is.null(snn))
     edges <- if (is.null(snn)) {
         .symmetrize(.directedEdges(res), symmetrize, ncol(nodes$values))
     } else {
@@ -87,9 +87,10 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
         timings = res$info))
 }
 
-## One row per (node, neighbour), grouped by node, ranks ascending.
+## One row per (node, neighbour), grouped by node, ranks ascending: the
+## engine wrote them in this order.
 .directedEdges <- function(res) {
-    list2DF(.Call(C_knn_edges, res$index, res$weight, res$distance))
+    list2DF(res[c("from", "to", "weight", "distance", "rank")])
 }
 
 ## Undirected edges: each pair once (from < to), keeping its better rank;

@@ -35,18 +35,21 @@ static SEXP knn_named_list(int n, const char **names)
 
 static SEXP knn_report_list(const knn_report *report)
 {
-    const char *names[] = {"device", "precision", "seconds_prepare",
-                           "seconds_search", "seconds_rerank", "candidates",
+    const char *names[] = {"device", "precision", "seconds_setup",
+                           "seconds_prepare", "seconds_search",
+                           "seconds_rerank", "seconds_collect", "candidates",
                            "row_tile", "col_tile"};
-    SEXP info = PROTECT(knn_named_list(8, names));
+    SEXP info = PROTECT(knn_named_list(10, names));
     SET_VECTOR_ELT(info, 0, mkString(report->device));
     SET_VECTOR_ELT(info, 1, mkString(report->precision));
-    SET_VECTOR_ELT(info, 2, ScalarReal(report->seconds_prepare));
-    SET_VECTOR_ELT(info, 3, ScalarReal(report->seconds_search));
-    SET_VECTOR_ELT(info, 4, ScalarReal(report->seconds_rerank));
-    SET_VECTOR_ELT(info, 5, ScalarReal(report->candidates));
-    SET_VECTOR_ELT(info, 6, ScalarInteger(report->row_tile));
-    SET_VECTOR_ELT(info, 7, ScalarInteger(report->col_tile));
+    SET_VECTOR_ELT(info, 2, ScalarReal(report->seconds_setup));
+    SET_VECTOR_ELT(info, 3, ScalarReal(report->seconds_prepare));
+    SET_VECTOR_ELT(info, 4, ScalarReal(report->seconds_search));
+    SET_VECTOR_ELT(info, 5, ScalarReal(report->seconds_rerank));
+    SET_VECTOR_ELT(info, 6, ScalarReal(report->seconds_collect));
+    SET_VECTOR_ELT(info, 7, ScalarReal(report->candidates));
+    SET_VECTOR_ELT(info, 8, ScalarInteger(report->row_tile));
+    SET_VECTOR_ELT(info, 9, ScalarInteger(report->col_tile));
     UNPROTECT(1);
     return info;
 }
@@ -59,11 +62,50 @@ static void knn_request_devices(knn_request *req, SEXP devices)
         req->devices[i] = INTEGER(devices)[i];
 }
 
+/* The caller's result arrays, allocated in R and listed in `res` under
+ * `names`: n x k matrices, or the columns of an edge list in edge order. */
+static SEXP knn_result_alloc(int n, int k, int edges, knn_result *out)
+{
+    const char *matrix_names[] = {"index", "distance", "weight", "info"};
+    const char *edge_names[] = {"from", "to", "weight", "distance", "rank",
+                                "info"};
+    R_xlen_t m = (R_xlen_t)n * k;
+    SEXP res = PROTECT(edges ? knn_named_list(6, edge_names)
+                             : knn_named_list(4, matrix_names));
+    SEXP index = allocVector(INTSXP, m);
+    SET_VECTOR_ELT(res, edges ? 1 : 0, index);
+    SEXP distance = allocVector(REALSXP, m);
+    SET_VECTOR_ELT(res, edges ? 3 : 1, distance);
+    SEXP weight = allocVector(REALSXP, m);
+    SET_VECTOR_ELT(res, 2, weight);
+    if (edges) {
+        SET_VECTOR_ELT(res, 0, allocVector(INTSXP, m));
+        SET_VECTOR_ELT(res, 4, allocVector(INTSXP, m));
+    } else {
+        SEXP dim = PROTECT(allocVector(INTSXP, 2));
+        INTEGER(dim)[0] = n;
+        INTEGER(dim)[1] = k;
+        for (int i = 0; i < 3; i++) setAttrib(VECTOR_ELT(res, i),
+                                              R_DimSymbol, dim);
+        UNPROTECT(1);
+    }
+    out->index = INTEGER(index);
+    out->distance = REAL(distance);
+    out->weight = REAL(weight);
+    out->by_row = edges;
+    out->index_base = 1;
+    UNPROTECT(1);
+    return res;
+}
+
 /* ref, query: p x n double matrices (query may be NULL); devices: 0-based
- * integer vector, empty for all. Returns list(index (1-based), distance,
- * weight, info). */
+ * integer vector, empty for all; edges: TRUE for a self search's directed
+ * edge list. Returns list(index, distance, weight, info) with n x k
+ * matrices, or list(from, to, weight, distance, rank, info) with one
+ * element per edge, grouped by `from`, ranks ascending. Nodes are 1-based. */
 SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
-                  SEXP threads, SEXP memory, SEXP devices, SEXP progress)
+                  SEXP threads, SEXP memory, SEXP devices, SEXP progress,
+                  SEXP edges)
 {
     int nprot = 0;
     knn_request req;
@@ -81,11 +123,10 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
     req.memory_bytes = asReal(memory);
     knn_request_devices(&req, devices);
     int nq = isNull(query) ? req.n_ref : req.n_query;
+    int as_edges = asLogical(edges) == TRUE && isNull(query);
 
-    SEXP index = PROTECT(allocMatrix(INTSXP, nq, req.k)); nprot++;
-    SEXP distance = PROTECT(allocMatrix(REALSXP, nq, req.k)); nprot++;
-    SEXP weight = PROTECT(allocMatrix(REALSXP, nq, req.k)); nprot++;
-    knn_result out = {INTEGER(index), REAL(distance), REAL(weight)};
+    knn_result out;
+    SEXP res = PROTECT(knn_result_alloc(nq, req.k, as_edges, &out)); nprot++;
     knn_r_session session;
     knn_r_callbacks(&session, asLogical(progress) == TRUE, nq, &req.cb);
     PROTECT(session.bar); nprot++;
@@ -99,14 +140,10 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
         error("knngpu: %s: %s", knn_status_name(st), report.message);
     }
 
-    int *ix = INTEGER(index);
-    for (R_xlen_t c = 0; c < XLENGTH(index); c++) ix[c] += 1;
-    const char *names[] = {"index", "distance", "weight", "info"};
-    SEXP res = PROTECT(knn_named_list(4, names)); nprot++;
-    SET_VECTOR_ELT(res, 0, index);
-    SET_VECTOR_ELT(res, 1, distance);
-    SET_VECTOR_ELT(res, 2, weight);
-    SET_VECTOR_ELT(res, 3, knn_report_list(&report));
+    if (as_edges)
+        knn_edge_ends(INTEGER(VECTOR_ELT(res, 0)), INTEGER(VECTOR_ELT(res, 4)),
+                      nq, req.k, 1, req.threads);
+    SET_VECTOR_ELT(res, as_edges ? 5 : 3, knn_report_list(&report));
     UNPROTECT(nprot);
     return res;
 }
@@ -141,43 +178,6 @@ SEXP C_knn_nodes(SEXP x, SEXP by_rows, SEXP max_bad)
     SET_VECTOR_ELT(res, 1, bad1);
     SET_VECTOR_ELT(res, 2, ScalarInteger(found));
     UNPROTECT(nprot);
-    return res;
-}
-
-/* index, weight, distance: n x k matrices of a self search (index 1-based).
- * Returns list(from, to, weight, distance, rank): one element per directed
- * edge, grouped by `from`, ranks ascending. */
-SEXP C_knn_edges(SEXP index, SEXP weight, SEXP distance)
-{
-    int n = nrows(index), k = ncols(index);
-    R_xlen_t m = (R_xlen_t)n * k;
-    const char *names[] = {"from", "to", "weight", "distance", "rank"};
-    SEXP res = PROTECT(knn_named_list(5, names));
-    SEXP from = allocVector(INTSXP, m);
-    SET_VECTOR_ELT(res, 0, from);
-    SEXP to = allocVector(INTSXP, m);
-    SET_VECTOR_ELT(res, 1, to);
-    SEXP w = allocVector(REALSXP, m);
-    SET_VECTOR_ELT(res, 2, w);
-    SEXP d = allocVector(REALSXP, m);
-    SET_VECTOR_ELT(res, 3, d);
-    SEXP rank = allocVector(INTSXP, m);
-    SET_VECTOR_ELT(res, 4, rank);
-    int *pf = INTEGER(from), *pt = INTEGER(to), *pr = INTEGER(rank);
-    double *pw = REAL(w), *pd = REAL(d);
-    const int *ix = INTEGER(index);
-    const double *wx = REAL(weight), *dx = REAL(distance);
-    /* Reads each neighbour column in order; writes stride k apart. */
-    for (int r = 0; r < k; r++)
-        for (int i = 0; i < n; i++) {
-            R_xlen_t e = (R_xlen_t)i * k + r, at = i + (R_xlen_t)r * n;
-            pf[e] = i + 1;
-            pt[e] = ix[at];
-            pw[e] = wx[at];
-            pd[e] = dx[at];
-            pr[e] = r + 1;
-        }
-    UNPROTECT(1);
     return res;
 }
 

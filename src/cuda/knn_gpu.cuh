@@ -143,7 +143,9 @@ static inline size_t knn_panel_ld(int n_ref)
 }
 
 /* Exact re-rank: keys of every stored candidate, a stable segmented sort
- * by key, and the k best per row written as rows x k column-major. */
+ * by key, and the k best per row written as a rows x k tile in the
+ * caller's result layout (knn_result.by_row), node indices from
+ * index_base. */
 typedef struct {
     knn_metric metric;
     knn_gpu_nodes nodes;   /* by value: kernels read its device pointers */
@@ -156,7 +158,9 @@ typedef struct {
     int *sort_val, *sort_val_out;
     void *sort_temp;
     size_t sort_temp_bytes;
-    int *out_index;        /* rows x k, column-major */
+    int by_row;            /* 1: row-major tile, else column-major */
+    int index_base;
+    int *out_index;        /* rows x k */
     double *out_distance, *out_weight;
 } knn_rerank_args;
 

@@ -12,7 +12,8 @@
  *    stay ordered by the smaller index: the engine's tie rule.
  * 3. Output: one thread per (row, rank < k) reads its slot's node and
  *    original key and writes index, distance and weight (knn_key_output)
- *    into rows x k column-major arrays.
+ *    into rows x k arrays, column- or row-major as the caller's result is;
+ *    thread t writes element t of that layout, so writes coalesce.
  */
 #include <cub/device/device_segmented_sort.cuh>
 #include "knn_gpu.cuh"
@@ -52,12 +53,13 @@ __global__ static void knn_output_kernel(knn_rerank_args a)
 {
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= (size_t)a.rows * a.k) return;
-    int r = (int)(t % a.rows), rank = (int)(t / a.rows);
+    int r = (int)(a.by_row ? t / a.k : t % a.rows);
+    int rank = (int)(a.by_row ? t % a.k : t / a.rows);
     int s = a.sort_val_out[a.offsets[r] + rank];
     double distance, weight;
     knn_key_output(a.metric, a.cand_key[s], a.nodes.scale_exp, &distance,
                    &weight);
-    a.out_index[t] = a.cand_index[s];
+    a.out_index[t] = a.cand_index[s] + a.index_base;
     a.out_distance[t] = distance;
     a.out_weight[t] = weight;
 }

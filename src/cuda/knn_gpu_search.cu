@@ -23,6 +23,7 @@
 #include "knn_gpu_tiles.cuh"
 
 #define KNN_POLL_MS 100
+#define KNN_COPY_THREADS_MAX 8
 
 static knn_score_kind knn_score_of(knn_metric m)
 {
@@ -65,9 +66,9 @@ static knn_status knn_pick_devices(const knn_request *req,
     }
     std::vector<int> usable;
     for (int d : ids) {
-        cudaDeviceProp prop;
-        if (cudaGetDeviceProperties(&prop, d) == cudaSuccess &&
-            prop.major >= 8)
+        int major = 0;
+        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
+                                   d) == cudaSuccess && major >= 8)
             usable.push_back(d);
     }
     cudaGetLastError();
@@ -86,13 +87,28 @@ static knn_status knn_pick_devices(const knn_request *req,
     return KNN_OK;
 }
 
+/* The name of device d, looked up once per process: cudaGetDeviceProperties
+ * costs about a millisecond, which a small search would pay every call. */
+static const char *knn_device_name(int d)
+{
+    static std::mutex lock;
+    static char names[KNN_MAX_DEVICES][256];
+    if (d < 0 || d >= KNN_MAX_DEVICES) return "GPU";
+    std::lock_guard<std::mutex> g(lock);
+    if (names[d][0] == '\0') {
+        cudaDeviceProp prop;
+        if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) {
+            cudaGetLastError();
+            return "GPU";
+        }
+        snprintf(names[d], sizeof names[d], "%s", prop.name);
+    }
+    return names[d];
+}
+
 static void knn_device_names(const std::vector<int> &ids, knn_report *rep)
 {
-    cudaDeviceProp prop;
-    const char *name = "GPU";
-    if (cudaGetDeviceProperties(&prop, ids[0]) == cudaSuccess)
-        name = prop.name;
-    cudaGetLastError();
+    const char *name = knn_device_name(ids[0]);
     if (ids.size() == 1) {
         snprintf(rep->device, sizeof rep->device, "%.100s (GPU %d)", name,
                  ids[0]);
@@ -121,7 +137,18 @@ static double knn_query_max_abs(const knn_request *req)
     return m;
 }
 
-static knn_status knn_dev_run(knn_gpu_dev *d)
+/* Host threads each device may use to copy its results out: the cores
+ * shared among the devices, at most KNN_COPY_THREADS_MAX (the copy is
+ * bound by memory, not cores) and at most the request's CPU threads. */
+static int knn_copy_threads(const knn_request *req, int n_dev)
+{
+    int cores = (int)std::thread::hardware_concurrency() / n_dev;
+    if (req->threads > 0 && req->threads < cores) cores = req->threads;
+    if (cores > KNN_COPY_THREADS_MAX) cores = KNN_COPY_THREADS_MAX;
+    return cores < 1 ? 1 : cores;
+}
+
+static knn_status knn_dev_open(knn_gpu_dev *d)
 {
     KNN_CUDA_TRY(d->message, cudaSetDevice(d->device));
     KNN_CUDA_TRY(d->message,
@@ -131,6 +158,15 @@ static knn_status knn_dev_run(knn_gpu_dev *d)
     KNN_BLAS_TRY(d->message, cublasSetMathMode(d->blas,
         d->gemm == KNN_GEMM_TF32 ? CUBLAS_TF32_TENSOR_OP_MATH
                                  : CUBLAS_DEFAULT_MATH));
+    return KNN_OK;
+}
+
+static knn_status knn_dev_run(knn_gpu_dev *d)
+{
+    double t0 = knn_seconds();
+    knn_status st = knn_dev_open(d);
+    d->seconds_setup += knn_seconds() - t0;
+    if (st != KNN_OK) return st;
     KNN_TRY(knn_dev_prepare(d));
     if (d->shared->stop) return KNN_E_INTERRUPTED;
     KNN_TRY(knn_dev_plan(d));
@@ -153,7 +189,9 @@ static void knn_dev_thread(knn_gpu_dev *d, knn_gpu_join *j)
         d->status = KNN_E_NOMEM;
     }
     if (d->status != KNN_OK) d->shared->stop = 1;
+    double t0 = knn_seconds();
     knn_dev_free(d);
+    d->seconds_setup += knn_seconds() - t0;
     std::lock_guard<std::mutex> g(j->lock);
     j->running--;
     j->wake.notify_all();
@@ -186,6 +224,10 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
     double cand = 0.0;
     rep->row_tile = 0;
     for (const knn_gpu_dev &d : devs) {
+        if (d.seconds_setup > rep->seconds_setup)
+            rep->seconds_setup = d.seconds_setup;
+        if (d.seconds_collect > rep->seconds_collect)
+            rep->seconds_collect = d.seconds_collect;
         if (d.seconds_prepare > rep->seconds_prepare)
             rep->seconds_prepare = d.seconds_prepare;
         if (d.seconds_search > rep->seconds_search)
@@ -214,6 +256,7 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
     shared.stop = 0;
     shared.rows_done = 0;
     double qmax = knn_query_max_abs(req);
+    int copy_threads = knn_copy_threads(req, n_dev);
 
     std::vector<knn_gpu_dev> devs(n_dev);
     for (int i = 0; i < n_dev; i++) {
@@ -228,6 +271,7 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
         d->query_max_abs = qmax;
         d->score_kind = knn_score_of(req->metric);
         d->gemm = knn_gemm_choose(req->metric);
+        d->copy_threads = copy_threads;
     }
 
     knn_gpu_join j;

@@ -19,6 +19,7 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <thread>
 #include <vector>
 #include "knn_gpu_tiles.cuh"
 
@@ -29,6 +30,9 @@
 #define KNN_RESERVE_BYTES (512.0 * 1048576.0)
 #define KNN_SLOT_BYTES_MAX (256.0 * 1048576.0)
 #define KNN_PANEL_FLOATS_MAX 2147483648.0 /* keeps one tile well under 1 s */
+/* Results of a tile below this many elements are copied by one thread:
+ * starting threads would cost more than they save. */
+#define KNN_COPY_PARALLEL_MIN ((size_t)1 << 20)
 
 /* Bytes of device memory one tile row needs, besides the sort's scratch. */
 static double knn_row_bytes(int n_ref, int slots, int k)
@@ -131,21 +135,74 @@ knn_status knn_dev_prepare(knn_gpu_dev *d)
     return st;
 }
 
-static void knn_tiles_free(knn_gpu_tiles *t)
+/* Hands out 256-byte aligned pieces of one block; with no block it only
+ * adds up their sizes. Each group of arrays takes one cudaMalloc or
+ * cudaHostAlloc, whose fixed cost (pinning above all) a small search would
+ * otherwise pay a dozen times. */
+typedef struct {
+    char *block;
+    size_t used;
+} knn_carver;
+
+template <typename T>
+static T *knn_carve(knn_carver *c, size_t n)
 {
-    void *dev[] = {t->panel, t->offsets_uniform, t->offsets_exact,
-                   t->seg_end, t->count, t->cand_index, t->cand_key,
-                   t->sort_key, t->sort_key_out, t->sort_val,
-                   t->sort_val_out, t->sort_temp, t->out_index,
-                   t->out_distance, t->out_weight};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
-    cudaFreeHost(t->h_offsets);
+    T *piece = c->block ? (T *)(c->block + c->used) : NULL;
+    c->used += (n * sizeof(T) + 255) / 256 * 256;
+    return piece;
+}
+
+/* The row tile's fixed arrays: device ones from dev, pinned ones from
+ * host. */
+static void knn_tiles_carve(knn_gpu_tiles *t, size_t ld, int k,
+                            knn_carver *dev, knn_carver *host)
+{
+    size_t r = (size_t)t->rows, rk = r * k;
+    t->panel = knn_carve<float>(dev, r * ld);
+    t->offsets_uniform = knn_carve<int>(dev, r + 1);
+    t->offsets_exact = knn_carve<int>(dev, r + 1);
+    t->seg_end = knn_carve<int>(dev, r);
+    t->count = knn_carve<int>(dev, r);
+    t->out_index = knn_carve<int>(dev, rk);
+    t->out_distance = knn_carve<double>(dev, rk);
+    t->out_weight = knn_carve<double>(dev, rk);
+    t->h_offsets = knn_carve<int>(host, r + 1);
     for (int s = 0; s < 2; s++) {
         knn_gpu_slot *sl = &t->slot[s];
-        cudaFreeHost(sl->index);
-        cudaFreeHost(sl->distance);
-        cudaFreeHost(sl->weight);
-        cudaFreeHost(sl->count);
+        sl->index = knn_carve<int>(host, rk);
+        sl->distance = knn_carve<double>(host, rk);
+        sl->weight = knn_carve<double>(host, rk);
+        sl->count = knn_carve<int>(host, r);
+    }
+}
+
+static void knn_slots_carve(knn_gpu_tiles *t, size_t n, knn_carver *c)
+{
+    t->cand_index = knn_carve<int>(c, n);
+    t->cand_key = knn_carve<double>(c, n);
+    t->sort_key = knn_carve<uint64_t>(c, n);
+    t->sort_key_out = knn_carve<uint64_t>(c, n);
+    t->sort_val = knn_carve<int>(c, n);
+    t->sort_val_out = knn_carve<int>(c, n);
+    t->sort_temp = knn_carve<char>(c, t->sort_temp_bytes);
+}
+
+static void knn_slots_free(knn_gpu_tiles *t)
+{
+    cudaFree(t->slots_block);
+    t->slots_block = NULL;
+    knn_carver none = {NULL, 0};
+    knn_slots_carve(t, 0, &none);
+    t->n_slots_alloc = 0;
+}
+
+static void knn_tiles_free(knn_gpu_tiles *t)
+{
+    knn_slots_free(t);
+    cudaFree(t->device_block);
+    cudaFreeHost(t->host_block);
+    for (int s = 0; s < 2; s++) {
+        knn_gpu_slot *sl = &t->slot[s];
         if (sl->start) cudaEventDestroy(sl->start);
         if (sl->selected) cudaEventDestroy(sl->selected);
         if (sl->done) cudaEventDestroy(sl->done);
@@ -159,77 +216,38 @@ static knn_status knn_slots_alloc(knn_gpu_dev *d, int64_t n_slots,
                                   size_t min_temp)
 {
     knn_gpu_tiles *t = &d->t;
-    size_t n = (size_t)n_slots;
-    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->cand_index,
-                                        n * sizeof(int)));
-    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->cand_key,
-                                        n * sizeof(double)));
-    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->sort_key,
-                                        n * sizeof(uint64_t)));
-    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->sort_key_out,
-                                        n * sizeof(uint64_t)));
-    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->sort_val,
-                                        n * sizeof(int)));
-    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->sort_val_out,
-                                        n * sizeof(int)));
     KNN_TRY(knn_rerank_sort_bytes(n_slots, t->rows, &t->sort_temp_bytes,
                                   d->message));
     if (min_temp > t->sort_temp_bytes) t->sort_temp_bytes = min_temp;
-    KNN_CUDA_TRY(d->message, cudaMalloc(&t->sort_temp, t->sort_temp_bytes));
+    knn_carver c = {NULL, 0};
+    knn_slots_carve(t, (size_t)n_slots, &c);
+    KNN_CUDA_TRY(d->message, cudaMalloc(&t->slots_block, c.used));
+    c.block = (char *)t->slots_block;
+    c.used = 0;
+    knn_slots_carve(t, (size_t)n_slots, &c);
     t->n_slots_alloc = n_slots;
     return KNN_OK;
-}
-
-static void knn_slots_free(knn_gpu_tiles *t)
-{
-    void *dev[] = {t->cand_index, t->cand_key, t->sort_key, t->sort_key_out,
-                   t->sort_val, t->sort_val_out, t->sort_temp};
-    for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
-    t->cand_index = t->sort_val = t->sort_val_out = NULL;
-    t->cand_key = NULL;
-    t->sort_key = t->sort_key_out = NULL;
-    t->sort_temp = NULL;
-    t->n_slots_alloc = 0;
 }
 
 static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots)
 {
     knn_gpu_tiles *t = &d->t;
     int k = d->req->k;
-    size_t r = (size_t)rows, rk = r * k;
+    size_t ld = knn_panel_ld(d->req->n_ref);
     t->rows = rows;
     t->slots = slots;
-    KNN_CUDA_TRY(d->message,
-                 cudaMalloc((void **)&t->panel,
-                            r * knn_panel_ld(d->req->n_ref) * sizeof(float)));
-    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->offsets_uniform,
-                                        (r + 1) * sizeof(int)));
-    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->offsets_exact,
-                                        (r + 1) * sizeof(int)));
-    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->seg_end,
-                                        r * sizeof(int)));
-    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->count,
-                                        r * sizeof(int)));
-    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->out_index,
-                                        rk * sizeof(int)));
-    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->out_distance,
-                                        rk * sizeof(double)));
-    KNN_CUDA_TRY(d->message, cudaMalloc((void **)&t->out_weight,
-                                        rk * sizeof(double)));
-    KNN_TRY(knn_slots_alloc(d, (int64_t)rows * slots, 0));
-    KNN_CUDA_TRY(d->message, cudaHostAlloc((void **)&t->h_offsets,
-                                           (r + 1) * sizeof(int),
+    knn_carver dev = {NULL, 0}, host = {NULL, 0};
+    knn_tiles_carve(t, ld, k, &dev, &host);
+    KNN_CUDA_TRY(d->message, cudaMalloc(&t->device_block, dev.used));
+    KNN_CUDA_TRY(d->message, cudaHostAlloc(&t->host_block, host.used,
                                            cudaHostAllocDefault));
+    dev.block = (char *)t->device_block;
+    host.block = (char *)t->host_block;
+    dev.used = host.used = 0;
+    knn_tiles_carve(t, ld, k, &dev, &host);
+    KNN_TRY(knn_slots_alloc(d, (int64_t)rows * slots, 0));
     for (int s = 0; s < 2; s++) {
         knn_gpu_slot *sl = &t->slot[s];
-        KNN_CUDA_TRY(d->message, cudaHostAlloc((void **)&sl->index,
-                                               rk * sizeof(int), 0));
-        KNN_CUDA_TRY(d->message, cudaHostAlloc((void **)&sl->distance,
-                                               rk * sizeof(double), 0));
-        KNN_CUDA_TRY(d->message, cudaHostAlloc((void **)&sl->weight,
-                                               rk * sizeof(double), 0));
-        KNN_CUDA_TRY(d->message, cudaHostAlloc((void **)&sl->count,
-                                               r * sizeof(int), 0));
         KNN_CUDA_TRY(d->message, cudaEventCreate(&sl->start));
         KNN_CUDA_TRY(d->message, cudaEventCreate(&sl->selected));
         KNN_CUDA_TRY(d->message, cudaEventCreate(&sl->done));
@@ -237,7 +255,7 @@ static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots)
     for (int i = 0; i <= rows; i++) t->h_offsets[i] = i * slots;
     KNN_CUDA_TRY(d->message,
                  cudaMemcpyAsync(t->offsets_uniform, t->h_offsets,
-                                 (r + 1) * sizeof(int),
+                                 ((size_t)rows + 1) * sizeof(int),
                                  cudaMemcpyHostToDevice, d->stream));
     KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
     return KNN_OK;
@@ -245,7 +263,7 @@ static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots)
 
 /* Chooses the row tile from free memory and the budget, halving it while
  * the allocation fails. */
-knn_status knn_dev_plan(knn_gpu_dev *d)
+static knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
 {
     const knn_request *req = d->req;
     int k = req->k;
@@ -281,6 +299,14 @@ knn_status knn_dev_plan(knn_gpu_dev *d)
         }
         r /= 2;
     }
+}
+
+knn_status knn_dev_plan(knn_gpu_dev *d)
+{
+    double t0 = knn_seconds();
+    knn_status st = knn_dev_plan_tiles(d);
+    d->seconds_setup += knn_seconds() - t0;
+    return st;
 }
 
 /* Queues tile work for global query rows [row0, row0 + rows) with the given
@@ -345,6 +371,8 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
     ra.sort_val_out = t->sort_val_out;
     ra.sort_temp = t->sort_temp;
     ra.sort_temp_bytes = t->sort_temp_bytes;
+    ra.by_row = d->out->by_row;
+    ra.index_base = d->out->index_base;
     ra.out_index = t->out_index;
     ra.out_distance = t->out_distance;
     ra.out_weight = t->out_weight;
@@ -423,6 +451,73 @@ static knn_status knn_tile_redo(knn_gpu_dev *d, int s)
     return KNN_OK;
 }
 
+/* A slot's results and where they go: `runs` runs of `length` elements,
+ * run c from src + c * length to dst + c * dst_stride (dst already at the
+ * tile's first element). */
+typedef struct {
+    const knn_gpu_slot *slot;
+    const knn_result *out;
+    size_t dst0, runs, length, dst_stride;
+} knn_copy_job;
+
+/* Copies elements [a, b) of the slot, counted run after run. */
+static void knn_copy_part(const knn_copy_job *job, size_t a, size_t b)
+{
+    const knn_gpu_slot *sl = job->slot;
+    while (a < b) {
+        size_t run = a / job->length, off = a % job->length;
+        size_t len = job->length - off < b - a ? job->length - off : b - a;
+        size_t to = job->dst0 + run * job->dst_stride + off;
+        memcpy(job->out->index + to, sl->index + a, len * sizeof(int));
+        memcpy(job->out->distance + to, sl->distance + a,
+               len * sizeof(double));
+        memcpy(job->out->weight + to, sl->weight + a, len * sizeof(double));
+        a += len;
+    }
+}
+
+/* Copies a slot into the caller's arrays. A large tile is split over
+ * several host threads: the copy lands in memory R has just allocated, and
+ * one thread is held up by the first-touch page faults (3 of the 4.6 s of a
+ * 262144 x 1024 search); the device meanwhile runs the next tile. */
+static void knn_copy_out(const knn_gpu_dev *d, const knn_gpu_slot *sl)
+{
+    const knn_request *req = d->req;
+    size_t n_q = (size_t)(req->query ? req->n_query : req->n_ref);
+    size_t rows = (size_t)sl->rows, k = (size_t)req->k;
+    knn_copy_job job;
+    job.slot = sl;
+    job.out = d->out;
+    if (d->out->by_row) {
+        job.dst0 = (size_t)sl->row0 * k;
+        job.runs = 1;
+        job.length = rows * k;
+        job.dst_stride = 0;
+    } else {
+        job.dst0 = (size_t)sl->row0;
+        job.runs = k;
+        job.length = rows;
+        job.dst_stride = n_q;
+    }
+    size_t total = job.runs * job.length;
+    int parts = total < KNN_COPY_PARALLEL_MIN ? 1 : d->copy_threads;
+    std::vector<std::thread> helpers;
+    int started = 0;
+    for (int i = 1; i < parts; i++) {
+        try {
+            helpers.emplace_back(knn_copy_part, &job, total * i / parts,
+                                 total * (i + 1) / parts);
+        } catch (...) {
+            break; /* no thread: this one copies the rest */
+        }
+        started = i;
+    }
+    knn_copy_part(&job, 0, total / parts);
+    for (int i = started + 1; i < parts; i++)
+        knn_copy_part(&job, total * i / parts, total * (i + 1) / parts);
+    for (std::thread &h : helpers) h.join();
+}
+
 /* Waits for slot s, re-runs its tile if a row overflowed, and copies its
  * rows x k results into the caller's n_query x k arrays. */
 static knn_status knn_tile_collect(knn_gpu_dev *d, int s)
@@ -456,15 +551,9 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s)
         d->candidates += sl->count[r];
     }
 
-    int n_q = req->query ? req->n_query : req->n_ref;
-    for (int c = 0; c < k; c++) {
-        size_t to = (size_t)c * n_q + sl->row0, from = (size_t)c * sl->rows;
-        memcpy(d->out->index + to, sl->index + from, sl->rows * sizeof(int));
-        memcpy(d->out->distance + to, sl->distance + from,
-               sl->rows * sizeof(double));
-        memcpy(d->out->weight + to, sl->weight + from,
-               sl->rows * sizeof(double));
-    }
+    double t0 = knn_seconds();
+    knn_copy_out(d, sl);
+    d->seconds_collect += knn_seconds() - t0;
     d->shared->rows_done += sl->rows;
     return KNN_OK;
 }

@@ -25,6 +25,10 @@ typedef struct {
 } knn_gpu_slot;
 
 typedef struct {
+    void *device_block;     /* one allocation each, carved into the arrays
+                               below (see knn_tiles_carve) */
+    void *host_block;       /* pinned */
+    void *slots_block;      /* the candidate arrays, re-sized by a redo */
     int rows;               /* row tile R */
     int slots;              /* uniform candidate slots per row */
     float *panel;           /* R x n_ref */
@@ -60,9 +64,11 @@ typedef struct {
     knn_gpu_nodes nodes;
     knn_gpu_tiles t;
     int row_tile;           /* the plan's R, kept after t is freed */
+    int copy_threads;       /* host threads for copying results out */
     knn_status status;
     char message[512];
-    double seconds_prepare, seconds_search, seconds_rerank;
+    double seconds_setup, seconds_prepare, seconds_search, seconds_rerank;
+    double seconds_collect;
     double candidates;      /* candidates re-ranked, summed */
 } knn_gpu_dev;
 

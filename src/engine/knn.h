@@ -11,8 +11,10 @@
  *
  * Layout: every matrix of node features is p x n, column-major, so node j's
  * p features are contiguous at x + (size_t)j * p. Results are n_query x k,
- * column-major (R's layout): neighbour r of query i is at i + r * n_query.
- * Node indices are 0-based.
+ * column-major (R's layout: neighbour r of query i at i + r * n_query), or
+ * row-major when the caller asks (at i * k + r: the order of an edge list
+ * grouped by query). Node indices are 0-based unless the caller asks for
+ * another base (R's 1).
  *
  * Errors: every function returns a knn_status; on failure it writes a one-line
  * reason into report->message, frees what it allocated, and leaves its inputs
@@ -78,21 +80,33 @@ typedef struct {
     knn_callbacks cb;
 } knn_request;
 
-/* Caller-owned output, each n_query x k, column-major. */
+/* Caller-owned output, each n_query x k. */
 typedef struct {
-    int *index;        /* 0-based reference node */
+    int *index;        /* reference node, counted from index_base */
     double *distance;  /* metric distance, see knn_exact.h */
     double *weight;    /* similarity: r, |r|, cosine, or 1 / (1 + d) */
+    int by_row;        /* 0: column-major; 1: row-major (edge order) */
+    int index_base;    /* added to every node index: 0, or 1 for R */
 } knn_result;
+
+/* Offset of query i's neighbour r in a result of n_query x k. */
+static inline size_t knn_result_at(const knn_result *out, size_t n_query,
+                                   int k, size_t i, int r)
+{
+    return out->by_row ? i * (size_t)k + (size_t)r
+                       : i + (size_t)r * n_query;
+}
 
 /* What a run did, for verbose output and result attributes. */
 typedef struct {
     char message[512];      /* error reason, empty on success */
     char device[128];       /* "cpu (4 threads)" or the GPU's name(s) */
     char precision[128];    /* candidate arithmetic + exact re-rank */
+    double seconds_setup;   /* GPU: stream, cuBLAS, tile buffers */
     double seconds_prepare; /* upload, ranks, normalisation */
     double seconds_search;  /* products, candidate selection */
     double seconds_rerank;  /* exact float64 re-ranking and output */
+    double seconds_collect; /* GPU: results copied into the caller's arrays */
     double candidates;      /* mean candidates re-ranked per query */
     int row_tile;           /* tile shape the plan chose */
     int col_tile;
@@ -126,6 +140,12 @@ int knn_nonfinite_nodes(const double *x, int p, int n, int *bad,
  * there are in all (which may exceed max_rows). Never fails. */
 int knn_degenerate_nodes(knn_metric metric, const double *x, int p, int n,
                          int *rows, int max_rows);
+
+/* Fills the ends of a directed edge list of n nodes x k neighbours in edge
+ * order (row-major, see knn_result): from[e] = i + base and rank[e] = r + 1
+ * for edge e = i * k + r. Uses up to `threads` threads; never fails. */
+void knn_edge_ends(int *from, int *rank, int n, int k, int base,
+                   int threads);
 
 /* Shared-nearest-neighbour weights as bluster::makeSNNGraph defines them. */
 typedef enum { KNN_SNN_RANK = 0, KNN_SNN_NUMBER, KNN_SNN_JACCARD } knn_snn_type;

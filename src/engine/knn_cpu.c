@@ -285,8 +285,8 @@ static void knn_cpu_finish(const knn_cpu *cpu, knn_pool *pool, int qi,
         pool->items[c].score = knn_cpu_key(cpu, qi, pool->items[c].index);
     knn_pool_sort(pool);
     for (int r = 0; r < k; r++) {
-        size_t at = (size_t)qi + (size_t)r * nq;
-        out->index[at] = pool->items[r].index;
+        size_t at = knn_result_at(out, (size_t)nq, k, (size_t)qi, r);
+        out->index[at] = pool->items[r].index + out->index_base;
         knn_key_output(cpu->space.metric, pool->items[r].score,
                        cpu->space.scale_exp, &out->distance[at],
                        &out->weight[at]);
