@@ -33,7 +33,8 @@
 #'   \code{metric}, \code{k}, \code{by}, \code{symmetrize}, \code{snn},
 #'   \code{backend} (\code{"cpu"} or \code{"gpu"}), \code{device} (its
 #'   description, e.g. the GPU's name), \code{precision}, \code{elapsed}
-#'   (seconds) and \code{timings}.
+#'   (seconds) and \code{timings} (the engine's phases in seconds, what
+#'   \code{verbose = TRUE} prints).
 #'
 #' @seealso \code{\link{toIgraph}}, \code{\link{knnSearch}}.
 #' @examples

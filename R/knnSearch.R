@@ -39,7 +39,8 @@
 #'   \eqn{1 - r} (\eqn{1 - |r|} for \code{"abspearson"}). Attributes
 #'   \code{backend} (\code{"cpu"} or \code{"gpu"}), \code{device} (its
 #'   description), \code{precision} and \code{elapsed} say how it was
-#'   computed.
+#'   computed; \code{timings} holds the engine's phases in seconds (what
+#'   \code{verbose = TRUE} prints).
 #'
 #' @details Memory is bounded: work proceeds in tiles sized from
 #'   \code{getOption("knngpu.cpu.memory")} (bytes, default 128 MB) or
@@ -88,5 +89,6 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
     attr(out, "device") <- res$info$device
     attr(out, "precision") <- res$info$precision
     attr(out, "elapsed") <- res$info$elapsed
+    attr(out, "timings") <- res$info
     out
 }
