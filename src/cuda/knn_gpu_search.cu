@@ -124,14 +124,15 @@ static void knn_device_names(const std::vector<int> &ids, knn_report *rep)
 }
 
 /* Largest |value| of the query nodes, which the distance metrics' 2^-e
- * scaling must cover on every device alike. */
-static double knn_query_max_abs(const knn_request *req)
+ * scaling must cover on every device alike. One device sees every query
+ * node itself and needs no host scan. */
+static double knn_query_max_abs(const knn_request *req, int n_dev)
 {
-    if (req->query == NULL || knn_is_correlation(req->metric)) return 0.0;
-    size_t n = (size_t)req->p * req->n_query;
+    if (req->query == NULL || knn_is_correlation(req->metric) || n_dev == 1)
+        return 0.0;
     double m = 0.0;
-    for (size_t i = 0; i < n; i++) {
-        double a = fabs(req->query[i]);
+    for (int j = 0; j < req->n_query; j++) {
+        double a = knn_max_abs(req->query + (size_t)j * req->p, req->p);
         if (a > m) m = a;
     }
     return m;
@@ -255,7 +256,7 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
     knn_gpu_shared shared;
     shared.stop = 0;
     shared.rows_done = 0;
-    double qmax = knn_query_max_abs(req);
+    double qmax = knn_query_max_abs(req, n_dev);
     int copy_threads = knn_copy_threads(req, n_dev);
 
     std::vector<knn_gpu_dev> devs(n_dev);

@@ -3,21 +3,24 @@
  * tiles of its query rows (host code; the kernels live in the files that
  * knn_gpu.cuh lists).
  *
- * The float64 input travels once, through two pinned staging buffers so that
- * copying into one overlaps the transfer of the other, and is prepared on
- * the device. A row tile of R queries then takes a panel of R x n_ref fast
- * products (the column tile is the whole reference: R is chosen so that the
- * panel fits the budget, at most 2^31 floats, and the n x n matrix never
- * exists; rows are padded to 4 floats for aligned GEMM output),
- * the candidate selection, the exact re-rank and sort, and a transfer of the
- * R x k results into one of two pinned slots. The host copies tile t-1's
- * slot into the caller's arrays while the device works on tile t. A row whose
+ * The float64 input travels once (a large one through two pinned staging
+ * buffers, so that copying into one overlaps the transfer of the other) and
+ * is prepared on the device. A row tile of R queries then takes a panel of
+ * R x n_ref fast products (the column tile is the whole reference: R is
+ * chosen so that the panel fits the budget, at most 2^31 floats, and the
+ * n x n matrix never exists; rows are padded to 4 floats for aligned GEMM
+ * output), the candidate selection, the exact re-rank and sort, and a
+ * transfer of the R x k results, already in the caller's layout, into one
+ * of two pinned slots. The host copies tile t-1's slot into the caller's
+ * arrays (several threads for a large tile) while the device works on
+ * tile t. A row whose
  * candidates outnumber its slots (heavy ties) makes the host run that tile
  * again with each row's exact count of slots, so no candidate is dropped.
  * R comes from cudaMemGetInfo and the request's budget; when an allocation
  * fails, R is halved and tried again.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <thread>
 #include <vector>
@@ -200,7 +203,8 @@ static void knn_tiles_free(knn_gpu_tiles *t)
 {
     knn_slots_free(t);
     cudaFree(t->device_block);
-    cudaFreeHost(t->host_block);
+    if (t->host_pinned) cudaFreeHost(t->host_block);
+    else free(t->host_block);
     for (int s = 0; s < 2; s++) {
         knn_gpu_slot *sl = &t->slot[s];
         if (sl->start) cudaEventDestroy(sl->start);
@@ -239,8 +243,18 @@ static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots)
     knn_carver dev = {NULL, 0}, host = {NULL, 0};
     knn_tiles_carve(t, ld, k, &dev, &host);
     KNN_CUDA_TRY(d->message, cudaMalloc(&t->device_block, dev.used));
-    KNN_CUDA_TRY(d->message, cudaHostAlloc(&t->host_block, host.used,
-                                           cudaHostAllocDefault));
+    /* Pinned slots let one tile's transfer overlap the next tile's work,
+     * but pinning costs half a millisecond whatever the size, which a
+     * search of one tile would pay for nothing: it takes plain memory
+     * (its transfers then simply wait). */
+    t->host_pinned = rows < d->nq;
+    if (t->host_pinned) {
+        KNN_CUDA_TRY(d->message, cudaHostAlloc(&t->host_block, host.used,
+                                               cudaHostAllocDefault));
+    } else if ((t->host_block = malloc(host.used)) == NULL) {
+        return knn_gpu_fail(d->message, KNN_E_NOMEM, "host result slots",
+                            "out of host memory", __FILE__, __LINE__);
+    }
     dev.block = (char *)t->device_block;
     host.block = (char *)t->host_block;
     dev.used = host.used = 0;

@@ -27,7 +27,8 @@ typedef struct {
 typedef struct {
     void *device_block;     /* one allocation each, carved into the arrays
                                below (see knn_tiles_carve) */
-    void *host_block;       /* pinned */
+    void *host_block;       /* pinned when host_pinned */
+    int host_pinned;
     void *slots_block;      /* the candidate arrays, re-sized by a redo */
     int rows;               /* row tile R */
     int slots;              /* uniform candidate slots per row */
