@@ -160,11 +160,13 @@ static void no_progress(void *ctx, double done, double total)
     (void)total;
 }
 
+/* edges: the result in edge order (row-major) with 1-based indices, as
+ * knnGraph asks for it; else column-major and 0-based. */
 static knn_status gpu_run(knn_metric m, const double *ref, int n_ref,
                           const double *query, int n_query, int p, int k,
                           double budget, int n_dev, const int *devs,
-                          int *index, double *distance, double *weight,
-                          knn_report *rep)
+                          int edges, int *index, double *distance,
+                          double *weight, knn_report *rep)
 {
     knn_request req;
     memset(&req, 0, sizeof req);
@@ -179,7 +181,7 @@ static knn_status gpu_run(knn_metric m, const double *ref, int n_ref,
     req.n_devices = n_dev;
     for (int i = 0; i < n_dev; i++) req.devices[i] = devs[i];
     req.cb.progress = no_progress;
-    knn_result out = {index, distance, weight};
+    knn_result out = {index, distance, weight, edges, edges};
     memset(rep, 0, sizeof *rep);
     return knn_gpu_search(&req, &out, rep);
 }
@@ -188,8 +190,8 @@ static knn_status gpu_run(knn_metric m, const double *ref, int n_ref,
 static void check_case(const char *data, knn_metric m, const double *ref,
                        int n_ref, const double *query, int n_query, int p,
                        int k, double budget, int n_dev, const int *devs,
-                       const char *select, const int *ri, const double *rd,
-                       const double *rw)
+                       const char *select, int edges, const int *ri,
+                       const double *rd, const double *rw)
 {
     int nq = query ? n_query : n_ref;
     size_t nk = (size_t)nq * k;
@@ -204,14 +206,15 @@ static void check_case(const char *data, knn_metric m, const double *ref,
     knn_report rep;
     double t0 = knn_seconds();
     knn_status st = gpu_run(m, ref, n_ref, query, n_query, p, k, budget,
-                            n_dev, devs, gi, gd, gw, &rep);
+                            n_dev, devs, edges, gi, gd, gw, &rep);
     double secs = knn_seconds() - t0;
     long bad = 0, first = -1;
     if (st == KNN_OK) {
         for (size_t t = 0; t < nk; t++) {
-            int ok = gi[t] == ri[t] &&
-                memcmp(&gd[t], &rd[t], sizeof(double)) == 0 &&
-                memcmp(&gw[t], &rw[t], sizeof(double)) == 0;
+            size_t at = edges ? (t % nq) * k + t / nq : t;
+            int ok = gi[at] == ri[t] + edges &&
+                memcmp(&gd[at], &rd[t], sizeof(double)) == 0 &&
+                memcmp(&gw[at], &rw[t], sizeof(double)) == 0;
             if (!ok && first < 0) first = (long)t;
             bad += !ok;
         }
@@ -220,16 +223,17 @@ static void check_case(const char *data, knn_metric m, const double *ref,
     pass ? n_pass++ : n_fail++;
     const char *gemm = getenv("KNNGPU_GEMM");
     printf("%s %-6s %-11s %s k=%-5d n=%d p=%d budget=%.0f dev=%d sel=%s "
-           "gemm=%s tile=%d cand=%.1f %.3fs",
+           "gemm=%s out=%s tile=%d cand=%.1f %.3fs",
            pass ? "PASS" : "FAIL", data, metric_name[m],
            query ? "query" : "self ", k, n_ref, p, budget, n_dev,
-           select ? select : "auto", gemm ? gemm : "auto", rep.row_tile,
-           rep.candidates, secs);
+           select ? select : "auto", gemm ? gemm : "auto",
+           edges ? "edges" : "matrix", rep.row_tile, rep.candidates, secs);
     if (st != KNN_OK) printf(" status=%d %s", (int)st, rep.message);
     if (bad) {
         long r = first % nq, c = first / nq;
+        size_t at = edges ? (size_t)r * k + c : (size_t)first;
         printf(" mismatches=%ld first row=%ld rank=%ld gpu=(%d,%.17g) "
-               "ref=(%d,%.17g)", bad, r, c, gi[first], gd[first], ri[first],
+               "ref=(%d,%.17g)", bad, r, c, gi[at], gd[at], ri[first],
                rd[first]);
     }
     printf("\n");
@@ -256,19 +260,24 @@ static void check_metric(const char *data, knn_metric m, const double *ref,
         /* The reference's first k columns are the top k: column-major with
          * nq rows, so a prefix of the array. */
         check_case(data, m, ref, n_ref, query, n_query, p, k, 0, 0, NULL,
-                   NULL, ri, rd, rw);
+                   NULL, 0, ri, rd, rw);
         if (extras) {
             check_case(data, m, ref, n_ref, query, n_query, p, k, 2e6, 0,
-                       NULL, "radix", ri, rd, rw);
+                       NULL, "radix", 0, ri, rd, rw);
             if (k <= 32)
                 check_case(data, m, ref, n_ref, query, n_query, p, k, 5e5, 0,
-                           NULL, "warp", ri, rd, rw);
+                           NULL, "warp", 0, ri, rd, rw);
             check_case(data, m, ref, n_ref, query, n_query, p, k, 3e6, 2,
-                       dev0, NULL, ri, rd, rw);
+                       dev0, NULL, 0, ri, rd, rw);
+            /* Edge order: one tile, then several tiles on two devices. */
+            check_case(data, m, ref, n_ref, query, n_query, p, k, 0, 0, NULL,
+                       NULL, 1, ri, rd, rw);
+            check_case(data, m, ref, n_ref, query, n_query, p, k, 3e6, 2,
+                       dev0, NULL, 1, ri, rd, rw);
             /* The other candidate arithmetic than the metric's default. */
             setenv("KNNGPU_GEMM", knn_is_correlation(m) ? "fp32" : "tf32", 1);
             check_case(data, m, ref, n_ref, query, n_query, p, k, 0, 0, NULL,
-                       NULL, ri, rd, rw);
+                       NULL, 0, ri, rd, rw);
             unsetenv("KNNGPU_GEMM");
         }
     }
@@ -406,8 +415,8 @@ static void bench(int n, int p, int k, knn_metric m, int nq)
     knn_report rep;
     for (int rep_i = 0; rep_i < 2; rep_i++) {
         double t0 = knn_seconds();
-        knn_status st = gpu_run(m, ref, n, query, nq, p, k, 0, 0, NULL, gi,
-                                gd, gw, &rep);
+        knn_status st = gpu_run(m, ref, n, query, nq, p, k, 0, 0, NULL, 0,
+                                gi, gd, gw, &rep);
         double secs = knn_seconds() - t0;
         printf("bench %s n=%d nq=%d p=%d k=%d: status=%d %.3f s (prepare "
                "%.3f search %.3f rerank %.3f) cand=%.1f tile=%dx%d %s\n",
