@@ -28,6 +28,17 @@ for (data in list(random = random, tied = tied)) {
             if (!same(one, all)) {
                 stop(sprintf("multi-GPU differs: %s k=%d", metric, k))
             }
+            ## Graphs: written by the engine in edge order.
+            graphOne <- knnGraph(data, k = k, metric = metric,
+                                 device = "gpu", devices = ids[1],
+                                 progress = FALSE)
+            graphAll <- knnGraph(data, k = k, metric = metric,
+                                 device = "gpu", devices = ids,
+                                 progress = FALSE)
+            if (!identical(as.list(graphOne), as.list(graphAll)) ||
+                !identical(graphAll$to, as.vector(t(one$index)))) {
+                stop(sprintf("multi-GPU graph differs: %s k=%d", metric, k))
+            }
             checks <- checks + 1L
         }
     }
