@@ -326,9 +326,11 @@ static double *heavy_data(int n)
     return x;
 }
 
+/* One device and a small budget (many tiles), so that the search outlasts
+ * the second poll. */
 static void check_interrupt(void)
 {
-    int n = 120000, p = 64, k = 10;
+    int n = 300000, p = 64, k = 10;
     double *x = random_data(p, n);
     size_t nk = (size_t)n * k;
     int *gi = malloc(sizeof(int) * nk);
@@ -340,7 +342,9 @@ static void check_interrupt(void)
     req.k = k;
     req.ref = x;
     req.n_ref = n;
-    req.memory_bytes = 4e8;
+    req.memory_bytes = 2e8;
+    req.n_devices = 1;
+    req.devices[0] = 0;
     poll_ctx pc = {0, 2};
     req.cb.interrupted = poll_interrupted;
     req.cb.ctx = &pc;
