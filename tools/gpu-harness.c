@@ -160,13 +160,10 @@ static void no_progress(void *ctx, double done, double total)
     (void)total;
 }
 
-/* edges: the result in edge order (row-major) with 1-based indices, as
- * knnGraph asks for it; else column-major and 0-based. */
-static knn_status gpu_run(knn_metric m, const double *ref, int n_ref,
-                          const double *query, int n_query, int p, int k,
-                          double budget, int n_dev, const int *devs,
-                          int edges, int *index, double *distance,
-                          double *weight, knn_report *rep)
+static knn_request make_request(knn_metric m, const double *ref, int n_ref,
+                                const double *query, int n_query, int p,
+                                int k, double budget, int n_dev,
+                                const int *devs)
 {
     knn_request req;
     memset(&req, 0, sizeof req);
@@ -181,6 +178,19 @@ static knn_status gpu_run(knn_metric m, const double *ref, int n_ref,
     req.n_devices = n_dev;
     for (int i = 0; i < n_dev; i++) req.devices[i] = devs[i];
     req.cb.progress = no_progress;
+    return req;
+}
+
+/* edges: the result in edge order (row-major) with 1-based indices, as
+ * knnGraph asks for it; else column-major and 0-based. */
+static knn_status gpu_run(knn_metric m, const double *ref, int n_ref,
+                          const double *query, int n_query, int p, int k,
+                          double budget, int n_dev, const int *devs,
+                          int edges, int *index, double *distance,
+                          double *weight, knn_report *rep)
+{
+    knn_request req = make_request(m, ref, n_ref, query, n_query, p, k,
+                                   budget, n_dev, devs);
     knn_result out = {index, distance, weight, edges, edges};
     memset(rep, 0, sizeof *rep);
     return knn_gpu_search(&req, &out, rep);
@@ -335,16 +345,9 @@ static void check_interrupt(void)
     size_t nk = (size_t)n * k;
     int *gi = malloc(sizeof(int) * nk);
     double *gd = malloc(sizeof(double) * nk), *gw = malloc(sizeof(double) * nk);
-    knn_request req;
-    memset(&req, 0, sizeof req);
-    req.metric = KNN_EUCLIDEAN;
-    req.p = p;
-    req.k = k;
-    req.ref = x;
-    req.n_ref = n;
-    req.memory_bytes = 2e8;
-    req.n_devices = 1;
-    req.devices[0] = 0;
+    int dev0 = 0;
+    knn_request req = make_request(KNN_EUCLIDEAN, x, n, NULL, 0, p, k, 2e8,
+                                   1, &dev0);
     poll_ctx pc = {0, 2};
     req.cb.interrupted = poll_interrupted;
     req.cb.ctx = &pc;
