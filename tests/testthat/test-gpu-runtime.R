@@ -48,6 +48,10 @@ test_that("explicit devices and the report attributes", {
     expect_identical(a$index, b$index)
     expect_match(attr(a, "device"), gpuInfo()$devices$name[1], fixed = TRUE)
     expect_match(attr(a, "precision"), "GEMM candidates")
+    expect_true(attr(a, "timings")$seconds_setup > 0)
+    expect_true(attr(a, "timings")$seconds_collect > 0)
+    expect_message(knnSearch(x, k = 5, device = "gpu", progress = FALSE,
+                             verbose = TRUE), "setup .* copy-out")
     expect_error(knnSearch(x, k = 5, device = "gpu", devices = 99),
                  "devices")
 })

@@ -98,6 +98,10 @@ test_that("the result says which device and precision produced it", {
     expect_match(attr(got, "device"), "^cpu")
     expect_match(attr(got, "precision"), "fp64")
     expect_true(attr(got, "elapsed") >= 0)
+    phases <- attr(got, "timings")[c("seconds_prepare", "seconds_search",
+                                     "seconds_rerank")]
+    expect_true(all(vapply(phases, function(s) s >= 0, logical(1))))
+    expect_lte(sum(unlist(phases)), attr(got, "elapsed") + 0.01)
     expect_message(knnSearch(randomMatrix(50, 5, 9), k = 3, device = "cpu",
                              verbose = TRUE), "candidates per node")
 })
