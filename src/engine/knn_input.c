@@ -10,7 +10,7 @@
 #include "knn_threads.h"
 
 /* Values below which the input checks stay on one thread. */
-#define KNN_PARALLEL_CHECK_MIN 1048576.0
+#define KNN_PARALLEL_CHECK_MIN 131072.0
 
 /* Transposes in square blocks so both sides stay in cache. */
 #define KNN_LAYOUT_BLOCK 32
@@ -45,7 +45,8 @@ void knn_layout_nodes(const double *x, int nrow, int ncol, int by_rows,
 
 /* Whether every value is finite, read by several threads: the check runs
  * on every call and is bound by memory bandwidth, which one core does not
- * saturate (a millisecond of a 16384-node GPU search). */
+ * saturate (on the 16-core GPU host, 0.37 ms for 4096 x 128 values on one
+ * thread, 0.17 ms for 16384 x 128 on all). */
 static int knn_all_nodes_finite(const double *x, int p, int n)
 {
     int ok = 1;

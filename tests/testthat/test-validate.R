@@ -14,6 +14,11 @@ test_that("bad input gets a clear error naming the argument and nodes", {
     many <- x
     many[1:8, 1] <- NA
     expect_error(knnGraph(many), "gene5 \\(and 3 more\\)")
+    ## Large enough for the threaded check: the first bad rows, in order.
+    wide <- randomMatrix(3000, 60, 32)
+    wide[c(2900, 17, 1500), c(60, 1, 30)] <- c(NaN, -Inf, NA)
+    expect_error(knnSearch(wide, k = 2),
+                 "NA, NaN or Inf values in rows: 17, 1500, 2900$")
     flat <- x
     flat[c(4, 11), ] <- 1
     expect_error(knnGraph(flat, metric = "pearson"),
