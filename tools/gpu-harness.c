@@ -372,6 +372,46 @@ static void check_interrupt(void)
     free(gw);
 }
 
+/* With device 0 nearly full, a search must fail with KNN_E_NOMEM and a
+ * reason, not crash, and leave the device's free memory as it found it
+ * (checked on the second of two runs: the first may leave what CUDA and
+ * cuBLAS keep for the process, as the interrupt check allows too). */
+static void check_out_of_memory(void)
+{
+    int n = 300000, p = 64, k = 10, dev0 = 0;
+    double *x = random_data(p, n);
+    size_t nk = (size_t)n * k;
+    int *gi = malloc(sizeof(int) * nk);
+    double *gd = malloc(sizeof(double) * nk), *gw = malloc(sizeof(double) * nk);
+    size_t free0 = 0, free1 = 0, free2 = 0, total = 0;
+    void *hog = NULL;
+    cudaSetDevice(0);
+    cudaMemGetInfo(&free0, &total);
+    /* Leaves 64 MB: less than the 154 MB input. */
+    int hogged = cudaMalloc(&hog, free0 - ((size_t)64 << 20)) == cudaSuccess;
+    knn_report rep;
+    knn_status st = KNN_OK;
+    for (int run = 0; run < 2; run++) {
+        cudaMemGetInfo(&free1, &total);
+        st = gpu_run(KNN_EUCLIDEAN, x, n, NULL, 0, p, k, 0, 1, &dev0, 0, gi,
+                     gd, gw, &rep);
+        cudaMemGetInfo(&free2, &total);
+        printf("  out of memory, run %d: device free before %zu after %zu\n",
+               run + 1, free1, free2);
+    }
+    cudaFree(hog);
+    int pass = hogged && st == KNN_E_NOMEM && rep.message[0] != '\0' &&
+               free1 == free2;
+    pass ? n_pass++ : n_fail++;
+    printf("%s out of memory: status=%d (%s); device free before %zu after "
+           "%zu\n", pass ? "PASS" : "FAIL", (int)st, rep.message, free1,
+           free2);
+    free(x);
+    free(gi);
+    free(gd);
+    free(gw);
+}
+
 static void check_all(void)
 {
     knn_gpu_info info;
@@ -404,6 +444,7 @@ static void check_all(void)
                      0);
     }
     check_interrupt();
+    check_out_of_memory();
     printf("summary: %d passed, %d failed\n", n_pass, n_fail);
     free(rnd);
     free(heavy);
