@@ -87,28 +87,13 @@ static knn_status knn_pick_devices(const knn_request *req,
     return KNN_OK;
 }
 
-/* The name of device d, looked up once per process: cudaGetDeviceProperties
- * costs about a millisecond, which a small search would pay every call. */
-static const char *knn_device_name(int d)
-{
-    static std::mutex lock;
-    static char names[KNN_MAX_DEVICES][256];
-    if (d < 0 || d >= KNN_MAX_DEVICES) return "GPU";
-    std::lock_guard<std::mutex> g(lock);
-    if (names[d][0] == '\0') {
-        cudaDeviceProp prop;
-        if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) {
-            cudaGetLastError();
-            return "GPU";
-        }
-        snprintf(names[d], sizeof names[d], "%s", prop.name);
-    }
-    return names[d];
-}
-
 static void knn_device_names(const std::vector<int> &ids, knn_report *rep)
 {
-    const char *name = knn_device_name(ids[0]);
+    cudaDeviceProp prop;
+    const char *name = "GPU";
+    if (cudaGetDeviceProperties(&prop, ids[0]) == cudaSuccess)
+        name = prop.name;
+    cudaGetLastError();
     if (ids.size() == 1) {
         snprintf(rep->device, sizeof rep->device, "%.100s (GPU %d)", name,
                  ids[0]);
@@ -130,12 +115,7 @@ static double knn_query_max_abs(const knn_request *req, int n_dev)
 {
     if (req->query == NULL || knn_is_correlation(req->metric) || n_dev == 1)
         return 0.0;
-    double m = 0.0;
-    for (int j = 0; j < req->n_query; j++) {
-        double a = knn_max_abs(req->query + (size_t)j * req->p, req->p);
-        if (a > m) m = a;
-    }
-    return m;
+    return knn_nodes_max_abs(req->query, req->p, req->n_query);
 }
 
 /* Host threads each device may use to copy its results out: the cores

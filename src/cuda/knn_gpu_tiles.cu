@@ -37,17 +37,6 @@
  * starting threads would cost more than they save. */
 #define KNN_COPY_PARALLEL_MIN ((size_t)1 << 20)
 
-/* Bytes of device memory one tile row needs, besides the sort's scratch. */
-static double knn_row_bytes(int n_ref, int slots, int k)
-{
-    double panel = 4.0 * knn_panel_ld(n_ref);
-    double candidates = (double)slots * (sizeof(int) + sizeof(double) +
-                                         2 * sizeof(uint64_t) +
-                                         2 * sizeof(int));
-    double output = (double)k * (sizeof(int) + 2 * sizeof(double));
-    return panel + candidates + output + 4 * sizeof(int);
-}
-
 static knn_status knn_upload(knn_gpu_dev *d, double *dst, const double *src,
                              size_t n, double *stage[2], cudaEvent_t ev[2])
 {
@@ -190,6 +179,21 @@ static void knn_slots_carve(knn_gpu_tiles *t, size_t n, knn_carver *c)
     t->sort_temp = knn_carve<char>(c, t->sort_temp_bytes);
 }
 
+/* Bytes of device memory one tile row needs, the sort's scratch aside:
+ * what the carvers above hand out, averaged over many rows so that their
+ * alignment hardly counts. */
+static double knn_row_bytes(size_t ld, int slots, int k)
+{
+    const int rows = 1024;
+    knn_gpu_tiles t;
+    memset(&t, 0, sizeof t);
+    t.rows = rows;
+    knn_carver dev = {NULL, 0}, host = {NULL, 0};
+    knn_tiles_carve(&t, ld, k, &dev, &host);
+    knn_slots_carve(&t, (size_t)rows * slots, &dev);
+    return (double)dev.used / rows;
+}
+
 static void knn_slots_free(knn_gpu_tiles *t)
 {
     cudaFree(t->slots_block);
@@ -288,7 +292,7 @@ static knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
     double budget = (double)free_b - KNN_RESERVE_BYTES - 0.05 * total_b;
     if (req->memory_bytes > 0 && req->memory_bytes < budget)
         budget = req->memory_bytes;
-    double per_row = knn_row_bytes(req->n_ref, slots, k);
+    double per_row = knn_row_bytes(knn_panel_ld(req->n_ref), slots, k);
     double rows = budget / per_row;
     double limits[] = {(double)d->nq, 2147483647.0 / slots,
                        KNN_SLOT_BYTES_MAX / (k * 20.0),

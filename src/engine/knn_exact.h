@@ -90,6 +90,17 @@ KNN_HD static inline double knn_max_abs(const double *x, int p)
     return m;
 }
 
+/* Largest |value| of n nodes of p features (p x n, node-contiguous). */
+static inline double knn_nodes_max_abs(const double *x, int p, int n)
+{
+    double m = 0.0;
+    for (int j = 0; j < n; j++) {
+        double a = knn_max_abs(x + (size_t)j * p, p);
+        if (a > m) m = a;
+    }
+    return m;
+}
+
 KNN_HD static inline double knn_sum(const double *x, int p)
 {
     double s = 0.0;

@@ -41,14 +41,6 @@ static void knn_rank2_sorted(const double *x, int p, knn_ranked *scratch,
     }
 }
 
-static double knn_nodes_max_abs(const double *x, int p, int n)
-{
-    double amax = 0.0;
-    for (int j = 0; j < n; j++)
-        amax = fmax(amax, knn_max_abs(x + (size_t)j * p, p));
-    return amax;
-}
-
 knn_status knn_space_init(knn_space *space, const knn_request *req)
 {
     int p = req->p;
