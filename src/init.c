@@ -4,6 +4,7 @@
 #include <R.h>
 #include <Rinternals.h>
 #include <R_ext/Rdynload.h>
+#include "knn.h"
 #include "knn_threads.h"
 
 SEXP C_knn_search(SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP,
@@ -28,4 +29,12 @@ void R_init_knngpu(DllInfo *dll)
     R_useDynamicSymbols(dll, FALSE);
     R_forceSymbols(dll, TRUE);
     knn_threads_init();
+}
+
+/* A search's GPU context outlives it (src/cuda/knn_gpu_context.cu); it
+ * goes with the package. */
+void R_unload_knngpu(DllInfo *dll)
+{
+    (void)dll;
+    knn_gpu_release();
 }

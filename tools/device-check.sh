@@ -61,7 +61,7 @@ run_harness() {
     local build
     build=$(mktemp -d)
     for f in src/cuda/*.cu; do
-        nvcc -O3 -std=c++17 -Xcompiler -fPIC -Isrc/engine \
+        nvcc -O3 -std=c++17 -Xcompiler -fPIC,-fopenmp -Isrc/engine \
             -gencode arch=compute_90,code=sm_90 -c "$f" \
             -o "$build/$(basename "$f" .cu).o" &
     done

@@ -6,8 +6,9 @@
  *                            reference built on knn_exact.h, for every
  *                            metric, many k, self and query search, tied
  *                            data, small budgets, both selection kernels,
- *                            a two-block split; an interrupt and a memory
- *                            check. Prints one line per case, then a summary.
+ *                            a two-block split; an interrupt, a
+ *                            memory check and the release of what a search
+ *                            keeps. Prints one line per case, then a summary.
  *   gpu-harness bench N P K METRIC [NQ]
  *                            engine-only timing on N(0,1) data (seed 1);
  *                            NQ > 0: search of NQ queries in N references.
@@ -412,6 +413,41 @@ static void check_out_of_memory(void)
     free(gw);
 }
 
+/* A search keeps the device's stream, cuBLAS handle and staging for the
+ * next one, and knn_gpu_release() frees them: the device's free memory
+ * after a search and a release is the same every time, and no more than
+ * while the context is kept. */
+static void check_release(void)
+{
+    int n = 2000, p = 16, k = 5, dev0 = 0;
+    double *x = random_data(p, n);
+    size_t nk = (size_t)n * k;
+    int *gi = malloc(sizeof(int) * nk);
+    double *gd = malloc(sizeof(double) * nk), *gw = malloc(sizeof(double) * nk);
+    size_t released1 = 0, kept = 0, released2 = 0, total = 0;
+    knn_report rep;
+    cudaSetDevice(0);
+    knn_status st1 = gpu_run(KNN_EUCLIDEAN, x, n, NULL, 0, p, k, 0, 1, &dev0,
+                             0, gi, gd, gw, &rep);
+    knn_gpu_release();
+    cudaMemGetInfo(&released1, &total);
+    knn_status st2 = gpu_run(KNN_EUCLIDEAN, x, n, NULL, 0, p, k, 0, 1, &dev0,
+                             0, gi, gd, gw, &rep);
+    cudaMemGetInfo(&kept, &total);
+    knn_gpu_release();
+    cudaMemGetInfo(&released2, &total);
+    int pass = st1 == KNN_OK && st2 == KNN_OK && released1 == released2 &&
+               kept <= released2;
+    pass ? n_pass++ : n_fail++;
+    printf("%s release: device free after release %zu and %zu, while kept "
+           "%zu (%.1f MB kept)\n", pass ? "PASS" : "FAIL", released1,
+           released2, kept, ((double)released2 - (double)kept) / 1048576.0);
+    free(x);
+    free(gi);
+    free(gd);
+    free(gw);
+}
+
 static void check_all(void)
 {
     knn_gpu_info info;
@@ -445,6 +481,7 @@ static void check_all(void)
     }
     check_interrupt();
     check_out_of_memory();
+    check_release();
     printf("summary: %d passed, %d failed\n", n_pass, n_fail);
     free(rnd);
     free(heavy);

@@ -11,6 +11,7 @@
 #ifndef KNN_GPU_CUH
 #define KNN_GPU_CUH
 
+#include <atomic>
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 #include <stddef.h>
@@ -57,6 +58,70 @@ knn_status knn_gpu_fail_blas(char *message, cublasStatus_t s,
         if (knn_st_ != KNN_OK) return knn_st_;                             \
     } while (0)
 
+/* Hands out 256-byte aligned pieces of one block; with no block it only
+ * adds up their sizes. Each group of arrays takes one cudaMalloc or
+ * cudaHostAlloc, whose fixed cost (pinning above all) a small search would
+ * otherwise pay a dozen times. */
+typedef struct {
+    char *block;
+    size_t used;
+} knn_carver;
+
+template <typename T>
+static inline T *knn_carve(knn_carver *c, size_t n)
+{
+    T *piece = c->block ? (T *)(c->block + c->used) : NULL;
+    c->used += (n * sizeof(T) + 255) / 256 * 256;
+    return piece;
+}
+
+/* What a device keeps between searches (knn_gpu_context.cu): its stream,
+ * its cuBLAS handle (stream set, math mode set per search), a pinned
+ * staging ring for uploads (made on the first upload) and pinned memory
+ * for result slots. */
+#define KNN_STAGE_SLOTS 32
+typedef struct {
+    int device;
+    cudaStream_t stream;
+    cublasHandle_t blas;
+    double *stage;
+    cudaEvent_t stage_free[KNN_STAGE_SLOTS]; /* each slot's last transfer */
+    void *host;        /* pinned result slots (knn_context_host) */
+    size_t host_bytes;
+    int keepable; /* may become (or is) the device's kept context */
+    int fresh;    /* made by the search that holds it */
+} knn_gpu_context;
+
+/* The device's kept context, or a new one (the device must be current).
+ * On failure *ctx is NULL and nothing is left allocated. */
+knn_status knn_context_acquire(int device, knn_gpu_context **ctx,
+                               char *message);
+/* Ends a search's use of ctx, given how the search ended: keeps it for the
+ * next search or destroys it (after its stream is idle). */
+void knn_context_release(knn_gpu_context *ctx, knn_status status);
+
+/* A pinned host block of at least `bytes` for a search's result slots,
+ * kept with ctx for later searches (replaced by a larger one when a search
+ * needs more). */
+knn_status knn_context_host(knn_gpu_context *ctx, size_t bytes, void **block,
+                            char *message);
+
+/* n doubles from host src (any memory) to device dst. */
+typedef struct {
+    double *dst;
+    const double *src;
+    size_t n;
+} knn_upload_part;
+
+/* Queues the parts' transfers on ctx->stream through the staging ring, on
+ * up to `threads` OpenMP threads; returns once every part has left src
+ * (the transfers may still run). Stops between 1 MB chunks when *stop is set
+ * (KNN_E_INTERRUPTED). */
+knn_status knn_context_upload(knn_gpu_context *ctx,
+                              const knn_upload_part *parts, int n_parts,
+                              int threads, const std::atomic<int> *stop,
+                              char *message);
+
 /* How a fast score is formed from the value a tile product left in the
  * panel: correlation metrics rank by -(f_i . f_j) (|Pearson| by
  * -|f_i . f_j|), distances by |f_i|^2 + |f_j|^2 - 2 f_i . f_j, and Manhattan
@@ -73,6 +138,7 @@ typedef enum {
  * (node-contiguous), as in knn.h. */
 typedef struct {
     int p, n_ref, n_nodes;
+    void *block;      /* one allocation holding the arrays below but exact */
     double *exact;    /* canonical u (correlations) or 2^-e scaled nodes */
     double *sum;      /* correlations: per-node sum and css of u */
     double *css;
@@ -182,5 +248,7 @@ void knn_nodes_free(knn_gpu_nodes *nodes);
 
 /* Fork guard and device discovery (knn_gpu_query.cu). */
 knn_status knn_gpu_claim_process(char *message, size_t size);
+/* Whether this process is the one that first used CUDA. */
+int knn_gpu_owns_process(void);
 
 #endif

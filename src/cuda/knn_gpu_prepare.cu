@@ -108,26 +108,33 @@ __global__ static void knn_mean_final_kernel(double *parts, int p, int n_ref)
     parts[f] = s / n_ref;
 }
 
-/* One thread per node: f = scaled node - means, |f|^2, and max |f| over
- * the ref nodes (norm_max of the distance margin). */
+/* One warp per node, its lanes striding over the features (coalesced
+ * reads): f = scaled node - means, |f|^2, |node - means| and their largest
+ * over the ref nodes (norm_max of the distance margin). */
 __global__ static void knn_dist_fast_kernel(const double *x, int p, int n,
                                             int n_ref, const double *mean,
                                             float *fast, int ldf,
                                             float *sqnorm, double *norm,
                                             double *norm_max)
 {
-    int g = blockIdx.x * blockDim.x + threadIdx.x;
-    if (g >= n) return;
+    int g = (int)(((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    int lane = threadIdx.x & 31;
+    if (g >= n) return; /* g is the same for the whole warp */
     const double *xg = x + (size_t)g * p;
     float *fg = fast + (size_t)g * ldf;
     double ss = 0.0, sf = 0.0;
-    for (int f = 0; f < p; f++) {
+    for (int f = lane; f < p; f += 32) {
         double d = xg[f] - mean[f];
         float v = (float)d;
         fg[f] = v;
         ss += d * d;
         sf += (double)v * v;
     }
+    for (int o = 16; o > 0; o >>= 1) {
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+        sf += __shfl_xor_sync(0xffffffffu, sf, o);
+    }
+    if (lane != 0) return;
     sqnorm[g] = (float)sf;
     norm[g] = sqrt(ss);
     if (g < n_ref) knn_atomic_max_nonneg(norm_max, norm[g]);
@@ -161,18 +168,32 @@ static knn_status knn_alloc(void **ptr, size_t bytes, char *message)
     return KNN_OK;
 }
 
-/* Fast vectors, zeroed so that the padding adds nothing to products. */
-static knn_status knn_alloc_fast(knn_gpu_nodes *nd, char *message,
-                                 cudaStream_t stream)
+/* Scratch of the preparation, carved from the nodes' block. */
+typedef struct {
+    double *scalar;     /* a reduction's result */
+    double *mean_parts; /* KNN_MEAN_PARTS x p partial column sums */
+} knn_prep_scratch;
+
+/* The arrays the metric needs: what nodes->block holds. */
+static void knn_nodes_carve(knn_metric m, knn_gpu_nodes *nd,
+                            knn_prep_scratch *sc, knn_carver *c)
 {
-    size_t bytes = (size_t)nd->ldf * nd->n_nodes * sizeof(float);
-    KNN_TRY(knn_alloc((void **)&nd->fast, bytes, message));
-    KNN_CUDA_TRY(message, cudaMemsetAsync(nd->fast, 0, bytes, stream));
-    return KNN_OK;
+    size_t n = (size_t)nd->n_nodes;
+    sc->scalar = knn_carve<double>(c, 1);
+    nd->margin2 = knn_carve<double>(c, n);
+    if (knn_is_correlation(m)) {
+        nd->sum = knn_carve<double>(c, n);
+        nd->css = knn_carve<double>(c, n);
+    }
+    if (!knn_uses_product(m)) return;
+    nd->fast = knn_carve<float>(c, (size_t)nd->ldf * n);
+    if (knn_is_correlation(m)) return;
+    nd->sqnorm = knn_carve<float>(c, n);
+    sc->mean_parts = knn_carve<double>(c, (size_t)KNN_MEAN_PARTS * nd->p);
 }
 
 static knn_status knn_prepare_corr(knn_metric m, double *x, knn_gpu_nodes *nd,
-                                   double unit_in, double *scalar,
+                                   double unit_in, const knn_prep_scratch *sc,
                                    char *message, cudaStream_t stream)
 {
     size_t n_vals = (size_t)nd->p * nd->n_nodes;
@@ -185,36 +206,33 @@ static knn_status knn_prepare_corr(knn_metric m, double *x, knn_gpu_nodes *nd,
     } else {
         nd->exact = x;
     }
-    KNN_TRY(knn_alloc((void **)&nd->sum, nd->n_nodes * sizeof(double),
-                      message));
-    KNN_TRY(knn_alloc((void **)&nd->css, nd->n_nodes * sizeof(double),
-                      message));
-    KNN_TRY(knn_alloc_fast(nd, message, stream));
-    KNN_CUDA_TRY(message, cudaMemsetAsync(scalar, 0, sizeof(double), stream));
+    KNN_CUDA_TRY(message,
+                 cudaMemsetAsync(sc->scalar, 0, sizeof(double), stream));
     knn_canon_kernel<<<knn_blocks(nd->n_nodes), KNN_PREP_THREADS, 0,
                        stream>>>(m, nd->exact, nd->p, nd->n_nodes, nd->sum,
-                                 nd->css, nd->fast, nd->ldf, scalar);
+                                 nd->css, nd->fast, nd->ldf, sc->scalar);
     KNN_LAUNCH_TRY(message, "knn_canon_kernel");
     knn_margin_corr_kernel<<<knn_blocks(nd->n_nodes), KNN_PREP_THREADS, 0,
                              stream>>>(nd->margin2, nd->n_nodes, nd->p,
-                                       unit_in, scalar, m == KNN_COSINE);
+                                       unit_in, sc->scalar, m == KNN_COSINE);
     KNN_LAUNCH_TRY(message, "knn_margin_corr_kernel");
     return KNN_OK;
 }
 
 static knn_status knn_prepare_dist(knn_metric m, double *x, knn_gpu_nodes *nd,
                                    double query_max_abs, double unit_in,
-                                   double *scalar, char *message,
+                                   const knn_prep_scratch *sc, char *message,
                                    cudaStream_t stream)
 {
     size_t n_vals = (size_t)nd->p * nd->n_nodes;
     nd->exact = x;
-    KNN_CUDA_TRY(message, cudaMemsetAsync(scalar, 0, sizeof(double), stream));
+    KNN_CUDA_TRY(message,
+                 cudaMemsetAsync(sc->scalar, 0, sizeof(double), stream));
     knn_max_abs_kernel<<<1024, KNN_PREP_THREADS, 0, stream>>>(x, n_vals,
-                                                              scalar);
+                                                              sc->scalar);
     KNN_LAUNCH_TRY(message, "knn_max_abs_kernel");
     double amax;
-    KNN_CUDA_TRY(message, cudaMemcpyAsync(&amax, scalar, sizeof amax,
+    KNN_CUDA_TRY(message, cudaMemcpyAsync(&amax, sc->scalar, sizeof amax,
                                           cudaMemcpyDeviceToHost, stream));
     KNN_CUDA_TRY(message, cudaStreamSynchronize(stream));
     nd->scale_exp = knn_exponent(amax > query_max_abs ? amax : query_max_abs);
@@ -228,44 +246,23 @@ static knn_status knn_prepare_dist(knn_metric m, double *x, knn_gpu_nodes *nd,
         return KNN_OK;
     }
 
-    double *parts = NULL;
-    KNN_TRY(knn_alloc((void **)&parts,
-                      (size_t)KNN_MEAN_PARTS * nd->p * sizeof(double),
-                      message));
     knn_mean_part_kernel<<<KNN_MEAN_PARTS, KNN_PREP_THREADS, 0, stream>>>(
-        x, nd->p, nd->n_ref, parts);
-    cudaError_t e = cudaGetLastError();
-    if (e == cudaSuccess) {
-        knn_mean_final_kernel<<<knn_blocks(nd->p), KNN_PREP_THREADS, 0,
-                                stream>>>(parts, nd->p, nd->n_ref);
-        e = cudaGetLastError();
-    }
-    knn_status st = KNN_OK;
-    if (e == cudaSuccess &&
-        (st = knn_alloc_fast(nd, message, stream)) == KNN_OK &&
-        (st = knn_alloc((void **)&nd->sqnorm, nd->n_nodes * sizeof(float),
-                        message)) == KNN_OK) {
-        e = cudaMemsetAsync(scalar, 0, sizeof(double), stream);
-        if (e == cudaSuccess) {
-            knn_dist_fast_kernel<<<knn_blocks(nd->n_nodes), KNN_PREP_THREADS,
-                                   0, stream>>>(x, nd->p, nd->n_nodes,
-                                                nd->n_ref, parts, nd->fast,
-                                                nd->ldf, nd->sqnorm,
-                                                nd->margin2, scalar);
-            e = cudaGetLastError();
-        }
-        if (e == cudaSuccess) {
-            knn_margin_dist_kernel<<<knn_blocks(nd->n_nodes),
-                                     KNN_PREP_THREADS, 0, stream>>>(
-                nd->margin2, nd->n_nodes, nd->p, unit_in, scalar);
-            e = cudaGetLastError();
-        }
-        /* parts is freed below, so the kernels reading it must be done. */
-        if (e == cudaSuccess) e = cudaStreamSynchronize(stream);
-    }
-    cudaFree(parts);
-    if (st != KNN_OK) return st;
-    KNN_CUDA_TRY(message, e);
+        x, nd->p, nd->n_ref, sc->mean_parts);
+    KNN_LAUNCH_TRY(message, "knn_mean_part_kernel");
+    knn_mean_final_kernel<<<knn_blocks(nd->p), KNN_PREP_THREADS, 0,
+                            stream>>>(sc->mean_parts, nd->p, nd->n_ref);
+    KNN_LAUNCH_TRY(message, "knn_mean_final_kernel");
+    KNN_CUDA_TRY(message,
+                 cudaMemsetAsync(sc->scalar, 0, sizeof(double), stream));
+    knn_dist_fast_kernel<<<knn_blocks((size_t)nd->n_nodes * 32),
+                           KNN_PREP_THREADS, 0, stream>>>(
+        x, nd->p, nd->n_nodes, nd->n_ref, sc->mean_parts, nd->fast, nd->ldf,
+        nd->sqnorm, nd->margin2, sc->scalar);
+    KNN_LAUNCH_TRY(message, "knn_dist_fast_kernel");
+    knn_margin_dist_kernel<<<knn_blocks(nd->n_nodes), KNN_PREP_THREADS, 0,
+                             stream>>>(nd->margin2, nd->n_nodes, nd->p,
+                                       unit_in, sc->scalar);
+    KNN_LAUNCH_TRY(message, "knn_margin_dist_kernel");
     return KNN_OK;
 }
 
@@ -279,35 +276,35 @@ knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
     nodes->ldf = (p + 3) / 4 * 4;
     nodes->n_ref = n_ref;
     nodes->n_nodes = n_nodes;
-    double *scalar = NULL;
-    knn_status st = knn_alloc((void **)&scalar, sizeof(double), message);
-    if (st != KNN_OK) return st;
-    st = knn_alloc((void **)&nodes->margin2, n_nodes * sizeof(double),
-                   message);
-    if (st == KNN_OK && knn_is_correlation(metric))
-        st = knn_prepare_corr(metric, x, nodes, unit_in, scalar, message,
-                              stream);
-    else if (st == KNN_OK)
-        st = knn_prepare_dist(metric, x, nodes, query_max_abs, unit_in,
-                              scalar, message, stream);
-    if (st == KNN_OK) {
-        cudaError_t e = cudaStreamSynchronize(stream);
-        if (e != cudaSuccess)
-            st = knn_gpu_fail_cuda(message, e, "cudaStreamSynchronize",
-                                   __FILE__, __LINE__);
-    }
-    cudaFree(scalar);
-    return st;
+    knn_prep_scratch sc = {NULL, NULL};
+    knn_carver c = {NULL, 0};
+    knn_nodes_carve(metric, nodes, &sc, &c);
+    KNN_TRY(knn_alloc(&nodes->block, c.used, message));
+    c.block = (char *)nodes->block;
+    c.used = 0;
+    knn_nodes_carve(metric, nodes, &sc, &c);
+    /* Zero padding of the fast vectors adds nothing to the products. */
+    if (nodes->fast != NULL)
+        KNN_CUDA_TRY(message,
+                     cudaMemsetAsync(nodes->fast, 0,
+                                     (size_t)nodes->ldf * n_nodes *
+                                         sizeof(float),
+                                     stream));
+    if (knn_is_correlation(metric))
+        KNN_TRY(knn_prepare_corr(metric, x, nodes, unit_in, &sc, message,
+                                 stream));
+    else
+        KNN_TRY(knn_prepare_dist(metric, x, nodes, query_max_abs, unit_in,
+                                 &sc, message, stream));
+    KNN_CUDA_TRY(message, cudaStreamSynchronize(stream));
+    return KNN_OK;
 }
 
 void knn_nodes_free(knn_gpu_nodes *nodes)
 {
     cudaFree(nodes->exact);
-    cudaFree(nodes->sum);
-    cudaFree(nodes->css);
-    cudaFree(nodes->fast);
-    cudaFree(nodes->sqnorm);
-    cudaFree(nodes->margin2);
+    cudaFree(nodes->block);
     nodes->exact = nodes->sum = nodes->css = nodes->margin2 = NULL;
     nodes->fast = nodes->sqnorm = NULL;
+    nodes->block = NULL;
 }

@@ -32,6 +32,11 @@ knn_status knn_gpu_claim_process(char *message, size_t size)
     return KNN_E_NOGPU;
 }
 
+int knn_gpu_owns_process(void)
+{
+    return knn_cuda_pid.load() == (long)getpid();
+}
+
 knn_status knn_gpu_fail(char *message, knn_status status, const char *what,
                         const char *detail, const char *file, int line)
 {

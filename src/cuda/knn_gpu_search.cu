@@ -3,7 +3,8 @@
  *
  * The query rows are split into one contiguous block per device; one host
  * thread per device prepares its copy of the nodes and runs its row tiles
- * (knn_gpu_tiles.cu), writing its own rows of the caller's arrays. Every
+ * (knn_gpu_tiles.cu), writing its own rows of the caller's arrays (a small
+ * search on one device runs on the calling thread instead). Every
  * row's answer is the exact one of knn_exact.h, so the split changes
  * nothing in the output. The calling thread only waits: every 100 ms it asks
  * the interrupt callback and reports progress (callbacks run on the caller's
@@ -118,9 +119,10 @@ static double knn_query_max_abs(const knn_request *req, int n_dev)
     return knn_nodes_max_abs(req->query, req->p, req->n_query);
 }
 
-/* Host threads each device may use to copy its results out: the cores
- * shared among the devices, at most KNN_COPY_THREADS_MAX (the copy is
- * bound by memory, not cores) and at most the request's CPU threads. */
+/* Host threads each device may use to upload its input and copy its
+ * results out: the cores shared among the devices, at most
+ * KNN_COPY_THREADS_MAX (both are bound by memory, not cores) and at most
+ * the request's CPU threads. */
 static int knn_copy_threads(const knn_request *req, int n_dev)
 {
     int cores = (int)std::thread::hardware_concurrency() / n_dev;
@@ -132,10 +134,9 @@ static int knn_copy_threads(const knn_request *req, int n_dev)
 static knn_status knn_dev_open(knn_gpu_dev *d)
 {
     KNN_CUDA_TRY(d->message, cudaSetDevice(d->device));
-    KNN_CUDA_TRY(d->message,
-                 cudaStreamCreateWithFlags(&d->stream, cudaStreamNonBlocking));
-    KNN_BLAS_TRY(d->message, cublasCreate(&d->blas));
-    KNN_BLAS_TRY(d->message, cublasSetStream(d->blas, d->stream));
+    KNN_TRY(knn_context_acquire(d->device, &d->ctx, d->message));
+    d->stream = d->ctx->stream;
+    d->blas = d->ctx->blas;
     KNN_BLAS_TRY(d->message, cublasSetMathMode(d->blas,
         d->gemm == KNN_GEMM_TF32 ? CUBLAS_TF32_TENSOR_OP_MATH
                                  : CUBLAS_DEFAULT_MATH));
@@ -226,6 +227,18 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
                                                 : devs[0].gemm));
 }
 
+/* Whether a search runs on the calling thread: one device, and work that
+ * ends in milliseconds (at most 2^35 products of two values, 256 MB of
+ * input), so that not polling for interrupts meanwhile costs nothing and
+ * starting a device thread and waking from it (0.3 ms) is saved. */
+static bool knn_runs_inline(const knn_request *req, int n_dev)
+{
+    double n_q = req->query ? req->n_query : req->n_ref;
+    double nodes = req->n_ref + (req->query ? req->n_query : 0);
+    return n_dev == 1 && n_q * req->n_ref * req->p <= 34359738368.0 &&
+           nodes * req->p * sizeof(double) <= 268435456.0;
+}
+
 static knn_status knn_gpu_search_devices(const knn_request *req,
                                          knn_result *out, knn_report *rep,
                                          const std::vector<int> &ids)
@@ -259,7 +272,12 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
     j.running = 0;
     std::vector<std::thread> threads;
     knn_status st = KNN_OK;
-    for (int i = 0; i < n_dev && st == KNN_OK; i++) {
+    bool on_caller = knn_runs_inline(req, n_dev);
+    if (on_caller) {
+        j.running = 1;
+        knn_dev_thread(&devs[0], &j);
+    }
+    for (int i = 0; i < n_dev && st == KNN_OK && !on_caller; i++) {
         if (devs[i].nq <= 0) continue;
         try {
             std::lock_guard<std::mutex> g(j.lock);

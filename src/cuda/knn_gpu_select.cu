@@ -14,14 +14,15 @@
  *
  *  - KNN_SELECT_WARP (k <= 32): one warp per row. Each lane keeps the K
  *    smallest scores of its strided share in a sorted register queue (K the
- *    power-of-two bucket >= k); the warp then pops the k smallest of the 32
- *    queues, which is exactly the row's k-th score. Then a ballot
- *    compaction, 32 nodes per step.
+ *    power-of-two bucket >= k), KNN_ITEMS loads in flight; the warp then
+ *    pops the k smallest of the 32 queues, which is exactly the row's k-th
+ *    score. Then a ballot compaction, 32 nodes per step, no barriers.
  *  - KNN_SELECT_RADIX (any k): one block per row. Two histogram passes over
  *    the order-preserving bits of the scores (12 bits each, shared-memory
  *    bins) find the bucket holding the k-th score; T uses the bucket's upper
- *    edge, a bound at most 2^-15 relative above it. Then a block-wide ballot
- *    compaction, blockDim nodes per step. For k small against the row, the
+ *    edge, a bound at most 2^-15 relative above it. Then the block-wide
+ *    compaction (each thread tests 8 consecutive nodes; a block scan of
+ *    the counts places the candidates). For k small against the row, the
  *    histograms run on 1/stride of the nodes only (runs of 32), which bounds
  *    T from above, and one pass moves the few nodes under that bound into
  *    shared memory where the exact bucket is found: one read of the row
@@ -43,11 +44,11 @@
 #define KNN_ITEMS 8                 /* loads in flight per thread */
 
 /* Crossovers measured by inst/bench/select_thresholds.R (numbers in
- * inst/bench/RESULTS.md, "## GPU"): the warp kernel wins only for small k
- * and row tiles big enough to keep every SM's warps busy. KNN_WARP_MAX_K is
- * its largest queue, usable when forced. */
+ * inst/bench/RESULTS.md, "## GPU"): the warp kernel wins only for k <= 16
+ * and row tiles big enough to keep every SM's warps busy. KNN_WARP_MAX_K
+ * is its largest queue, usable when forced. */
 #define KNN_WARP_MAX_K 32
-#define KNN_WARP_AUTO_MAX_K 8
+#define KNN_WARP_AUTO_MAX_K 16
 #define KNN_WARP_MIN_ROWS 16384
 
 knn_select_algo knn_select_choose(int rows, int cols, int k)
@@ -165,25 +166,41 @@ knn_warp_select_kernel(knn_select_args a)
     if (r >= a.rows) return;
     knn_row w = knn_row_of(a, r);
 
+    /* KNN_ITEMS loads in flight per lane: one warp reads the whole row. */
     float q[K];
 #pragma unroll
     for (int i = 0; i < K; i++) q[i] = INFINITY;
-    for (int j = lane; j < a.n_cols; j += 32) {
-        if (j == w.self) continue;
-        knn_queue_insert<K>(q, knn_fast_score<KIND>(w.vals[j], j, a, w.sq));
+    for (int base = 0; base < a.n_cols; base += 32 * KNN_ITEMS) {
+        float v[KNN_ITEMS];
+#pragma unroll
+        for (int it = 0; it < KNN_ITEMS; it++) {
+            int j = base + it * 32 + lane;
+            v[it] = j < a.n_cols && j != w.self
+                ? knn_fast_score<KIND>(w.vals[j], j, a, w.sq) : INFINITY;
+        }
+#pragma unroll
+        for (int it = 0; it < KNN_ITEMS; it++) knn_queue_insert<K>(q, v[it]);
     }
     double t = (double)knn_warp_kth<K>(q, a.k, lane) + w.margin2;
 
     int found = 0;
     unsigned below = (1u << lane) - 1u;
-    for (int base = 0; base < a.n_cols; base += 32) {
-        int j = base + lane;
-        bool take = j < a.n_cols && j != w.self &&
-            (double)knn_fast_score<KIND>(w.vals[j], j, a, w.sq) <= t;
-        unsigned mask = __ballot_sync(0xffffffffu, take);
-        int pos = found + __popc(mask & below);
-        if (take && pos < w.slots) a.cand_index[w.begin + pos] = j;
-        found += __popc(mask);
+    for (int base = 0; base < a.n_cols; base += 32 * KNN_ITEMS) {
+        bool take[KNN_ITEMS];
+#pragma unroll
+        for (int it = 0; it < KNN_ITEMS; it++) {
+            int j = base + it * 32 + lane;
+            take[it] = j < a.n_cols && j != w.self &&
+                (double)knn_fast_score<KIND>(w.vals[j], j, a, w.sq) <= t;
+        }
+#pragma unroll
+        for (int it = 0; it < KNN_ITEMS; it++) {
+            unsigned mask = __ballot_sync(0xffffffffu, take[it]);
+            int pos = found + __popc(mask & below);
+            if (take[it] && pos < w.slots)
+                a.cand_index[w.begin + pos] = base + it * 32 + lane;
+            found += __popc(mask);
+        }
     }
     if (lane == 0) knn_row_done(a, r, w, found);
 }
@@ -275,38 +292,34 @@ __device__ double knn_radix_bound(knn_radix_shared &sh, int count,
 }
 
 /* Stable block-wide compaction: emit(i, pos) for each item i < count with
- * take(i), pos counting from 0 in item order. Returns how many. Items are
- * tested KNN_ITEMS per thread at a time (loads in flight together), and a
- * chunk none of whose items is taken, the usual case, costs one barrier. */
+ * take(i), pos counting from 0 in item order. Returns how many. Each thread
+ * tests KNN_ITEMS consecutive items (loads in flight together), so a block
+ * scan of the threads' counts gives every taken item its place: a chunk
+ * costs at most three barriers, and one none of whose items is taken, the
+ * usual case, one. */
 template <typename Take, typename Emit>
 __device__ int knn_block_compact(knn_radix_shared &sh, int count, Take take,
                                  Emit emit)
 {
-    int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    unsigned below = (1u << lane) - 1u;
     int found = 0;
     for (int base = 0; base < count; base += KNN_RADIX_THREADS * KNN_ITEMS) {
+        int first = base + threadIdx.x * KNN_ITEMS;
         bool t[KNN_ITEMS];
-        bool any = false;
+        unsigned mine = 0;
 #pragma unroll
         for (int it = 0; it < KNN_ITEMS; it++) {
-            int i = base + it * KNN_RADIX_THREADS + threadIdx.x;
-            t[it] = i < count && take(i);
-            any |= t[it];
+            t[it] = first + it < count && take(first + it);
+            mine += t[it];
         }
-        if (!__syncthreads_or(any)) continue;
+        if (!__syncthreads_or(mine)) continue;
+        unsigned before, total;
+        knn_radix_scan(sh.scan).ExclusiveSum(mine, before, total);
+        int pos = found + (int)before;
 #pragma unroll
-        for (int it = 0; it < KNN_ITEMS; it++) {
-            unsigned mask = __ballot_sync(0xffffffffu, t[it]);
-            if (lane == 0) sh.warp_count[warp] = __popc(mask);
-            __syncthreads();
-            int pos = found + __popc(mask & below);
-            for (int v = 0; v < warp; v++) pos += sh.warp_count[v];
-            if (t[it]) emit(base + it * KNN_RADIX_THREADS + threadIdx.x, pos);
-            for (int v = 0; v < KNN_RADIX_THREADS / 32; v++)
-                found += sh.warp_count[v];
-            __syncthreads();
-        }
+        for (int it = 0; it < KNN_ITEMS; it++)
+            if (t[it]) emit(first + it, pos++);
+        found += (int)total;
+        __syncthreads(); /* sh.scan is the next chunk's */
     }
     return found;
 }

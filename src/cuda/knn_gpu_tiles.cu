@@ -3,75 +3,35 @@
  * tiles of its query rows (host code; the kernels live in the files that
  * knn_gpu.cuh lists).
  *
- * The float64 input travels once (a large one through two pinned staging
- * buffers, so that copying into one overlaps the transfer of the other) and
- * is prepared on the device. A row tile of R queries then takes a panel of
- * R x n_ref fast products (the column tile is the whole reference: R is
- * chosen so that the panel fits the budget, at most 2^31 floats, and the
- * n x n matrix never exists; rows are padded to 4 floats for aligned GEMM
- * output), the candidate selection, the exact re-rank and sort, and a
- * transfer of the R x k results, already in the caller's layout, into one
- * of two pinned slots. The host copies tile t-1's slot into the caller's
- * arrays (several threads for a large tile) while the device works on
- * tile t. A row whose
- * candidates outnumber its slots (heavy ties) makes the host run that tile
- * again with each row's exact count of slots, so no candidate is dropped.
+ * The float64 input travels once, through the device's pinned staging ring
+ * on several OpenMP threads (knn_gpu_context.cu), and is prepared on the
+ * device. A row tile of R queries then takes a panel of R x n_ref fast
+ * products (the column tile is the whole reference: R is chosen so that
+ * the panel fits the budget, at most 2^31 floats, and the n x n matrix
+ * never exists; rows are padded to 4 floats for aligned GEMM output), the
+ * candidate selection, the exact re-rank and sort, and a transfer of the
+ * R x k results, already in the caller's layout, into one of two pinned
+ * slots. The host copies tile t-1's slot into the caller's arrays (several
+ * OpenMP threads for a large tile) while the device works on tile t. A row
+ * whose candidates outnumber its slots (heavy ties) makes the host run
+ * that tile again with each row's exact count of slots, so no candidate is
+ * dropped.
  * R comes from cudaMemGetInfo and the request's budget; when an allocation
  * fails, R is halved and tried again.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <thread>
 #include <vector>
 #include "knn_gpu_tiles.cuh"
 
-#define KNN_STAGE_DOUBLES (2u << 20)  /* 16 MB per staging buffer */
-/* Below this, pinning staging buffers costs more than the copy it speeds
- * up: small inputs go straight from R's (pageable) memory. */
-#define KNN_DIRECT_UPLOAD_BYTES (64.0 * 1048576.0)
 #define KNN_RESERVE_BYTES (512.0 * 1048576.0)
+#define KNN_HOST_KEEP_BYTES ((size_t)64 << 20)
 #define KNN_SLOT_BYTES_MAX (256.0 * 1048576.0)
 #define KNN_PANEL_FLOATS_MAX 2147483648.0 /* keeps one tile well under 1 s */
 /* Results of a tile below this many elements are copied by one thread:
- * starting threads would cost more than they save. */
-#define KNN_COPY_PARALLEL_MIN ((size_t)1 << 20)
-
-static knn_status knn_upload(knn_gpu_dev *d, double *dst, const double *src,
-                             size_t n, double *stage[2], cudaEvent_t ev[2])
-{
-    for (size_t done = 0, b = 0; done < n; done += KNN_STAGE_DOUBLES, b ^= 1) {
-        if (d->shared->stop) break;
-        size_t len = n - done < KNN_STAGE_DOUBLES ? n - done
-                                                  : KNN_STAGE_DOUBLES;
-        KNN_CUDA_TRY(d->message, cudaEventSynchronize(ev[b]));
-        memcpy(stage[b], src + done, len * sizeof(double));
-        KNN_CUDA_TRY(d->message,
-                     cudaMemcpyAsync(dst + done, stage[b], len * sizeof(double),
-                                     cudaMemcpyHostToDevice, d->stream));
-        KNN_CUDA_TRY(d->message, cudaEventRecord(ev[b], d->stream));
-    }
-    /* The staging buffers are freed next: the copies must be done. */
-    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
-    return d->shared->stop ? KNN_E_INTERRUPTED : KNN_OK;
-}
-
-/* Small inputs: one pageable copy each, no staging. */
-static knn_status knn_upload_direct(knn_gpu_dev *d, double *x)
-{
-    const knn_request *req = d->req;
-    size_t p = (size_t)req->p;
-    KNN_CUDA_TRY(d->message,
-                 cudaMemcpyAsync(x, req->ref, p * req->n_ref * sizeof(double),
-                                 cudaMemcpyHostToDevice, d->stream));
-    if (req->query != NULL)
-        KNN_CUDA_TRY(d->message,
-                     cudaMemcpyAsync(x + p * req->n_ref, req->query + p * d->q0,
-                                     p * d->nq * sizeof(double),
-                                     cudaMemcpyHostToDevice, d->stream));
-    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
-    return KNN_OK;
-}
+ * waking others would cost more than they save. */
+#define KNN_COPY_PARALLEL_MIN ((size_t)1 << 15)
 
 /* Copies ref and this device's query rows into one p x n_nodes array. */
 static knn_status knn_upload_nodes(knn_gpu_dev *d, double **x)
@@ -80,33 +40,12 @@ static knn_status knn_upload_nodes(knn_gpu_dev *d, double **x)
     size_t p = (size_t)req->p;
     KNN_CUDA_TRY(d->message,
                  cudaMalloc((void **)x, p * d->n_nodes * sizeof(double)));
-    if ((double)p * d->n_nodes * sizeof(double) <= KNN_DIRECT_UPLOAD_BYTES)
-        return knn_upload_direct(d, *x);
-    double *stage[2] = {NULL, NULL};
-    cudaEvent_t ev[2] = {NULL, NULL};
-    knn_status st = KNN_OK;
-    cudaError_t e = cudaSuccess;
-    for (int b = 0; b < 2 && e == cudaSuccess; b++) {
-        e = cudaHostAlloc((void **)&stage[b],
-                          KNN_STAGE_DOUBLES * sizeof(double),
-                          cudaHostAllocDefault);
-        if (e == cudaSuccess)
-            e = cudaEventCreateWithFlags(&ev[b], cudaEventDisableTiming);
-        if (e == cudaSuccess) e = cudaEventRecord(ev[b], d->stream);
-    }
-    if (e != cudaSuccess)
-        st = knn_gpu_fail_cuda(d->message, e, "cudaHostAlloc (staging)",
-                               __FILE__, __LINE__);
-    if (st == KNN_OK)
-        st = knn_upload(d, *x, req->ref, p * req->n_ref, stage, ev);
-    if (st == KNN_OK && req->query != NULL)
-        st = knn_upload(d, *x + p * req->n_ref, req->query + p * d->q0,
-                        p * d->nq, stage, ev);
-    for (int b = 0; b < 2; b++) {
-        if (ev[b]) cudaEventDestroy(ev[b]);
-        cudaFreeHost(stage[b]);
-    }
-    return st;
+    knn_upload_part parts[2] = {
+        {*x, req->ref, p * req->n_ref},
+        {*x + p * req->n_ref,
+         req->query ? req->query + p * d->q0 : NULL, p * d->nq}};
+    return knn_context_upload(d->ctx, parts, req->query ? 2 : 1,
+                              d->copy_threads, &d->shared->stop, d->message);
 }
 
 knn_status knn_dev_prepare(knn_gpu_dev *d)
@@ -125,23 +64,6 @@ knn_status knn_dev_prepare(knn_gpu_dev *d)
     if (x != d->nodes.exact) cudaFree(x);
     d->seconds_prepare = knn_seconds() - t0;
     return st;
-}
-
-/* Hands out 256-byte aligned pieces of one block; with no block it only
- * adds up their sizes. Each group of arrays takes one cudaMalloc or
- * cudaHostAlloc, whose fixed cost (pinning above all) a small search would
- * otherwise pay a dozen times. */
-typedef struct {
-    char *block;
-    size_t used;
-} knn_carver;
-
-template <typename T>
-static T *knn_carve(knn_carver *c, size_t n)
-{
-    T *piece = c->block ? (T *)(c->block + c->used) : NULL;
-    c->used += (n * sizeof(T) + 255) / 256 * 256;
-    return piece;
 }
 
 /* The row tile's fixed arrays: device ones from dev, pinned ones from
@@ -207,8 +129,8 @@ static void knn_tiles_free(knn_gpu_tiles *t)
 {
     knn_slots_free(t);
     cudaFree(t->device_block);
-    if (t->host_pinned) cudaFreeHost(t->host_block);
-    else free(t->host_block);
+    if (t->host_own == KNN_HOST_PINNED) cudaFreeHost(t->host_block);
+    else if (t->host_own == KNN_HOST_PLAIN) free(t->host_block);
     for (int s = 0; s < 2; s++) {
         knn_gpu_slot *sl = &t->slot[s];
         if (sl->start) cudaEventDestroy(sl->start);
@@ -237,6 +159,32 @@ static knn_status knn_slots_alloc(knn_gpu_dev *d, int64_t n_slots,
     return KNN_OK;
 }
 
+/* Host memory for the result slots. Pinned slots let the transfers run at
+ * full speed and one tile's transfer overlap the next tile's work, but
+ * pinning costs half a millisecond and more per allocation: up to
+ * KNN_HOST_KEEP_BYTES come from the device's context, kept from one search
+ * to the next. A search that needs more pins its own, or, if it has one
+ * tile only (whose transfer overlaps nothing), takes plain memory. */
+static knn_status knn_host_slots(knn_gpu_dev *d, size_t bytes)
+{
+    knn_gpu_tiles *t = &d->t;
+    if (bytes <= KNN_HOST_KEEP_BYTES) {
+        t->host_own = KNN_HOST_CONTEXT;
+        return knn_context_host(d->ctx, bytes, &t->host_block, d->message);
+    }
+    if (t->rows < d->nq) {
+        KNN_CUDA_TRY(d->message, cudaHostAlloc(&t->host_block, bytes,
+                                               cudaHostAllocDefault));
+        t->host_own = KNN_HOST_PINNED;
+        return KNN_OK;
+    }
+    if ((t->host_block = malloc(bytes)) == NULL)
+        return knn_gpu_fail(d->message, KNN_E_NOMEM, "host result slots",
+                            "out of host memory", __FILE__, __LINE__);
+    t->host_own = KNN_HOST_PLAIN;
+    return KNN_OK;
+}
+
 static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots)
 {
     knn_gpu_tiles *t = &d->t;
@@ -247,18 +195,7 @@ static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots)
     knn_carver dev = {NULL, 0}, host = {NULL, 0};
     knn_tiles_carve(t, ld, k, &dev, &host);
     KNN_CUDA_TRY(d->message, cudaMalloc(&t->device_block, dev.used));
-    /* Pinned slots let one tile's transfer overlap the next tile's work,
-     * but pinning costs half a millisecond whatever the size, which a
-     * search of one tile would pay for nothing: it takes plain memory
-     * (its transfers then simply wait). */
-    t->host_pinned = rows < d->nq;
-    if (t->host_pinned) {
-        KNN_CUDA_TRY(d->message, cudaHostAlloc(&t->host_block, host.used,
-                                               cudaHostAllocDefault));
-    } else if ((t->host_block = malloc(host.used)) == NULL) {
-        return knn_gpu_fail(d->message, KNN_E_NOMEM, "host result slots",
-                            "out of host memory", __FILE__, __LINE__);
-    }
+    KNN_TRY(knn_host_slots(d, host.used));
     dev.block = (char *)t->device_block;
     host.block = (char *)t->host_block;
     dev.used = host.used = 0;
@@ -495,9 +432,9 @@ static void knn_copy_part(const knn_copy_job *job, size_t a, size_t b)
 }
 
 /* Copies a slot into the caller's arrays. A large tile is split over
- * several host threads: the copy lands in memory R has just allocated, and
- * one thread is held up by the first-touch page faults (3 of the 4.6 s of a
- * 262144 x 1024 search); the device meanwhile runs the next tile. */
+ * several OpenMP threads: the copy lands in memory R has just allocated,
+ * and one thread is held up by the first-touch page faults (3 of the 4.6 s
+ * of a 262144 x 1024 search); the device meanwhile runs the next tile. */
 static void knn_copy_out(const knn_gpu_dev *d, const knn_gpu_slot *sl)
 {
     const knn_request *req = d->req;
@@ -519,21 +456,10 @@ static void knn_copy_out(const knn_gpu_dev *d, const knn_gpu_slot *sl)
     }
     size_t total = job.runs * job.length;
     int parts = total < KNN_COPY_PARALLEL_MIN ? 1 : d->copy_threads;
-    std::vector<std::thread> helpers;
-    int started = 0;
-    for (int i = 1; i < parts; i++) {
-        try {
-            helpers.emplace_back(knn_copy_part, &job, total * i / parts,
-                                 total * (i + 1) / parts);
-        } catch (...) {
-            break; /* no thread: this one copies the rest */
-        }
-        started = i;
-    }
-    knn_copy_part(&job, 0, total / parts);
-    for (int i = started + 1; i < parts; i++)
+    #pragma omp parallel for num_threads(parts) if (parts > 1) \
+        schedule(static)
+    for (int i = 0; i < parts; i++)
         knn_copy_part(&job, total * i / parts, total * (i + 1) / parts);
-    for (std::thread &h : helpers) h.join();
 }
 
 /* Waits for slot s, re-runs its tile if a row overflowed, and copies its
@@ -602,8 +528,8 @@ void knn_dev_free(knn_gpu_dev *d)
     if (d->stream) cudaStreamSynchronize(d->stream);
     knn_tiles_free(&d->t);
     knn_nodes_free(&d->nodes);
-    if (d->blas) cublasDestroy(d->blas);
-    if (d->stream) cudaStreamDestroy(d->stream);
+    knn_context_release(d->ctx, d->status);
+    d->ctx = NULL;
     d->blas = NULL;
     d->stream = NULL;
     cudaGetLastError();

@@ -24,11 +24,17 @@ typedef struct {
     cudaEvent_t start, selected, done;
 } knn_gpu_slot;
 
+typedef enum {
+    KNN_HOST_CONTEXT = 0,   /* the device context's, kept */
+    KNN_HOST_PINNED,        /* this search's, cudaHostAlloc */
+    KNN_HOST_PLAIN          /* this search's, malloc */
+} knn_host_owner;
+
 typedef struct {
     void *device_block;     /* one allocation each, carved into the arrays
                                below (see knn_tiles_carve) */
-    void *host_block;       /* pinned when host_pinned */
-    int host_pinned;
+    void *host_block;       /* the result slots' memory, whose owner */
+    knn_host_owner host_own; /* says how it is freed */
     void *slots_block;      /* the candidate arrays, re-sized by a redo */
     int rows;               /* row tile R */
     int slots;              /* uniform candidate slots per row */
@@ -60,12 +66,14 @@ typedef struct {
     double query_max_abs;   /* distances, query search: max |query| */
     knn_score_kind score_kind;
     knn_gemm_mode gemm;
-    cudaStream_t stream;
+    knn_gpu_context *ctx;   /* the device's stream, handle, staging */
+    cudaStream_t stream;    /* ctx's */
     cublasHandle_t blas;
     knn_gpu_nodes nodes;
     knn_gpu_tiles t;
     int row_tile;           /* the plan's R, kept after t is freed */
-    int copy_threads;       /* host threads for copying results out */
+    int copy_threads;       /* host threads for the upload and for
+                               copying results out */
     knn_status status;
     char message[512];
     double seconds_setup, seconds_prepare, seconds_search, seconds_rerank;

@@ -179,6 +179,11 @@ typedef struct {
 /* Fills `info`; never fails (a failure is written to info->reason). */
 void knn_gpu_query(knn_gpu_info *info);
 
+/* Frees what the GPU backend keeps between searches (per device: a stream,
+ * a cuBLAS handle, pinned staging memory); the next search makes them
+ * again. Called when the package is unloaded. Never fails. */
+void knn_gpu_release(void);
+
 #ifdef __cplusplus
 }
 #endif

@@ -29,3 +29,7 @@ void knn_gpu_query(knn_gpu_info *info)
     memset(info, 0, sizeof *info);
     snprintf(info->reason, sizeof info->reason, "%s", KNN_NO_CUDA_REASON);
 }
+
+void knn_gpu_release(void)
+{
+}

@@ -28,16 +28,52 @@ test_that("small memory budgets (many tiles) give identical edges", {
 test_that("both selection kernels give identical edges", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     x <- randomMatrix(3000, 20, 23)
+    t <- tiedMatrix(1500, 10, 22)
     old <- Sys.getenv("KNNGPU_SELECT")
     on.exit(Sys.setenv(KNNGPU_SELECT = old))
-    for (k in c(1, 7, 32)) {
-        Sys.setenv(KNNGPU_SELECT = "warp")
-        warp <- knnSearch(x, k = k, device = "gpu", progress = FALSE)
-        Sys.setenv(KNNGPU_SELECT = "radix")
-        radix <- knnSearch(x, k = k, device = "gpu", progress = FALSE)
-        expect_identical(warp$index, radix$index)
-        expect_identical(warp$distance, radix$distance)
+    for (k in c(1, 7, 16, 32)) for (metric in c("euclidean", "pearson")) {
+        got <- lapply(c(warp = "warp", radix = "radix"),
+                      function(algo) {
+            Sys.setenv(KNNGPU_SELECT = algo)
+            lapply(list(x, t), function(m) {
+                nn <- knnSearch(m, k = k, metric = metric, device = "gpu",
+                                progress = FALSE)
+                nn[c("index", "distance")]
+            })
+        })
+        expect_identical(got$radix, got$warp,
+                         label = sprintf("k=%d %s", k, metric))
     }
+})
+
+test_that("inputs larger than the staging ring arrive intact", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## 120000 x 37 doubles are 35.5 MB, more than the 32 one-megabyte
+    ## slots, and the parts end mid-slot; one upload thread and several.
+    x <- randomMatrix(120000, 37, 27)
+    q <- randomMatrix(60, 37, 28)
+    for (threads in c(1L, 0L)) {
+        withOptions(list(knngpu.threads = threads), {
+            expectGpuIdentical(x, 7, "euclidean", query = q,
+                               label = sprintf("threads=%d", threads))
+            expectGpuIdentical(x, 7, "pearson", query = q,
+                               label = sprintf("threads=%d", threads))
+        })
+    }
+})
+
+test_that("searches in a row leave device memory where the first left it", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    x <- randomMatrix(5000, 30, 29)
+    ## The first search may keep the device's stream, cuBLAS handle and
+    ## staging for the next ones; after that, nothing accumulates.
+    knnSearch(x, k = 10, device = "gpu", progress = FALSE)
+    after <- vapply(1:3, function(i) {
+        knnGraph(x, k = 10, metric = "euclidean", device = "gpu",
+                 progress = FALSE)
+        gpuFreeBytes()
+    }, numeric(1))
+    expect_identical(after[2:3], after[c(1, 1)])
 })
 
 test_that("explicit devices and the report attributes", {
@@ -58,7 +94,7 @@ test_that("explicit devices and the report attributes", {
 
 test_that("an interrupt stops within a second and frees device memory", {
     skip_if_not(gpuAvailable(), "no usable GPU")
-    x <- randomMatrix(300000, 64, 25)
+    x <- randomMatrix(600000, 64, 25)
     old <- options(knngpu.gpu.memory = 2e8)
     on.exit(options(old))
     ## The elapsed-time limit raises an error at the engine's next interrupt

@@ -9,8 +9,10 @@ out in another order than the exact float64 answer knngpu returns.
   python3 torch_knn.py knn FILE N D K METRIC [NQ]
       prints one line: "torch total <s> gemm <s> chunk <rows>".
       total: host float64 array in -> n x k indices and distances back on
-      the host (median of 5 runs when the first takes under 1 s); gemm: the same chunked float32 products alone (the bare
-      GEMM). NQ > 0: the last NQ rows of FILE are queries against the others.
+      the host (the median of 5 runs when the first takes under 1 s,
+      of 21 under 0.1 s); gemm: the same chunked float32 products alone
+      (the bare GEMM). NQ > 0: the last NQ rows of FILE are queries
+      against the others.
 """
 import statistics
 import sys
@@ -62,6 +64,14 @@ def knn(host, k, metric, nq, chunk, gemm_only=False):
     return torch.cat(out_i).cpu().numpy(), torch.cat(out_d).cpu().numpy()
 
 
+def repeats(runs):
+    """Runs to take the median of: 1 from a second up, 5 from 0.1 s, else
+    21 (the same rule as inst/bench/gpu.R)."""
+    if not runs:
+        return 1
+    return 1 if runs[0] >= 1.0 else 5 if runs[0] >= 0.1 else 21
+
+
 def main():
     if sys.argv[1] == "make":
         make(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), int(sys.argv[5]))
@@ -75,13 +85,14 @@ def main():
     chunk = max(1, min(n, (1 << 29) // cols))
     knn(host[:min(n, 4096)], min(k, 10), metric, 0, 1024)  # warm-up
     runs = []
-    while len(runs) < 5 and (not runs or runs[0] < 1.0):
+    while len(runs) < repeats(runs):
         t0 = time.perf_counter()
         knn(host, k, metric, nq, chunk)
         runs.append(time.perf_counter() - t0)
     total = statistics.median(runs)
     gemm = knn(host, k, metric, nq, chunk, gemm_only=True)
-    print(f"torch total {total:.3f} gemm {gemm:.3f} chunk {chunk}", flush=True)
+    print(f"torch total {total:.6f} gemm {gemm:.6f} chunk {chunk}",
+          flush=True)
 
 
 if __name__ == "__main__":
