@@ -61,6 +61,8 @@
 
 ## The matrix inside the supported containers, with samples in columns.
 .extractMatrix <- function(x, assay, arg) {
+    ## A plain matrix, the usual case, skips the S4 class lookups.
+    if (is.matrix(x) && !isS4(x)) return(x)
     if (methods::is(x, "SummarizedExperiment")) {
         if (!requireNamespace("SummarizedExperiment", quietly = TRUE)) {
             stop(sprintf("'%s' is a SummarizedExperiment but the package ",

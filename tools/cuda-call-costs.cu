@@ -53,6 +53,25 @@ int main()
         cudaMalloc(&p, 64 << 10);
         cudaFree(p);
     });
+    cudaStream_t as;
+    cudaStreamCreateWithFlags(&as, cudaStreamNonBlocking);
+    size_t free0 = 0, free1 = 0, total = 0;
+    cudaMemGetInfo(&free0, &total);
+    TIME("4 x cudaMalloc + cudaFree 32 MB", {
+        void *q[4];
+        for (auto &b : q) cudaMalloc(&b, 32 << 20);
+        for (auto &b : q) cudaFree(b);
+    });
+    TIME("4 x cudaMallocAsync + cudaFreeAsync 32 MB + sync", {
+        void *q[4];
+        for (auto &b : q) cudaMallocAsync(&b, 32 << 20, as);
+        for (auto &b : q) cudaFreeAsync(b, as);
+        cudaStreamSynchronize(as);
+    });
+    cudaMemGetInfo(&free1, &total);
+    printf("%-40s %8.1f MB\n", "  device memory kept by the pool after",
+           ((double)free0 - (double)free1) / 1048576.0);
+    cudaStreamDestroy(as);
     TIME("cudaHostAlloc + cudaFreeHost 3 MB", {
         cudaHostAlloc(&p, 3 << 20, 0);
         cudaFreeHost(p);

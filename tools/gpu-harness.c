@@ -234,11 +234,12 @@ static void check_case(const char *data, knn_metric m, const double *ref,
     pass ? n_pass++ : n_fail++;
     const char *gemm = getenv("KNNGPU_GEMM");
     printf("%s %-6s %-11s %s k=%-5d n=%d p=%d budget=%.0f dev=%d sel=%s "
-           "gemm=%s out=%s tile=%d cand=%.1f %.3fs",
+           "gemm=%s out=%s tile=%d cand=%.1f %.3fs [%.6s%s]",
            pass ? "PASS" : "FAIL", data, metric_name[m],
            query ? "query" : "self ", k, n_ref, p, budget, n_dev,
            select ? select : "auto", gemm ? gemm : "auto",
-           edges ? "edges" : "matrix", rep.row_tile, rep.candidates, secs);
+           edges ? "edges" : "matrix", rep.row_tile, rep.candidates, secs,
+           rep.precision, strstr(rep.precision, "then") ? " then fp32" : "");
     if (st != KNN_OK) printf(" status=%d %s", (int)st, rep.message);
     if (bad) {
         long r = first % nq, c = first / nq;
@@ -285,10 +286,16 @@ static void check_metric(const char *data, knn_metric m, const double *ref,
                        NULL, 1, ri, rd, rw);
             check_case(data, m, ref, n_ref, query, n_query, p, k, 3e6, 2,
                        dev0, NULL, 1, ri, rd, rw);
-            /* The other candidate arithmetic than the metric's default. */
-            setenv("KNNGPU_GEMM", knn_is_correlation(m) ? "fp32" : "tf32", 1);
+            /* Forced arithmetic: float32 for every metric, and TF32
+             * without the distances' fall-back to float32. */
+            setenv("KNNGPU_GEMM", "fp32", 1);
             check_case(data, m, ref, n_ref, query, n_query, p, k, 0, 0, NULL,
                        NULL, 0, ri, rd, rw);
+            if (!knn_is_correlation(m)) {
+                setenv("KNNGPU_GEMM", "tf32", 1);
+                check_case(data, m, ref, n_ref, query, n_query, p, k, 2e6, 0,
+                           NULL, NULL, 0, ri, rd, rw);
+            }
             unsetenv("KNNGPU_GEMM");
         }
     }
@@ -333,6 +340,21 @@ static double *heavy_data(int n)
         x[4 * j + 1] = 1.0;
         x[4 * j + 2] = floor(3.0 * rng_unif());
         x[4 * j + 3] = floor(3.0 * rng_unif());
+    }
+    return x;
+}
+
+/* Nodes at levels spread over 0..100 with noise of 0.01: neighbours are
+ * close against the nodes' norms, so TF32 candidates overflow their slots
+ * and a distance search goes on in float32 (after its first tile, or with
+ * that tile run again). */
+static double *levels_data(int p, int n)
+{
+    double *x = malloc(sizeof(double) * p * n);
+    for (int j = 0; j < n; j++) {
+        double level = 100.0 * rng_unif();
+        for (int f = 0; f < p; f++)
+            x[(size_t)j * p + f] = level + 0.01 * rng_norm();
     }
     return x;
 }
@@ -471,6 +493,13 @@ static void check_all(void)
     int kq[] = {1, 10, 100, 899};
     double *heavy = heavy_data(3000);
     int kh[] = {1, 16, 500};
+    double *levels = levels_data(16, 3000);
+    int kl[] = {1, 5, 40};
+    check_metric("levels", KNN_EUCLIDEAN, levels, 3000, NULL, 0, 16, kl, 3,
+                 1);
+    check_metric("levels", KNN_SQEUCLIDEAN, levels, 3000, NULL, 0, 16, kl, 3,
+                 1);
+    free(levels);
     for (int m = 0; m < KNN_N_METRICS; m++) {
         check_metric("heavy", (knn_metric)m, heavy, 3000, NULL, 0, 4, kh, 3,
                      1);

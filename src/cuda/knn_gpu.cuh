@@ -147,6 +147,8 @@ typedef struct {
                          cuBLAS use its tensor-core kernels */
     float *sqnorm;    /* distances: |f|^2 */
     double *margin2;  /* per node: twice its candidate margin */
+    double *norm;     /* distances: |node - means| (float64), and the */
+    double *norm_max; /* largest over the ref nodes: the margins' inputs */
     int scale_exp;    /* distances: e of the 2^-e scaling */
 } knn_gpu_nodes;
 
@@ -180,19 +182,27 @@ knn_status knn_select_candidates(const knn_select_args *a,
                                  knn_select_algo algo, char *message,
                                  cudaStream_t stream);
 
-/* Arithmetic of the candidate products. TF32 (tensor cores, float32
- * accumulation) for the correlation metrics, where the margin is an
- * absolute 0.008 or so in r and costs a few candidates; float32 for the
- * distances, whose margin scales with (|f_i| + |f_max|)^2 and would let
- * TF32 admit several times k candidates. KNNGPU_GEMM=fp32|tf32 forces
- * one (tests, benchmarks). */
+/* Arithmetic of the candidate products: TF32 (tensor cores, float32
+ * accumulation) or float32. TF32 inputs keep 10 mantissa bits, so a node's
+ * margin grows about 8000 times. For the correlation metrics that is an
+ * absolute 0.008 or so in r and costs a few candidates. For the distances
+ * the margin scales with (|f_i| + |f_max|)^2; where neighbours lie close
+ * against those norms (genes of an expression matrix at different levels)
+ * TF32 would admit far more than k candidates per row, so a distance
+ * search starts in TF32 and goes on in float32 after a tile that shows it
+ * (knn_gemm_adaptive; knn_gpu_tiles.cu). KNNGPU_GEMM=fp32|tf32 forces one
+ * arithmetic for the whole search (tests, benchmarks). */
 typedef enum { KNN_GEMM_FP32 = 0, KNN_GEMM_TF32 } knn_gemm_mode;
 
 knn_gemm_mode knn_gemm_choose(knn_metric metric);
+/* Whether the search may give TF32 up for float32 (not forced, a product
+ * distance). */
+int knn_gemm_adaptive(knn_metric metric);
 /* unit_in of knn_margin_*: TF32 keeps 10 mantissa bits, so rounding or
  * truncating an input errs by less than 2^-10 relative. */
 double knn_gemm_unit_in(knn_gemm_mode mode);
-const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode);
+const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
+                               int switched);
 
 /* Products of a row tile into the panel. */
 knn_status knn_panel_gemm(cublasHandle_t blas, const float *fast_ref,
@@ -245,6 +255,12 @@ knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
                              knn_gpu_nodes *nodes, char *message,
                              cudaStream_t stream);
 void knn_nodes_free(knn_gpu_nodes *nodes);
+/* Product distances: recomputes the margins for another unit_in (the
+ * search changed its GEMM arithmetic), on the stream after the work
+ * already queued there. */
+knn_status knn_nodes_remargin(knn_metric metric, knn_gpu_nodes *nodes,
+                              double unit_in, char *message,
+                              cudaStream_t stream);
 
 /* Fork guard and device discovery (knn_gpu_query.cu). */
 knn_status knn_gpu_claim_process(char *message, size_t size);

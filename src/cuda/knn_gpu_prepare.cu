@@ -151,15 +151,16 @@ __global__ static void knn_margin_corr_kernel(double *margin2, int n, int p,
     margin2[g] = 2.0 * knn_margin_corr(p, unit_in, KNN_U32, kappa);
 }
 
-/* Turns the per-node norms (in margin2) into twice each node's margin. */
+/* Twice each node's margin, from its norm and the largest ref norm. */
 __global__ static void knn_margin_dist_kernel(double *margin2, int n, int p,
                                               double unit_in,
+                                              const double *norm,
                                               const double *norm_max)
 {
     int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= n) return;
     margin2[g] =
-        2.0 * knn_margin_dist(p, unit_in, KNN_U32, margin2[g], *norm_max);
+        2.0 * knn_margin_dist(p, unit_in, KNN_U32, norm[g], *norm_max);
 }
 
 static knn_status knn_alloc(void **ptr, size_t bytes, char *message)
@@ -189,6 +190,8 @@ static void knn_nodes_carve(knn_metric m, knn_gpu_nodes *nd,
     nd->fast = knn_carve<float>(c, (size_t)nd->ldf * n);
     if (knn_is_correlation(m)) return;
     nd->sqnorm = knn_carve<float>(c, n);
+    nd->norm = knn_carve<double>(c, n);
+    nd->norm_max = knn_carve<double>(c, 1);
     sc->mean_parts = knn_carve<double>(c, (size_t)KNN_MEAN_PARTS * nd->p);
 }
 
@@ -253,15 +256,27 @@ static knn_status knn_prepare_dist(knn_metric m, double *x, knn_gpu_nodes *nd,
                             stream>>>(sc->mean_parts, nd->p, nd->n_ref);
     KNN_LAUNCH_TRY(message, "knn_mean_final_kernel");
     KNN_CUDA_TRY(message,
-                 cudaMemsetAsync(sc->scalar, 0, sizeof(double), stream));
+                 cudaMemsetAsync(nd->norm_max, 0, sizeof(double), stream));
     knn_dist_fast_kernel<<<knn_blocks((size_t)nd->n_nodes * 32),
                            KNN_PREP_THREADS, 0, stream>>>(
         x, nd->p, nd->n_nodes, nd->n_ref, sc->mean_parts, nd->fast, nd->ldf,
-        nd->sqnorm, nd->margin2, sc->scalar);
+        nd->sqnorm, nd->norm, nd->norm_max);
     KNN_LAUNCH_TRY(message, "knn_dist_fast_kernel");
-    knn_margin_dist_kernel<<<knn_blocks(nd->n_nodes), KNN_PREP_THREADS, 0,
-                             stream>>>(nd->margin2, nd->n_nodes, nd->p,
-                                       unit_in, sc->scalar);
+    return knn_nodes_remargin(m, nd, unit_in, message, stream);
+}
+
+knn_status knn_nodes_remargin(knn_metric metric, knn_gpu_nodes *nodes,
+                              double unit_in, char *message,
+                              cudaStream_t stream)
+{
+    if (knn_is_correlation(metric) || !knn_uses_product(metric))
+        return knn_gpu_fail(message, KNN_E_INVALID, "knn_nodes_remargin",
+                            "only the product distances have per-node "
+                            "margins to recompute", __FILE__, __LINE__);
+    knn_margin_dist_kernel<<<knn_blocks(nodes->n_nodes), KNN_PREP_THREADS, 0,
+                             stream>>>(nodes->margin2, nodes->n_nodes,
+                                       nodes->p, unit_in, nodes->norm,
+                                       nodes->norm_max);
     KNN_LAUNCH_TRY(message, "knn_margin_dist_kernel");
     return KNN_OK;
 }
@@ -306,5 +321,6 @@ void knn_nodes_free(knn_gpu_nodes *nodes)
     cudaFree(nodes->block);
     nodes->exact = nodes->sum = nodes->css = nodes->margin2 = NULL;
     nodes->fast = nodes->sqnorm = NULL;
+    nodes->norm = nodes->norm_max = NULL;
     nodes->block = NULL;
 }

@@ -23,12 +23,26 @@
 #define KNN_MH_PER (KNN_MH_TILE / KNN_MH_SIDE)
 #define KNN_MH_FEAT 16   /* features staged per step */
 
-knn_gemm_mode knn_gemm_choose(knn_metric metric)
+/* The arithmetic KNNGPU_GEMM forces, or -1. */
+static int knn_gemm_forced(void)
 {
     const char *force = getenv("KNNGPU_GEMM");
     if (force && strcmp(force, "fp32") == 0) return KNN_GEMM_FP32;
     if (force && strcmp(force, "tf32") == 0) return KNN_GEMM_TF32;
-    return knn_is_correlation(metric) ? KNN_GEMM_TF32 : KNN_GEMM_FP32;
+    return -1;
+}
+
+knn_gemm_mode knn_gemm_choose(knn_metric metric)
+{
+    int forced = knn_gemm_forced();
+    (void)metric;
+    return forced >= 0 ? (knn_gemm_mode)forced : KNN_GEMM_TF32;
+}
+
+int knn_gemm_adaptive(knn_metric metric)
+{
+    return knn_gemm_forced() < 0 && knn_uses_product(metric) &&
+           !knn_is_correlation(metric);
 }
 
 double knn_gemm_unit_in(knn_gemm_mode mode)
@@ -36,10 +50,13 @@ double knn_gemm_unit_in(knn_gemm_mode mode)
     return mode == KNN_GEMM_TF32 ? 1.0 / 1024.0 : KNN_U32;
 }
 
-const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode)
+const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
+                               int switched)
 {
     if (!knn_uses_product(metric))
         return "fp64 direct candidates + fp64 exact re-rank";
+    if (switched)
+        return "tf32, then fp32 GEMM candidates + fp64 exact re-rank";
     return mode == KNN_GEMM_TF32
         ? "tf32 GEMM candidates + fp64 exact re-rank"
         : "fp32 GEMM candidates + fp64 exact re-rank";

@@ -204,8 +204,10 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
                             knn_metric m, knn_report *rep)
 {
     double cand = 0.0;
+    int switched = 0;
     rep->row_tile = 0;
     for (const knn_gpu_dev &d : devs) {
+        switched |= d.gemm_switched;
         if (d.seconds_setup > rep->seconds_setup)
             rep->seconds_setup = d.seconds_setup;
         if (d.seconds_collect > rep->seconds_collect)
@@ -224,7 +226,8 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
     rep->col_tile = devs.empty() ? 0 : devs[0].req->n_ref;
     snprintf(rep->precision, sizeof rep->precision, "%s",
              knn_gemm_precision(m, devs.empty() ? KNN_GEMM_FP32
-                                                : devs[0].gemm));
+                                                : devs[0].gemm,
+                                switched));
 }
 
 /* Whether a search runs on the calling thread: one device, and work that
@@ -265,6 +268,7 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
         d->query_max_abs = qmax;
         d->score_kind = knn_score_of(req->metric);
         d->gemm = knn_gemm_choose(req->metric);
+        d->gemm_adaptive = knn_gemm_adaptive(req->metric);
         d->copy_threads = copy_threads;
     }
 

@@ -279,6 +279,7 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
     size_t rk = (size_t)rows * k, ld = knn_panel_ld(req->n_ref);
     sl->row0 = row0;
     sl->rows = rows;
+    sl->gemm = d->gemm;
 
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
     if (knn_uses_product(req->metric))
@@ -462,8 +463,43 @@ static void knn_copy_out(const knn_gpu_dev *d, const knn_gpu_slot *sl)
         knn_copy_part(&job, total * i / parts, total * (i + 1) / parts);
 }
 
-/* Waits for slot s, re-runs its tile if a row overflowed, and copies its
- * rows x k results into the caller's n_query x k arrays. */
+/* Runs the tile in slot s again with the uniform slots (after the search
+ * changed its arithmetic). */
+static knn_status knn_tile_rerun(knn_gpu_dev *d, int s)
+{
+    knn_gpu_tiles *t = &d->t;
+    knn_gpu_slot *sl = &t->slot[s];
+    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
+    KNN_TRY(knn_tile_enqueue(d, sl->row0, sl->rows, t->offsets_uniform,
+                             (int64_t)sl->rows * t->slots, s));
+    KNN_CUDA_TRY(d->message, cudaEventSynchronize(sl->done));
+    return KNN_OK;
+}
+
+/* A distance search starts in TF32 (knn_gpu.cuh) and goes on in float32,
+ * its margins recomputed, once a tile's rows average more than 4k + 64
+ * candidates or one overflows its slots: the re-rank of the extra
+ * candidates, or the tile's redo, would cost more than the faster
+ * products save. Tiles already queued keep their TF32 margins: the new
+ * ones are computed on the stream after them. */
+static knn_status knn_dev_gemm_check(knn_gpu_dev *d, double found, int rows,
+                                     int overflow)
+{
+    if (!d->gemm_adaptive) return KNN_OK;
+    if (!overflow && found <= rows * (4.0 * d->req->k + 64.0)) return KNN_OK;
+    d->gemm = KNN_GEMM_FP32;
+    d->gemm_adaptive = 0;
+    d->gemm_switched = 1;
+    KNN_BLAS_TRY(d->message, cublasSetMathMode(d->blas, CUBLAS_DEFAULT_MATH));
+    return knn_nodes_remargin(d->req->metric, &d->nodes,
+                              knn_gemm_unit_in(KNN_GEMM_FP32), d->message,
+                              d->stream);
+}
+
+/* Waits for slot s, re-runs its tile if a row overflowed (first with the
+ * uniform slots in float32, when the tile ran in TF32 and the search has
+ * changed since: a redo must see the counts of the same arithmetic), and
+ * copies its rows x k results into the caller's n_query x k arrays. */
 static knn_status knn_tile_collect(knn_gpu_dev *d, int s)
 {
     knn_gpu_tiles *t = &d->t;
@@ -480,7 +516,20 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s)
     d->seconds_rerank += ms_rerank / 1000.0;
 
     int overflow = 0;
-    for (int r = 0; r < sl->rows; r++) overflow |= sl->count[r] > t->slots;
+    double found = 0.0;
+    for (int r = 0; r < sl->rows; r++) {
+        overflow |= sl->count[r] > t->slots;
+        found += sl->count[r];
+    }
+    KNN_TRY(knn_dev_gemm_check(d, found, sl->rows, overflow));
+    if (overflow && sl->gemm != d->gemm) {
+        double t0 = knn_seconds();
+        KNN_TRY(knn_tile_rerun(d, s));
+        d->seconds_search += knn_seconds() - t0;
+        overflow = 0;
+        for (int r = 0; r < sl->rows; r++)
+            overflow |= sl->count[r] > t->slots;
+    }
     if (overflow) {
         double t0 = knn_seconds();
         KNN_TRY(knn_tile_redo(d, s));

@@ -19,6 +19,7 @@ typedef struct {
  * device fills the other. */
 typedef struct {
     int row0, rows;
+    knn_gemm_mode gemm;     /* the arithmetic the tile ran with */
     int *index, *count;
     double *distance, *weight;
     cudaEvent_t start, selected, done;
@@ -66,6 +67,8 @@ typedef struct {
     double query_max_abs;   /* distances, query search: max |query| */
     knn_score_kind score_kind;
     knn_gemm_mode gemm;
+    int gemm_adaptive;      /* may still give TF32 up for float32 */
+    int gemm_switched;      /* did */
     knn_gpu_context *ctx;   /* the device's stream, handle, staging */
     cudaStream_t stream;    /* ctx's */
     cublasHandle_t blas;

@@ -76,6 +76,25 @@ test_that("searches in a row leave device memory where the first left it", {
     expect_identical(after[2:3], after[c(1, 1)])
 })
 
+test_that("distance searches give TF32 up where it admits too many", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## Nodes at levels over 0..100 with noise of 0.01: neighbours lie close
+    ## against the nodes' norms, so TF32 candidates overflow their slots.
+    set.seed(30)
+    levels <- matrix(runif(3000, 0, 100), 3000, 16) +
+        matrix(rnorm(3000 * 16, sd = 0.01), 3000)
+    for (metric in c("euclidean", "sqeuclidean")) {
+        got <- expectGpuIdentical(levels, 5, metric, label = "levels")
+        expect_match(attr(got$gpu, "precision"), "then fp32")
+        withOptions(list(knngpu.gpu.memory = 2e6), {
+            expectGpuIdentical(levels, 5, metric, label = "levels, tiles")
+        })
+    }
+    x <- randomMatrix(3000, 20, 31)
+    got <- expectGpuIdentical(x, 10, "euclidean", label = "random")
+    expect_match(attr(got$gpu, "precision"), "^tf32 GEMM")
+})
+
 test_that("explicit devices and the report attributes", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     x <- randomMatrix(500, 10, 24)
