@@ -75,6 +75,7 @@
     res <- .Call(C_knn_search, ref$values, query$values, k,
                  .metricCode(metric), as.integer(backend == "gpu"), threads,
                  .memoryBudget(backend), devices, progress, edges)
+    if (is.null(res)) .stopNonFinite(ref, query)
     res$info$elapsed <- .wallSeconds() - start
     res$info$backend <- backend
     res$info$metric <- metric

@@ -97,7 +97,9 @@
 }
 
 ## Converts x to what the engine takes: a double matrix with one column per
-## node (features x nodes), plus the node labels. Checks values once.
+## node (features x nodes), plus the node labels and the argument's name
+## for messages. Non-finite values are left to the engine, which finds them
+## as it reads the values anyway (.stopNonFinite names them).
 .asNodes <- function(x, by, assay = 1L, arg = "x") {
     m <- .extractMatrix(x, assay, arg)
     if (!is.matrix(m) || !is.numeric(m)) {
@@ -115,13 +117,26 @@
         stop(sprintf("'%s' has zero features: its %s are empty", arg, what),
              call. = FALSE)
     }
-    nodes <- .Call(C_knn_nodes, m, by == "rows", 5L)
-    if (nodes$count > 0L) {
-        stop(sprintf("'%s' has NA, NaN or Inf values in %s: %s", arg, what,
-                     .nameNodes(labels[nodes$bad], nodes$count)),
-             call. = FALSE)
+    list(values = .Call(C_knn_nodes, m, by == "rows"), labels = labels,
+         what = what, arg = arg)
+}
+
+## The error for nodes holding NA, NaN or Inf, naming the first ones; each
+## of nodes (results of .asNodes(), NULL ones skipped) is checked in turn.
+.stopNonFinite <- function(...) {
+    for (nodes in list(...)) {
+        if (is.null(nodes)) next
+        bad <- .Call(C_knn_nonfinite, nodes$values, 5L)
+        count <- attr(bad, "count")
+        if (count > 0L) {
+            stop(sprintf("'%s' has NA, NaN or Inf values in %s: %s",
+                         nodes$arg, nodes$what,
+                         .nameNodes(nodes$labels[bad], count)),
+                 call. = FALSE)
+        }
     }
-    list(values = nodes$values, labels = labels, what = what)
+    stop("the engine found NA, NaN or Inf values that a second look ",
+         "did not", call. = FALSE)
 }
 
 ## Rejects nodes the metric cannot use: constant nodes for correlations,

@@ -19,6 +19,7 @@ static const char *knn_status_name(knn_status st)
     case KNN_E_INTERRUPTED: return "interrupted by the user";
     case KNN_E_NOGPU: return "no usable GPU";
     case KNN_E_DEVICE: return "GPU failure";
+    case KNN_E_NONFINITE: return "non-finite values";
     default: return "engine error";
     }
 }
@@ -102,7 +103,10 @@ static SEXP knn_result_alloc(int n, int k, int edges, knn_result *out)
  * integer vector, empty for all; edges: TRUE for a self search's directed
  * edge list. Returns list(index, distance, weight, info) with n x k
  * matrices, or list(from, to, weight, distance, rank, info) with one
- * element per edge, grouped by `from`, ranks ascending. Nodes are 1-based. */
+ * element per edge, grouped by `from`, ranks ascending. Nodes are 1-based.
+ * Returns NULL when a value is NA, NaN or Inf (the caller names the nodes
+ * with C_knn_nonfinite; finding them costs a second read, so it is left to
+ * that rare path). */
 SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
                   SEXP threads, SEXP memory, SEXP devices, SEXP progress,
                   SEXP edges)
@@ -135,6 +139,11 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
     knn_status st = knn_search(&req, (knn_backend)asInteger(backend), &out,
                                &report);
     knn_r_callbacks_done(&session);
+    if (st == KNN_E_NONFINITE) {
+        /* R names the offending nodes (knn_nonfinite_nodes). */
+        UNPROTECT(nprot);
+        return R_NilValue;
+    }
     if (st != KNN_OK) {
         UNPROTECT(nprot);
         error("knngpu: %s: %s", knn_status_name(st), report.message);
@@ -148,36 +157,34 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
     return res;
 }
 
-/* x: numeric matrix (double or integer). Returns list(values: the nodes in
- * the engine's p x n layout, bad: the first max_bad 1-based nodes holding
- * NA, NaN or Inf, count: how many such nodes there are). A double matrix
- * whose columns are the nodes is already in that layout and is not
- * copied. */
-SEXP C_knn_nodes(SEXP x, SEXP by_rows, SEXP max_bad)
+/* x: numeric matrix (double or integer). Returns the nodes in the engine's
+ * p x n layout, a double matrix; one whose columns are the nodes is already
+ * in that layout and is returned as it is. */
+SEXP C_knn_nodes(SEXP x, SEXP by_rows)
 {
-    int nprot = 0;
     int nrow = nrows(x), ncol = ncols(x), rows = asLogical(by_rows) == TRUE;
-    SEXP values = x;
-    if (rows || TYPEOF(x) != REALSXP) {
-        SEXP dbl = PROTECT(coerceVector(x, REALSXP)); nprot++;
-        values = PROTECT(allocMatrix(REALSXP, rows ? ncol : nrow,
-                                     rows ? nrow : ncol)); nprot++;
-        knn_layout_nodes(REAL(dbl), nrow, ncol, rows, REAL(values));
-    }
+    if (!rows && TYPEOF(x) == REALSXP) return x;
+    SEXP dbl = PROTECT(coerceVector(x, REALSXP));
+    SEXP values = PROTECT(allocMatrix(REALSXP, rows ? ncol : nrow,
+                                      rows ? nrow : ncol));
+    knn_layout_nodes(REAL(dbl), nrow, ncol, rows, REAL(values));
+    UNPROTECT(2);
+    return values;
+}
+
+/* x: p x n double matrix. Returns the 1-based nodes holding NA, NaN or Inf
+ * (at most max_bad of them, in order) with the total count as attribute
+ * "count". */
+SEXP C_knn_nonfinite(SEXP x, SEXP max_bad)
+{
     int cap = asInteger(max_bad);
     int *bad = (int *)R_alloc((size_t)cap, sizeof(int));
-    int found = knn_nonfinite_nodes(REAL(values), nrows(values),
-                                    ncols(values), bad, cap);
-
+    int found = knn_nonfinite_nodes(REAL(x), nrows(x), ncols(x), bad, cap);
     int shown = found < cap ? found : cap;
-    SEXP bad1 = PROTECT(allocVector(INTSXP, shown)); nprot++;
-    for (int i = 0; i < shown; i++) INTEGER(bad1)[i] = bad[i] + 1;
-    const char *names[] = {"values", "bad", "count"};
-    SEXP res = PROTECT(knn_named_list(3, names)); nprot++;
-    SET_VECTOR_ELT(res, 0, values);
-    SET_VECTOR_ELT(res, 1, bad1);
-    SET_VECTOR_ELT(res, 2, ScalarInteger(found));
-    UNPROTECT(nprot);
+    SEXP res = PROTECT(allocVector(INTSXP, shown));
+    for (int i = 0; i < shown; i++) INTEGER(res)[i] = bad[i] + 1;
+    setAttrib(res, install("count"), ScalarInteger(found));
+    UNPROTECT(1);
     return res;
 }
 

@@ -470,6 +470,48 @@ static void check_release(void)
     free(gw);
 }
 
+/* A value that is not finite, in ref or in a query, late in a large
+ * input: the upload finds it (KNN_E_NONFINITE) on one device and on two,
+ * and device memory is as before. */
+static void check_nonfinite(void)
+{
+    int n = 50000, p = 64, k = 5, nq = 100, dev0[2] = {0, 0};
+    double *x = random_data(p, n), *q = random_data(p, nq);
+    size_t nk = (size_t)nq * k;
+    int *gi = malloc(sizeof(int) * nk);
+    double *gd = malloc(sizeof(double) * nk), *gw = malloc(sizeof(double) * nk);
+    const double bad_values[] = {NAN, INFINITY, -INFINITY};
+    /* Clean runs first: what CUDA and cuBLAS load on first use of a kernel
+     * stays for the process (see check_out_of_memory). */
+    knn_report warm;
+    for (int d = 1; d <= 2; d++)
+        gpu_run(KNN_EUCLIDEAN, x, n, q, nq, p, k, 0, d, dev0, 0, gi, gd, gw,
+                &warm);
+    for (int c = 0; c < 6; c++) {
+        double *where = c % 2 ? q + (size_t)p * nq - 3 : x + (size_t)p * n - 2;
+        double keep = *where;
+        *where = bad_values[c % 3];
+        size_t free0 = 0, free1 = 0, total = 0;
+        knn_report rep;
+        cudaSetDevice(0);
+        cudaMemGetInfo(&free0, &total);
+        knn_status st = gpu_run(KNN_EUCLIDEAN, x, n, q, nq, p, k, 0,
+                                1 + c / 3, dev0, 0, gi, gd, gw, &rep);
+        cudaMemGetInfo(&free1, &total);
+        *where = keep;
+        int pass = st == KNN_E_NONFINITE && free0 == free1;
+        pass ? n_pass++ : n_fail++;
+        printf("%s non-finite %g in %s, %d device(s): status=%d (%s)\n",
+               pass ? "PASS" : "FAIL", bad_values[c % 3],
+               c % 2 ? "query" : "ref", 1 + c / 3, (int)st, rep.message);
+    }
+    free(x);
+    free(q);
+    free(gi);
+    free(gd);
+    free(gw);
+}
+
 static void check_all(void)
 {
     knn_gpu_info info;
@@ -511,6 +553,7 @@ static void check_all(void)
     check_interrupt();
     check_out_of_memory();
     check_release();
+    check_nonfinite();
     printf("summary: %d passed, %d failed\n", n_pass, n_fail);
     free(rnd);
     free(heavy);

@@ -116,7 +116,7 @@ typedef struct {
 /* Queues the parts' transfers on ctx->stream through the staging ring, on
  * up to `threads` OpenMP threads; returns once every part has left src
  * (the transfers may still run). Stops between 1 MB chunks when *stop is set
- * (KNN_E_INTERRUPTED). */
+ * (KNN_E_INTERRUPTED); KNN_E_NONFINITE when a value is NA, NaN or Inf. */
 knn_status knn_context_upload(knn_gpu_context *ctx,
                               const knn_upload_part *parts, int n_parts,
                               int threads, const std::atomic<int> *stop,

@@ -17,11 +17,13 @@
  * own staging on one thread at about 13 GB/s. Up to 8 OpenMP threads instead
  * copy 1 MB parts into the ring's pinned slots and queue each slot's
  * transfer as soon as it is filled, at 25 to 40 GB/s (H200 host,
- * tools/upload-costs.cu). Part i uses slot i % KNN_STAGE_SLOTS and is filled
+ * tools/upload-costs.cu), checking on the way that every value is finite.
+ * Part i uses slot i % KNN_STAGE_SLOTS and is filled
  * by thread i % workers; workers divides the slot count, so a slot is
  * always refilled by the thread that filled it last, which waits for the
  * slot's event (its previous transfer) first.
  */
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include <mutex>
@@ -153,6 +155,7 @@ typedef struct {
     int workers;
     const std::atomic<int> *stop;
     cudaError_t error[KNN_UPLOAD_WORKERS_MAX];
+    int nonfinite[KNN_UPLOAD_WORKERS_MAX];
 } knn_upload_job;
 
 static size_t knn_chunks_of(size_t n)
@@ -173,6 +176,24 @@ static const knn_upload_part *knn_chunk_at(const knn_upload_job *job,
     return &job->parts[p];
 }
 
+/* Copies n doubles and says whether all of them are finite: the check
+ * rides on the copy's one read of the source (as fast as memcpy on the
+ * hosts tried), so R need not read the input once more beforehand. */
+static bool knn_copy_finite(double *__restrict__ dst,
+                            const double *__restrict__ src, size_t n)
+{
+    const uint64_t exponent = 0x7ff0000000000000ull;
+    uint64_t bad = 0;
+    for (size_t i = 0; i < n; i++) {
+        double v = src[i];
+        uint64_t bits;
+        memcpy(&bits, &v, sizeof bits);
+        dst[i] = v;
+        bad |= (bits & exponent) == exponent;
+    }
+    return bad == 0;
+}
+
 static void knn_upload_worker(knn_upload_job *job, int w)
 {
     knn_gpu_context *c = job->ctx;
@@ -190,7 +211,8 @@ static void knn_upload_worker(knn_upload_job *job, int w)
         double *stage = c->stage + (size_t)slot * KNN_STAGE_PART;
         e = cudaEventSynchronize(c->stage_free[slot]);
         if (e != cudaSuccess) break;
-        memcpy(stage, part->src + off, len * sizeof(double));
+        if (!knn_copy_finite(stage, part->src + off, len))
+            job->nonfinite[w] = 1;
         e = cudaMemcpyAsync(part->dst + off, stage, len * sizeof(double),
                             cudaMemcpyHostToDevice, c->stream);
         if (e == cudaSuccess)
@@ -260,5 +282,11 @@ knn_status knn_context_upload(knn_gpu_context *ctx,
             return knn_gpu_fail_cuda(message, job.error[w],
                                      "staged upload (cudaMemcpyAsync)",
                                      __FILE__, __LINE__);
-    return *stop ? KNN_E_INTERRUPTED : KNN_OK;
+    if (*stop) return KNN_E_INTERRUPTED;
+    for (int w = 0; w < job.workers; w++)
+        if (job.nonfinite[w])
+            return knn_gpu_fail(message, KNN_E_NONFINITE, "upload",
+                                "a value is NA, NaN or Inf", __FILE__,
+                                __LINE__);
+    return KNN_OK;
 }

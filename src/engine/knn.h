@@ -35,7 +35,8 @@ typedef enum {
     KNN_E_NOMEM,       /* host or device allocation failed */
     KNN_E_INTERRUPTED, /* the interrupt callback asked to stop */
     KNN_E_NOGPU,       /* no usable GPU, or built without CUDA */
-    KNN_E_DEVICE       /* a CUDA or cuBLAS call failed */
+    KNN_E_DEVICE,      /* a CUDA or cuBLAS call failed */
+    KNN_E_NONFINITE    /* a value is NA, NaN or Inf */
 } knn_status;
 
 /* Order matches the R layer's metric names (R/validate.R). */
@@ -117,7 +118,10 @@ typedef struct {
 } knn_report;
 
 /* Runs the search on one backend. Returns KNN_OK and fills `out`, or an error
- * with report->message set and `out` unspecified. */
+ * with report->message set and `out` unspecified. Values that are not all
+ * finite give KNN_E_NONFINITE: checked here for the CPU backend, by the GPU
+ * backend as it uploads them (the caller names the nodes with
+ * knn_nonfinite_nodes, on that path only). */
 knn_status knn_search(const knn_request *req, knn_backend backend,
                       knn_result *out, knn_report *report);
 

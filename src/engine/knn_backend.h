@@ -2,9 +2,11 @@
  * knn_backend.h: what knn_search() (knn_search.c) asks of each backend.
  *
  * A backend receives a request that knn_search() has already validated
- * (metric known, 1 <= k <= available candidates, no degenerate nodes, finite
- * values) and must fill `out` with exactly the answer of knn_exact.h, or
- * return an error with report->message set after freeing everything it took.
+ * (metric known, 1 <= k <= available candidates, no degenerate nodes; for
+ * the CPU backend finite values, which the GPU backend checks itself while
+ * it uploads them, returning KNN_E_NONFINITE) and must fill `out` with
+ * exactly the answer of knn_exact.h, or return an error with
+ * report->message set after freeing everything it took.
  * Backends fill report->device, ->precision, timings and ->candidates.
  */
 #ifndef KNN_BACKEND_H

@@ -60,6 +60,13 @@ knn_status knn_search(const knn_request *req, knn_backend backend,
         return knn_invalid(report, "no output buffers");
     knn_status st = knn_check_nodes(req, report);
     if (st != KNN_OK) return st;
-    return backend == KNN_BACKEND_GPU ? knn_gpu_search(req, out, report)
-                                      : knn_cpu_search(req, out, report);
+    if (backend == KNN_BACKEND_GPU) return knn_gpu_search(req, out, report);
+    if (knn_nonfinite_nodes(req->ref, req->p, req->n_ref, NULL, 0) > 0 ||
+        (req->query && knn_nonfinite_nodes(req->query, req->p, req->n_query,
+                                           NULL, 0) > 0)) {
+        snprintf(report->message, sizeof report->message,
+                 "a value is NA, NaN or Inf");
+        return KNN_E_NONFINITE;
+    }
+    return knn_cpu_search(req, out, report);
 }

@@ -62,6 +62,23 @@ test_that("inputs larger than the staging ring arrive intact", {
     }
 })
 
+test_that("values that are not finite are found while uploading", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    x <- randomMatrix(120000, 37, 35)
+    q <- randomMatrix(60, 37, 36)
+    before <- gpuFreeBytes()
+    x[119999, 37] <- NaN
+    expect_error(knnSearch(x, q, k = 3, device = "gpu"),
+                 "'x' has NA, NaN or Inf values in rows: 119999$")
+    x[119999, 37] <- 0
+    q[c(40, 3), 1] <- c(Inf, NA)
+    expect_error(knnSearch(x, q, k = 3, device = "gpu"),
+                 "'query' has NA, NaN or Inf values in rows: 3, 40$")
+    expect_error(knnGraph(q, k = 3, device = "gpu"),
+                 "'x' has NA, NaN or Inf values in rows: 3, 40$")
+    expect_identical(gpuFreeBytes(), before)
+})
+
 test_that("searches in a row leave device memory where the first left it", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     x <- randomMatrix(5000, 30, 29)
