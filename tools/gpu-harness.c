@@ -197,6 +197,22 @@ static knn_status gpu_run(knn_metric m, const double *ref, int n_ref,
     return knn_gpu_search(&req, &out, rep);
 }
 
+/* The three result arrays of a search, nk elements each. */
+static void alloc_results(size_t nk, int **index, double **distance,
+                          double **weight)
+{
+    *index = malloc(sizeof(int) * nk);
+    *distance = malloc(sizeof(double) * nk);
+    *weight = malloc(sizeof(double) * nk);
+}
+
+static void free_results(int *index, double *distance, double *weight)
+{
+    free(index);
+    free(distance);
+    free(weight);
+}
+
 /* Compares GPU output for k with the reference's first k columns. */
 static void check_case(const char *data, knn_metric m, const double *ref,
                        int n_ref, const double *query, int n_query, int p,
@@ -206,8 +222,9 @@ static void check_case(const char *data, knn_metric m, const double *ref,
 {
     int nq = query ? n_query : n_ref;
     size_t nk = (size_t)nq * k;
-    int *gi = malloc(sizeof(int) * nk);
-    double *gd = malloc(sizeof(double) * nk), *gw = malloc(sizeof(double) * nk);
+    int *gi;
+    double *gd, *gw;
+    alloc_results(nk, &gi, &gd, &gw);
     for (size_t t = 0; t < nk; t++) {
         gi[t] = -7;
         gd[t] = gw[t] = NAN;
@@ -250,9 +267,7 @@ static void check_case(const char *data, knn_metric m, const double *ref,
     }
     printf("\n");
     fflush(stdout);
-    free(gi);
-    free(gd);
-    free(gw);
+    free_results(gi, gd, gw);
 }
 
 static void check_metric(const char *data, knn_metric m, const double *ref,
@@ -359,22 +374,47 @@ static double *levels_data(int p, int n)
     return x;
 }
 
+/* The runtime checks' common case: a self search of n random nodes of p
+ * features for k neighbours on device 0, with room for its results. */
+typedef struct {
+    int n, p, k;
+    double *x;
+    int *index;
+    double *distance, *weight;
+} self_case;
+
+static self_case self_case_make(int n, int p, int k)
+{
+    self_case c = {n, p, k, random_data(p, n), NULL, NULL, NULL};
+    alloc_results((size_t)n * k, &c.index, &c.distance, &c.weight);
+    return c;
+}
+
+static knn_status self_case_run(const self_case *c, knn_report *rep)
+{
+    int dev0 = 0;
+    return gpu_run(KNN_EUCLIDEAN, c->x, c->n, NULL, 0, c->p, c->k, 0, 1,
+                   &dev0, 0, c->index, c->distance, c->weight, rep);
+}
+
+static void self_case_free(self_case *c)
+{
+    free(c->x);
+    free_results(c->index, c->distance, c->weight);
+}
+
 /* One device and a small budget (many tiles), so that the search outlasts
  * the second poll. */
 static void check_interrupt(void)
 {
-    int n = 300000, p = 64, k = 10;
-    double *x = random_data(p, n);
-    size_t nk = (size_t)n * k;
-    int *gi = malloc(sizeof(int) * nk);
-    double *gd = malloc(sizeof(double) * nk), *gw = malloc(sizeof(double) * nk);
+    self_case c = self_case_make(300000, 64, 10);
     int dev0 = 0;
-    knn_request req = make_request(KNN_EUCLIDEAN, x, n, NULL, 0, p, k, 2e8,
-                                   1, &dev0);
+    knn_request req = make_request(KNN_EUCLIDEAN, c.x, c.n, NULL, 0, c.p,
+                                   c.k, 2e8, 1, &dev0);
     poll_ctx pc = {0, 2};
     req.cb.interrupted = poll_interrupted;
     req.cb.ctx = &pc;
-    knn_result out = {gi, gd, gw};
+    knn_result out = {c.index, c.distance, c.weight, 0, 0};
     knn_report rep;
     size_t free0 = 0, free1 = 0, total = 0;
     cudaSetDevice(0);
@@ -389,10 +429,7 @@ static void check_interrupt(void)
     printf("%s interrupt: status=%d (%s) after %.3fs, %d polls; device free "
            "before %zu after %zu\n", pass ? "PASS" : "FAIL", (int)st,
            rep.message, secs, pc.polls, free0, free1);
-    free(x);
-    free(gi);
-    free(gd);
-    free(gw);
+    self_case_free(&c);
 }
 
 /* With device 0 nearly full, a search must fail with KNN_E_NOMEM and a
@@ -401,11 +438,7 @@ static void check_interrupt(void)
  * cuBLAS keep for the process, as the interrupt check allows too). */
 static void check_out_of_memory(void)
 {
-    int n = 300000, p = 64, k = 10, dev0 = 0;
-    double *x = random_data(p, n);
-    size_t nk = (size_t)n * k;
-    int *gi = malloc(sizeof(int) * nk);
-    double *gd = malloc(sizeof(double) * nk), *gw = malloc(sizeof(double) * nk);
+    self_case c = self_case_make(300000, 64, 10);
     size_t free0 = 0, free1 = 0, free2 = 0, total = 0;
     void *hog = NULL;
     cudaSetDevice(0);
@@ -416,8 +449,7 @@ static void check_out_of_memory(void)
     knn_status st = KNN_OK;
     for (int run = 0; run < 2; run++) {
         cudaMemGetInfo(&free1, &total);
-        st = gpu_run(KNN_EUCLIDEAN, x, n, NULL, 0, p, k, 0, 1, &dev0, 0, gi,
-                     gd, gw, &rep);
+        st = self_case_run(&c, &rep);
         cudaMemGetInfo(&free2, &total);
         printf("  out of memory, run %d: device free before %zu after %zu\n",
                run + 1, free1, free2);
@@ -429,10 +461,7 @@ static void check_out_of_memory(void)
     printf("%s out of memory: status=%d (%s); device free before %zu after "
            "%zu\n", pass ? "PASS" : "FAIL", (int)st, rep.message, free1,
            free2);
-    free(x);
-    free(gi);
-    free(gd);
-    free(gw);
+    self_case_free(&c);
 }
 
 /* A search keeps the device's stream, cuBLAS handle and staging for the
@@ -441,20 +470,14 @@ static void check_out_of_memory(void)
  * while the context is kept. */
 static void check_release(void)
 {
-    int n = 2000, p = 16, k = 5, dev0 = 0;
-    double *x = random_data(p, n);
-    size_t nk = (size_t)n * k;
-    int *gi = malloc(sizeof(int) * nk);
-    double *gd = malloc(sizeof(double) * nk), *gw = malloc(sizeof(double) * nk);
+    self_case c = self_case_make(2000, 16, 5);
     size_t released1 = 0, kept = 0, released2 = 0, total = 0;
     knn_report rep;
     cudaSetDevice(0);
-    knn_status st1 = gpu_run(KNN_EUCLIDEAN, x, n, NULL, 0, p, k, 0, 1, &dev0,
-                             0, gi, gd, gw, &rep);
+    knn_status st1 = self_case_run(&c, &rep);
     knn_gpu_release();
     cudaMemGetInfo(&released1, &total);
-    knn_status st2 = gpu_run(KNN_EUCLIDEAN, x, n, NULL, 0, p, k, 0, 1, &dev0,
-                             0, gi, gd, gw, &rep);
+    knn_status st2 = self_case_run(&c, &rep);
     cudaMemGetInfo(&kept, &total);
     knn_gpu_release();
     cudaMemGetInfo(&released2, &total);
@@ -464,10 +487,7 @@ static void check_release(void)
     printf("%s release: device free after release %zu and %zu, while kept "
            "%zu (%.1f MB kept)\n", pass ? "PASS" : "FAIL", released1,
            released2, kept, ((double)released2 - (double)kept) / 1048576.0);
-    free(x);
-    free(gi);
-    free(gd);
-    free(gw);
+    self_case_free(&c);
 }
 
 /* A value that is not finite, in ref or in a query, late in a large
@@ -478,8 +498,9 @@ static void check_nonfinite(void)
     int n = 50000, p = 64, k = 5, nq = 100, dev0[2] = {0, 0};
     double *x = random_data(p, n), *q = random_data(p, nq);
     size_t nk = (size_t)nq * k;
-    int *gi = malloc(sizeof(int) * nk);
-    double *gd = malloc(sizeof(double) * nk), *gw = malloc(sizeof(double) * nk);
+    int *gi;
+    double *gd, *gw;
+    alloc_results(nk, &gi, &gd, &gw);
     const double bad_values[] = {NAN, INFINITY, -INFINITY};
     /* Clean runs first: what CUDA and cuBLAS load on first use of a kernel
      * stays for the process (see check_out_of_memory). */
@@ -507,9 +528,7 @@ static void check_nonfinite(void)
     }
     free(x);
     free(q);
-    free(gi);
-    free(gd);
-    free(gw);
+    free_results(gi, gd, gw);
 }
 
 static void check_all(void)
@@ -567,8 +586,9 @@ static void bench(int n, int p, int k, knn_metric m, int nq)
     double *query = nq > 0 ? random_data(p, nq) : NULL;
     int rows = nq > 0 ? nq : n;
     size_t nk = (size_t)rows * k;
-    int *gi = malloc(sizeof(int) * nk);
-    double *gd = malloc(sizeof(double) * nk), *gw = malloc(sizeof(double) * nk);
+    int *gi;
+    double *gd, *gw;
+    alloc_results(nk, &gi, &gd, &gw);
     knn_report rep;
     for (int rep_i = 0; rep_i < 2; rep_i++) {
         double t0 = knn_seconds();
@@ -585,9 +605,7 @@ static void bench(int n, int p, int k, knn_metric m, int nq)
     }
     free(ref);
     free(query);
-    free(gi);
-    free(gd);
-    free(gw);
+    free_results(gi, gd, gw);
 }
 
 int main(int argc, char **argv)

@@ -16,8 +16,12 @@ random <- matrix(rnorm(20000 * 50), 20000)
 tied <- matrix(sample(0:3, 12000 * 10, replace = TRUE), 12000)
 tied[seq(2, 12000, by = 5), ] <- tied[seq(1, 11999, by = 5), ]
 tied <- tied[apply(tied, 1, function(r) any(r != r[1])), ]
+## Neighbours close against the nodes' norms: the distance searches give
+## TF32 up for float32 on each GPU separately.
+levels <- matrix(runif(20000, 0, 100), 20000, 16) +
+    matrix(rnorm(20000 * 16, sd = 0.01), 20000)
 checks <- 0L
-for (data in list(random = random, tied = tied)) {
+for (data in list(random = random, tied = tied, levels = levels)) {
     for (metric in c("pearson", "euclidean", "manhattan", "spearman",
                      "cosine", "abspearson", "sqeuclidean")) {
         for (k in c(1, 16, 300)) {

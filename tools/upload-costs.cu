@@ -86,53 +86,48 @@ static void staged(double *dst, const double *src, double *pinned, size_t n,
 }
 
 /* As knn_gpu_context.cu does it: one stream for every thread, 32 slots of
- * 1 MB whose events guard their reuse, thread i filling parts i, i + nt,
- * ... */
-static void ring(double *dst, const double *src, double *pinned, size_t n,
-                 int nt, cudaStream_t stream, cudaEvent_t *slot_free)
+ * 1 MB whose events guard their reuse, thread i of nt filling parts i,
+ * i + nt, ... */
+static void ring_share(double *dst, const double *src, double *pinned,
+                       size_t n, int i, int nt, cudaStream_t stream,
+                       cudaEvent_t *slot_free)
 {
     const size_t chunk = (size_t)1 << 17;
     size_t parts = (n + chunk - 1) / chunk;
-    auto work = [=](int i) {
-        for (size_t c = i; c < parts; c += nt) {
-            size_t a = c * chunk, len = std::min(chunk, n - a);
-            double *slot = pinned + (c % 32) * chunk;
-            cudaEventSynchronize(slot_free[c % 32]);
-            memcpy(slot, src + a, len * sizeof(double));
-            cudaMemcpyAsync(dst + a, slot, len * sizeof(double),
-                            cudaMemcpyHostToDevice, stream);
-            cudaEventRecord(slot_free[c % 32], stream);
-        }
-    };
+    for (size_t c = i; c < parts; c += nt) {
+        size_t a = c * chunk, len = std::min(chunk, n - a);
+        double *slot = pinned + (c % 32) * chunk;
+        cudaEventSynchronize(slot_free[c % 32]);
+        memcpy(slot, src + a, len * sizeof(double));
+        cudaMemcpyAsync(dst + a, slot, len * sizeof(double),
+                        cudaMemcpyHostToDevice, stream);
+        cudaEventRecord(slot_free[c % 32], stream);
+    }
+}
+
+/* The ring on threads of its own. */
+static void ring(double *dst, const double *src, double *pinned, size_t n,
+                 int nt, cudaStream_t stream, cudaEvent_t *slot_free)
+{
     std::vector<std::thread> th;
-    for (int i = 1; i < nt; i++) th.emplace_back(work, i);
-    work(0);
+    for (int i = 1; i < nt; i++)
+        th.emplace_back(ring_share, dst, src, pinned, n, i, nt, stream,
+                        slot_free);
+    ring_share(dst, src, pinned, n, 0, nt, stream, slot_free);
     for (auto &t : th) t.join();
     cudaStreamSynchronize(stream);
 }
 
-/* The same with OpenMP threads: after another parallel region (R's input
- * check) they are still spinning, and std::threads would compete with
- * them for the cores. */
+/* The ring on OpenMP's threads: after another parallel region (R's input
+ * check) they are still spinning, and threads of its own would compete
+ * with them for the cores. */
 static void ring_omp(double *dst, const double *src, double *pinned,
                      size_t n, int nt, cudaStream_t stream,
                      cudaEvent_t *slot_free)
 {
-    const size_t chunk = (size_t)1 << 17;
-    size_t parts = (n + chunk - 1) / chunk;
     #pragma omp parallel num_threads(nt)
-    {
-        int i = omp_get_thread_num();
-        for (size_t c = i; c < parts; c += nt) {
-            size_t a = c * chunk, len = std::min(chunk, n - a);
-            double *slot = pinned + (c % 32) * chunk;
-            cudaEventSynchronize(slot_free[c % 32]);
-            memcpy(slot, src + a, len * sizeof(double));
-            cudaMemcpyAsync(dst + a, slot, len * sizeof(double),
-                            cudaMemcpyHostToDevice, stream);
-            cudaEventRecord(slot_free[c % 32], stream);
-        }
-    }
+    ring_share(dst, src, pinned, n, omp_get_thread_num(), nt, stream,
+               slot_free);
     cudaStreamSynchronize(stream);
 }
 
@@ -153,7 +148,8 @@ static void measure(size_t n)
     cudaMalloc(&dst, n * sizeof(double));
     cudaHostAlloc(&pinned, n * sizeof(double), cudaHostAllocDefault);
     cudaStream_t streams[8];
-    for (auto &s : streams) cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
+    for (auto &s : streams)
+        cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking);
     printf("\n%.1f MB\n", n * 8 / 1048576.0);
     for (int nt : {1, 2, 4, 8})
         printf("  pageable x%d              %8.3f ms\n", nt,
