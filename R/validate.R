@@ -141,7 +141,7 @@
 
 ## Rejects nodes the metric cannot use: constant nodes for correlations,
 ## all-zero nodes for cosine.
-.checkDegenerate <- function(nodes, metric, arg) {
+.checkDegenerate <- function(nodes, metric) {
     if (!metric %in% .correlationMetrics) return(invisible(NULL))
     bad <- .Call(C_knn_degenerate, nodes$values, .metricCode(metric), 5L)
     count <- attr(bad, "count")
@@ -149,7 +149,7 @@
     kind <- if (metric == "cosine") "all-zero" else "constant"
     stop(sprintf(paste0("'%s' has %d %s %s, for which the %s metric is ",
                         "undefined: %s; remove them first (e.g. keep %s ",
-                        "with non-zero variance)"), arg, count, kind,
+                        "with non-zero variance)"), nodes$arg, count, kind,
                  nodes$what, metric, .nameNodes(nodes$labels[bad], count),
                  nodes$what), call. = FALSE)
 }

@@ -172,14 +172,10 @@ SEXP C_knn_nodes(SEXP x, SEXP by_rows)
     return values;
 }
 
-/* x: p x n double matrix. Returns the 1-based nodes holding NA, NaN or Inf
- * (at most max_bad of them, in order) with the total count as attribute
- * "count". */
-SEXP C_knn_nonfinite(SEXP x, SEXP max_bad)
+/* The first `cap` of `found` offending nodes (0-based in `bad`) as a
+ * 1-based integer vector, with the total count as attribute "count". */
+static SEXP knn_bad_nodes(const int *bad, int found, int cap)
 {
-    int cap = asInteger(max_bad);
-    int *bad = (int *)R_alloc((size_t)cap, sizeof(int));
-    int found = knn_nonfinite_nodes(REAL(x), nrows(x), ncols(x), bad, cap);
     int shown = found < cap ? found : cap;
     SEXP res = PROTECT(allocVector(INTSXP, shown));
     for (int i = 0; i < shown; i++) INTEGER(res)[i] = bad[i] + 1;
@@ -188,20 +184,25 @@ SEXP C_knn_nonfinite(SEXP x, SEXP max_bad)
     return res;
 }
 
-/* x: p x n double matrix. Returns the 1-based degenerate nodes (at most
- * max_rows of them) with the total count as attribute "count". */
+/* x: p x n double matrix. Returns the nodes holding NA, NaN or Inf (at most
+ * max_bad of them, in order; knn_bad_nodes). */
+SEXP C_knn_nonfinite(SEXP x, SEXP max_bad)
+{
+    int cap = asInteger(max_bad);
+    int *bad = (int *)R_alloc((size_t)cap, sizeof(int));
+    int found = knn_nonfinite_nodes(REAL(x), nrows(x), ncols(x), bad, cap);
+    return knn_bad_nodes(bad, found, cap);
+}
+
+/* x: p x n double matrix. Returns the degenerate nodes (at most max_rows of
+ * them, in order; knn_bad_nodes). */
 SEXP C_knn_degenerate(SEXP x, SEXP metric, SEXP max_rows)
 {
     int cap = asInteger(max_rows);
     int *rows = (int *)R_alloc((size_t)cap, sizeof(int));
     int found = knn_degenerate_nodes((knn_metric)asInteger(metric), REAL(x),
                                      nrows(x), ncols(x), rows, cap);
-    int shown = found < cap ? found : cap;
-    SEXP res = PROTECT(allocVector(INTSXP, shown));
-    for (int i = 0; i < shown; i++) INTEGER(res)[i] = rows[i] + 1;
-    setAttrib(res, install("count"), ScalarInteger(found));
-    UNPROTECT(1);
-    return res;
+    return knn_bad_nodes(rows, found, cap);
 }
 
 /* index: n x k 1-based integer matrix of a self search. Returns

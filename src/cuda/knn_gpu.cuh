@@ -183,8 +183,9 @@ knn_status knn_select_candidates(const knn_select_args *a,
                                  cudaStream_t stream);
 
 /* Arithmetic of the candidate products: TF32 (tensor cores, float32
- * accumulation) or float32. TF32 inputs keep 10 mantissa bits, so a node's
- * margin grows about 8000 times. For the correlation metrics that is an
+ * accumulation) or float32. TF32 inputs keep 10 mantissa bits, so the
+ * margins grow by about 2^15 / (p + 6), some 250 times at p = 128 (the
+ * fast term of knn_margin_*). For the correlation metrics that is an
  * absolute 0.008 or so in r and costs a few candidates. For the distances
  * the margin scales with (|f_i| + |f_max|)^2; where neighbours lie close
  * against those norms (genes of an expression matrix at different levels)
@@ -194,7 +195,8 @@ knn_status knn_select_candidates(const knn_select_args *a,
  * arithmetic for the whole search (tests, benchmarks). */
 typedef enum { KNN_GEMM_FP32 = 0, KNN_GEMM_TF32 } knn_gemm_mode;
 
-knn_gemm_mode knn_gemm_choose(knn_metric metric);
+/* The arithmetic a search starts with: TF32 unless KNNGPU_GEMM forces. */
+knn_gemm_mode knn_gemm_choose(void);
 /* Whether the search may give TF32 up for float32 (not forced, a product
  * distance). */
 int knn_gemm_adaptive(knn_metric metric);

@@ -32,10 +32,9 @@ static int knn_gemm_forced(void)
     return -1;
 }
 
-knn_gemm_mode knn_gemm_choose(knn_metric metric)
+knn_gemm_mode knn_gemm_choose(void)
 {
     int forced = knn_gemm_forced();
-    (void)metric;
     return forced >= 0 ? (knn_gemm_mode)forced : KNN_GEMM_TF32;
 }
 

@@ -267,7 +267,7 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
         d->nq = n_q - d->q0 < block ? n_q - d->q0 : block;
         d->query_max_abs = qmax;
         d->score_kind = knn_score_of(req->metric);
-        d->gemm = knn_gemm_choose(req->metric);
+        d->gemm = knn_gemm_choose();
         d->gemm_adaptive = knn_gemm_adaptive(req->metric);
         d->copy_threads = copy_threads;
     }

@@ -463,6 +463,20 @@ static void knn_copy_out(const knn_gpu_dev *d, const knn_gpu_slot *sl)
         knn_copy_part(&job, total * i / parts, total * (i + 1) / parts);
 }
 
+/* Whether a row of the slot found more candidates than its `slots`;
+ * *found gets the candidates of all its rows. */
+static int knn_slot_overflow(const knn_gpu_slot *sl, int slots,
+                             double *found)
+{
+    int overflow = 0;
+    *found = 0.0;
+    for (int r = 0; r < sl->rows; r++) {
+        overflow |= sl->count[r] > slots;
+        *found += sl->count[r];
+    }
+    return overflow;
+}
+
 /* Runs the tile in slot s again with the uniform slots (after the search
  * changed its arithmetic). */
 static knn_status knn_tile_rerun(knn_gpu_dev *d, int s)
@@ -515,20 +529,14 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s)
     d->seconds_search += ms_search / 1000.0;
     d->seconds_rerank += ms_rerank / 1000.0;
 
-    int overflow = 0;
     double found = 0.0;
-    for (int r = 0; r < sl->rows; r++) {
-        overflow |= sl->count[r] > t->slots;
-        found += sl->count[r];
-    }
+    int overflow = knn_slot_overflow(sl, t->slots, &found);
     KNN_TRY(knn_dev_gemm_check(d, found, sl->rows, overflow));
     if (overflow && sl->gemm != d->gemm) {
         double t0 = knn_seconds();
         KNN_TRY(knn_tile_rerun(d, s));
         d->seconds_search += knn_seconds() - t0;
-        overflow = 0;
-        for (int r = 0; r < sl->rows; r++)
-            overflow |= sl->count[r] > t->slots;
+        overflow = knn_slot_overflow(sl, t->slots, &found);
     }
     if (overflow) {
         double t0 = knn_seconds();
