@@ -71,11 +71,15 @@
     threads <- .checkThreads(threads)
     progress <- .checkFlag(progress, "progress")
     verbose <- .checkFlag(verbose, "verbose")
+    algorithm <- .checkChoice(getOption("knngpu.algorithm", "auto"),
+                              .algorithms, "knngpu.algorithm")
     start <- .wallSeconds()
-    res <- .Call(C_knn_search, ref$values, query$values, k,
-                 .metricCode(metric), as.integer(backend == "gpu"), threads,
-                 .memoryBudget(backend), devices, progress, edges)
-    if (is.null(res)) .stopNonFinite(ref, query)
+    res <- .engineSearch(ref$values, query$values, k, metric,
+                         gpu = backend == "gpu", threads = threads,
+                         memory = .memoryBudget(backend), devices = devices,
+                         progress = progress, edges = edges,
+                         algorithm = algorithm)
+    if (!is.null(res$problem)) .stopProblem(res$problem, ref, query, metric)
     res$info$elapsed <- .wallSeconds() - start
     res$info$backend <- backend
     res$info$metric <- metric
@@ -84,6 +88,38 @@
     res$info$features <- nrow(ref$values)
     if (verbose) .reportRun(res$info)
     res
+}
+
+## How the CPU searches (src/engine/knn.h, knn_algorithm, in this order):
+## "auto" chooses by measured cost; "products" scans every pair through
+## matrix products; "tree" uses a k-d tree (distance metrics only).
+.algorithms <- c("auto", "products", "tree")
+
+## One engine call with its arguments by name: ref and query are p x n
+## double matrices (query NULL for a self search); the rest as the engine
+## takes them (src/glue.c, C_knn_search). The one place that knows the
+## .Call's arguments, for the verbs and the benchmark scripts.
+.engineSearch <- function(ref, query = NULL, k, metric, gpu = FALSE,
+                          threads = 0L, memory = 0, devices = integer(),
+                          progress = FALSE, edges = FALSE,
+                          algorithm = "auto") {
+    .Call(C_knn_search, ref, query, as.integer(k), .metricCode(metric),
+          as.integer(gpu), as.integer(threads), as.double(memory),
+          as.integer(devices), progress, edges,
+          match(algorithm, .algorithms) - 1L)
+}
+
+## The engine stopped without a result: the user interrupted it (or an
+## error such as setTimeLimit()'s reached its poll), which R raises again
+## now that the engine has freed everything; or it refused some nodes,
+## which R then names.
+.stopProblem <- function(problem, ref, query, metric) {
+    if (problem$status == "interrupted") {
+        caught <- problem$condition
+        if (inherits(caught, "error")) stop(caught)
+        .signalInterrupt(caught)
+    }
+    .stopBadNodes(problem$message, ref, query, metric)
 }
 
 ## Wall-clock seconds to the microsecond: proc.time() rounds down to

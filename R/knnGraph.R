@@ -69,7 +69,6 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
         }
     }
     nodes <- .asNodes(x, by, assay, "x")
-    .checkDegenerate(nodes, metric)
     if (ncol(nodes$values) < 2L) {
         stop("'x' needs at least 2 nodes to build a graph", call. = FALSE)
     }

@@ -65,7 +65,6 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
     metric <- .checkMetric(metric)
     ref <- .asNodes(x, by, assay, "x")
-    .checkDegenerate(ref, metric)
     q <- NULL
     if (!is.null(query)) {
         q <- .asNodes(query, by, assay, "query")
@@ -74,7 +73,6 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
                                "both need the same features"),
                          nrow(q$values), nrow(ref$values)), call. = FALSE)
         }
-        .checkDegenerate(q, metric)
     }
     available <- ncol(ref$values) - is.null(query)
     if (available < 1L) {

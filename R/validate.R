@@ -35,10 +35,15 @@
     as.integer(k)
 }
 
+## The most threads a search may ask for: OpenMP would try to start every
+## thread asked for, and a million of them exhaust the process (R crashed).
+.maxThreads <- 1024L
+
 .checkThreads <- function(threads) {
     if (is.null(threads)) threads <- getOption("knngpu.threads", 0L)
-    if (!.isWholeNumber(threads) || threads < 0) {
-        stop("'threads' must be NULL or a positive whole number",
+    if (!.isWholeNumber(threads) || threads < 0 || threads > .maxThreads) {
+        stop(sprintf(paste("'threads' must be NULL or a whole number from 1",
+                           "to %d (0 or NULL: all cores)"), .maxThreads),
              call. = FALSE)
     }
     as.integer(threads)
@@ -90,16 +95,33 @@
     x
 }
 
-.nodeLabels <- function(m, by) {
+## Node labels: the row (or column) names, else 1-based numbers. Names
+## that igraph would refuse as vertex names (NA, empty, repeated) are made
+## unique with a message: NA and empty names become the node's number,
+## then make.unique() appends ".1", ".2", ... to repeats.
+.nodeLabels <- function(m, by, arg) {
     labels <- if (by == "rows") rownames(m) else colnames(m)
-    if (is.null(labels)) seq_len(if (by == "rows") nrow(m) else ncol(m))
-    else labels
+    if (is.null(labels)) {
+        return(seq_len(if (by == "rows") nrow(m) else ncol(m)))
+    }
+    missing <- is.na(labels) | !nzchar(labels)
+    repeated <- duplicated(labels) & !missing
+    if (!any(missing | repeated)) return(labels)
+    bad <- which(missing | labels %in% labels[repeated])
+    labels[missing] <- as.character(which(missing))
+    fixed <- make.unique(labels)
+    message(sprintf(paste("knngpu: '%s' has %d NA, empty or repeated %s",
+                          "names (%s); using %s instead"), arg, length(bad),
+                    if (by == "rows") "row" else "column",
+                    .nameNodes(bad), .nameNodes(fixed[bad])))
+    fixed
 }
 
 ## Converts x to what the engine takes: a double matrix with one column per
 ## node (features x nodes), plus the node labels and the argument's name
-## for messages. Non-finite values are left to the engine, which finds them
-## as it reads the values anyway (.stopNonFinite names them).
+## for messages. Non-finite values and nodes the metric cannot use are left
+## to the engine, which finds them as it reads the values anyway
+## (.stopBadNodes names them).
 .asNodes <- function(x, by, assay = 1L, arg = "x") {
     m <- .extractMatrix(x, assay, arg)
     if (!is.matrix(m) || !is.numeric(m)) {
@@ -107,7 +129,7 @@
                            "numeric columns, a SummarizedExperiment or an",
                            "ExpressionSet"), arg), call. = FALSE)
     }
-    labels <- .nodeLabels(m, by)
+    labels <- .nodeLabels(m, by, arg)
     what <- if (by == "rows") "rows" else "columns"
     shape <- if (by == "rows") dim(m) else rev(dim(m))  # nodes, features
     if (shape[1L] < 1L) {
@@ -121,28 +143,33 @@
          what = what, arg = arg)
 }
 
-## The error for nodes holding NA, NaN or Inf, naming the first ones; each
-## of nodes (results of .asNodes(), NULL ones skipped) is checked in turn.
-.stopNonFinite <- function(...) {
-    for (nodes in list(...)) {
-        if (is.null(nodes)) next
-        bad <- .Call(C_knn_nonfinite, nodes$values, 5L)
-        count <- attr(bad, "count")
-        if (count > 0L) {
-            stop(sprintf("'%s' has NA, NaN or Inf values in %s: %s",
-                         nodes$arg, nodes$what,
-                         .nameNodes(nodes$labels[bad], count)),
-                 call. = FALSE)
-        }
-    }
-    stop("the engine found NA, NaN or Inf values that a second look ",
-         "did not", call. = FALSE)
+## The engine refused the nodes (non-finite values, or nodes the metric
+## cannot use; `why` is its reason): names the offending nodes of ref, then
+## of query. Non-finite values are reported first, whatever the engine met
+## first, so the CPU and the GPU give the same message.
+.stopBadNodes <- function(why, ref, query, metric) {
+    for (nodes in list(ref, query)) .stopNonFinite(nodes)
+    for (nodes in list(ref, query)) .stopDegenerate(nodes, metric)
+    stop("the engine refused nodes that a second look did not: ", why,
+         call. = FALSE)
 }
 
-## Rejects nodes the metric cannot use: constant nodes for correlations,
-## all-zero nodes for cosine.
-.checkDegenerate <- function(nodes, metric) {
-    if (!metric %in% .correlationMetrics) return(invisible(NULL))
+## Stops naming the nodes of `nodes` (a result of .asNodes(), or NULL)
+## that hold NA, NaN or Inf.
+.stopNonFinite <- function(nodes) {
+    if (is.null(nodes)) return(invisible(NULL))
+    bad <- .Call(C_knn_nonfinite, nodes$values, 5L)
+    count <- attr(bad, "count")
+    if (count == 0L) return(invisible(NULL))
+    stop(sprintf("'%s' has NA, NaN or Inf values in %s: %s", nodes$arg,
+                 nodes$what, .nameNodes(nodes$labels[bad], count)),
+         call. = FALSE)
+}
+
+## Stops naming the nodes the metric cannot use: constant nodes for
+## correlations, all-zero nodes for cosine.
+.stopDegenerate <- function(nodes, metric) {
+    if (is.null(nodes)) return(invisible(NULL))
     bad <- .Call(C_knn_degenerate, nodes$values, .metricCode(metric), 5L)
     count <- attr(bad, "count")
     if (count == 0L) return(invisible(NULL))
@@ -152,4 +179,17 @@
                         "with non-zero variance)"), nodes$arg, count, kind,
                  nodes$what, metric, .nameNodes(nodes$labels[bad], count),
                  nodes$what), call. = FALSE)
+}
+
+## What R_CheckUserInterrupt() does when the user pressed Ctrl-C: signal
+## the "interrupt" condition (tryCatch(interrupt = ) sees it), then return
+## to the top level. The engine has released its memory by now.
+.signalInterrupt <- function(condition = NULL) {
+    if (!inherits(condition, "interrupt")) {
+        condition <- structure(list(message = "interrupted by the user",
+                                    call = NULL),
+                               class = c("interrupt", "condition"))
+    }
+    signalCondition(condition)
+    invokeRestart("abort")
 }

@@ -1,4 +1,9 @@
 .onLoad <- function(libname, pkgname) {
     .state$toldCpu <- FALSE
+    ## The CUDA backend's shared object sits beside the package's own one,
+    ## which is opened on the first GPU call (src/engine/knn_gpu_loader.c).
+    dll <- getLoadedDLLs()[[pkgname]][["path"]]
+    .Call(C_knn_gpu_library,
+          file.path(dirname(dll), paste0("knngpu_cuda", .Platform$dynlib.ext)))
     invisible(NULL)
 }

@@ -1,23 +1,41 @@
 /*
  * callbacks.c: interrupt and progress for the engine. Both run R code inside
- * R_ToplevelExec(), which catches the longjmp of an interrupt or error, so
- * the engine always returns through its own cleanup path.
+ * R_tryCatch() or R_ToplevelExec(), which catch the longjmp of an interrupt
+ * or error, so the engine always returns through its own cleanup path. The
+ * interrupt poll keeps the condition it caught, so that the glue can raise
+ * it again once the engine has freed everything: R then sees a real
+ * interrupt (or the error, e.g. setTimeLimit()'s) as if the engine had not
+ * been there.
  */
 #include <R.h>
 #include <Rinternals.h>
 #include <cli/progress.h>
 #include "callbacks.h"
 
-static void knn_r_check_interrupt(void *unused)
+static SEXP knn_r_check_interrupt(void *unused)
 {
     (void)unused;
     R_CheckUserInterrupt();
+    return R_NilValue;
+}
+
+static SEXP knn_r_keep_condition(SEXP condition, void *ctx)
+{
+    knn_r_session *session = ctx;
+    SET_VECTOR_ELT(session->caught, 0, condition);
+    return R_NilValue;
 }
 
 static int knn_r_interrupted(void *ctx)
 {
-    (void)ctx;
-    return !R_ToplevelExec(knn_r_check_interrupt, NULL);
+    knn_r_session *session = ctx;
+    SEXP classes = PROTECT(allocVector(STRSXP, 2));
+    SET_STRING_ELT(classes, 0, mkChar("interrupt"));
+    SET_STRING_ELT(classes, 1, mkChar("error"));
+    R_tryCatch(knn_r_check_interrupt, NULL, classes, knn_r_keep_condition,
+               session, NULL, NULL);
+    UNPROTECT(1);
+    return VECTOR_ELT(session->caught, 0) != R_NilValue;
 }
 
 typedef struct {
@@ -44,6 +62,7 @@ void knn_r_callbacks(knn_r_session *session, int show, double total,
                      knn_callbacks *cb)
 {
     session->bar = show ? cli_progress_bar(total, R_NilValue) : R_NilValue;
+    session->caught = allocVector(VECSXP, 1);
     cb->interrupted = knn_r_interrupted;
     cb->progress = knn_r_progress;
     cb->ctx = session;

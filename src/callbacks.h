@@ -9,11 +9,14 @@
 #include "knn.h"
 
 typedef struct {
-    SEXP bar;  /* cli progress bar, or R_NilValue */
+    SEXP bar;     /* cli progress bar, or R_NilValue */
+    SEXP caught;  /* list of one: the condition that stopped the engine (an
+                     interrupt, or an error such as a time limit), else
+                     R_NilValue in it */
 } knn_r_session;
 
-/* Starts a cli progress bar (when show is true) and fills cb. The bar is
- * protected by the caller through session->bar. */
+/* Starts a cli progress bar (when show is true) and fills cb. The caller
+ * protects session->bar and session->caught. */
 void knn_r_callbacks(knn_r_session *session, int show, double total,
                      knn_callbacks *cb);
 

@@ -20,6 +20,7 @@ static const char *knn_status_name(knn_status st)
     case KNN_E_NOGPU: return "no usable GPU";
     case KNN_E_DEVICE: return "GPU failure";
     case KNN_E_NONFINITE: return "non-finite values";
+    case KNN_E_DEGENERATE: return "nodes the metric cannot use";
     default: return "engine error";
     }
 }
@@ -99,17 +100,39 @@ static SEXP knn_result_alloc(int n, int k, int edges, knn_result *out)
     return res;
 }
 
+/* The result of a search that stopped for a reason R handles itself:
+ * list(problem = list(status, message, condition)), status "interrupted"
+ * (R raises `condition` again: the interrupt, or the error such as a time
+ * limit, that the poll caught), "nonfinite" or "degenerate" (R names the
+ * nodes; finding them costs a second read, so it is left to that rare
+ * path). */
+static SEXP knn_problem(knn_status st, const knn_report *report,
+                        SEXP condition)
+{
+    const char *names[] = {"status", "message", "condition"};
+    const char *status = st == KNN_E_INTERRUPTED ? "interrupted"
+                       : st == KNN_E_NONFINITE ? "nonfinite" : "degenerate";
+    SEXP problem = PROTECT(knn_named_list(3, names));
+    SET_VECTOR_ELT(problem, 0, mkString(status));
+    SET_VECTOR_ELT(problem, 1, mkString(report->message));
+    SET_VECTOR_ELT(problem, 2, condition);
+    const char *outer[] = {"problem"};
+    SEXP res = PROTECT(knn_named_list(1, outer));
+    SET_VECTOR_ELT(res, 0, problem);
+    UNPROTECT(2);
+    return res;
+}
+
 /* ref, query: p x n double matrices (query may be NULL); devices: 0-based
  * integer vector, empty for all; edges: TRUE for a self search's directed
- * edge list. Returns list(index, distance, weight, info) with n x k
+ * edge list; algorithm: knn_algorithm's code. R/engine.R's .engineSearch()
+ * is the one caller. Returns list(index, distance, weight, info) with n x k
  * matrices, or list(from, to, weight, distance, rank, info) with one
  * element per edge, grouped by `from`, ranks ascending. Nodes are 1-based.
- * Returns NULL when a value is NA, NaN or Inf (the caller names the nodes
- * with C_knn_nonfinite; finding them costs a second read, so it is left to
- * that rare path). */
+ * An interrupt or refused nodes give knn_problem()'s list. */
 SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
                   SEXP threads, SEXP memory, SEXP devices, SEXP progress,
-                  SEXP edges)
+                  SEXP edges, SEXP algorithm)
 {
     int nprot = 0;
     knn_request req;
@@ -124,6 +147,7 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
     }
     req.k = asInteger(k);
     req.threads = asInteger(threads);
+    req.algorithm = (knn_algorithm)asInteger(algorithm);
     req.memory_bytes = asReal(memory);
     knn_request_devices(&req, devices);
     int nq = isNull(query) ? req.n_ref : req.n_query;
@@ -134,15 +158,18 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
     knn_r_session session;
     knn_r_callbacks(&session, asLogical(progress) == TRUE, nq, &req.cb);
     PROTECT(session.bar); nprot++;
+    PROTECT(session.caught); nprot++;
 
     knn_report report;
     knn_status st = knn_search(&req, (knn_backend)asInteger(backend), &out,
                                &report);
     knn_r_callbacks_done(&session);
-    if (st == KNN_E_NONFINITE) {
-        /* R names the offending nodes (knn_nonfinite_nodes). */
+    if (st == KNN_E_INTERRUPTED || st == KNN_E_NONFINITE ||
+        st == KNN_E_DEGENERATE) {
+        SEXP problem = knn_problem(st, &report,
+                                   VECTOR_ELT(session.caught, 0));
         UNPROTECT(nprot);
-        return R_NilValue;
+        return problem;
     }
     if (st != KNN_OK) {
         UNPROTECT(nprot);
@@ -266,6 +293,14 @@ static SEXP knn_device_column(const knn_gpu_info *info, knn_dev_field field)
     }
     UNPROTECT(1);
     return col;
+}
+
+/* path: where the CUDA backend's shared object is (knn_gpu_set_library).
+ * Returns NULL. */
+SEXP C_knn_gpu_library(SEXP path)
+{
+    knn_gpu_set_library(CHAR(STRING_ELT(path, 0)));
+    return R_NilValue;
 }
 
 /* Returns what the GPU backend sees, as a list for R/gpuInfo.R. */

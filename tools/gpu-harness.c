@@ -13,8 +13,8 @@
  *                            engine-only timing on N(0,1) data (seed 1);
  *                            NQ > 0: search of NQ queries in N references.
  *
- * The reference ranks exactly as knn.h defines (canonical keys, ascending,
- * ties by the smaller index) by sorting every row in full, so it shares no
+ * The reference ranks exactly as knn.h defines (reported distances of the
+ * canonical keys, ascending, ties by the smaller index) by sorting every row in full, so it shares no
  * code with the backend beyond knn_exact.h's arithmetic.
  */
 #include <math.h>
@@ -116,9 +116,9 @@ static void ref_search(knn_metric m, const double *ref, int n_ref,
         for (int j = 0; j < n_ref; j++) {
             if (self && j == i) continue;
             const double *uj = ur + (size_t)j * p;
-            pairs[c].key = knn_is_correlation(m)
+            pairs[c].key = knn_key_distance(m, knn_is_correlation(m)
                 ? knn_key_corr(m, ui, uj, p, sq[i], cq[i], sr[j], cr[j])
-                : knn_key_dist(m, ui, uj, p);
+                : knn_key_dist(m, ui, uj, p), e);
             pairs[c].index = j;
             c++;
         }
@@ -126,7 +126,12 @@ static void ref_search(knn_metric m, const double *ref, int n_ref,
         for (int r = 0; r < kmax; r++) {
             size_t at = (size_t)r * nq + i;
             index[at] = pairs[r].index;
-            knn_key_output(m, pairs[r].key, e, &distance[at], &weight[at]);
+            const double *uj = ur + (size_t)pairs[r].index * p;
+            double key = knn_is_correlation(m)
+                ? knn_key_corr(m, ui, uj, p, sq[i], cq[i], sr[pairs[r].index],
+                               cr[pairs[r].index])
+                : knn_key_dist(m, ui, uj, p);
+            knn_key_output(m, key, e, &distance[at], &weight[at]);
         }
         free(pairs);
     }

@@ -18,7 +18,7 @@ out <- sub("^--out=", "", grep("^--out=", args, value = TRUE))
 
 p <- 32L
 nq <- 16384L
-metric <- 2L # euclidean, R/validate.R's order
+metric <- "euclidean"
 algos <- c("warp", "radix")
 
 ## A budget that gives row tiles of `rows`: rows + 1/2 times the bytes per
@@ -33,9 +33,8 @@ budgetFor <- function(cols, k, rows) {
 searchSeconds <- function(ref, query, k, rows, algo) {
     Sys.setenv(KNNGPU_SELECT = algo)
     times <- vapply(1:2, function(i) {
-        res <- .Call(knngpu:::C_knn_search, ref, query, as.integer(k),
-                     metric, 1L, 0L, budgetFor(ncol(ref), k, rows),
-                     integer(), FALSE, FALSE)
+        res <- knngpu:::.engineSearch(ref, query, k, metric, gpu = TRUE,
+                                      memory = budgetFor(ncol(ref), k, rows))
         ## The plan caps R (panel size): such a cell cannot occur.
         if (res$info$row_tile != rows) return(NA_real_)
         res$info$seconds_search

@@ -163,6 +163,8 @@ typedef struct {
     const float *col_sqnorm; /* KNN_SCORE_DIST: |f_j|^2 of ref nodes */
     const float *row_sqnorm; /* KNN_SCORE_DIST: |f_i|^2 of the tile rows */
     const double *row_margin2;
+    knn_metric metric;       /* with scale_exp: knn_candidate_bound */
+    int scale_exp;
     const int *offsets;      /* rows + 1: row r's slots [offsets[r],
                                 offsets[r + 1]) of cand_index */
     int *cand_index;         /* out: candidates, ascending index per row */

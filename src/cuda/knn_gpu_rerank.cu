@@ -5,10 +5,11 @@
  *    candidate slots; each thread computes one candidate's canonical key
  *    with knn_key_corr / knn_key_dist of knn_exact.h (sequential over
  *    features, rounded operations), the same bits as the C engine.
- * 2. Order: each key becomes 64 unsigned bits whose integer order is the
- *    key order (-0 folded into +0, since the C engine's comparison treats
- *    them as equal), and CUB's stable segmented sort orders every row's
- *    slots by it. Slots were filled in ascending node order, so equal keys
+ * 2. Order: each key's reported distance (knn_key_distance, what results
+ *    are ordered by) becomes 64 unsigned bits whose integer order is its
+ *    order (-0 folded into +0, since the C engine's comparison treats them
+ *    as equal), and CUB's stable segmented sort orders every row's slots
+ *    by it. Slots were filled in ascending node order, so equal distances
  *    stay ordered by the smaller index: the engine's tie rule.
  * 3. Output: one thread per (row, rank < k) reads its slot's node and
  *    original key and writes index, distance and weight (knn_key_output)
@@ -44,7 +45,8 @@ knn_key_kernel(knn_rerank_args a)
                            nd->sum[j], nd->css[j])
             : knn_key_dist(a.metric, xi, xj, p);
         a.cand_key[s] = key;
-        a.sort_key[s] = knn_order_bits64(key);
+        a.sort_key[s] = knn_order_bits64(
+            knn_key_distance(a.metric, key, nd->scale_exp));
         a.sort_val[s] = s;
     }
 }

@@ -113,6 +113,13 @@ __device__ __forceinline__ knn_row knn_row_of(const knn_select_args &a, int r)
     return w;
 }
 
+/* The row's candidate bound from its k-th best fast score. */
+__device__ __forceinline__ double knn_row_bound(const knn_select_args &a,
+                                                const knn_row &w, double kth)
+{
+    return knn_candidate_bound(a.metric, kth, w.margin2, a.scale_exp);
+}
+
 __device__ __forceinline__ void knn_row_done(const knn_select_args &a, int r,
                                              const knn_row &w, int found)
 {
@@ -181,7 +188,7 @@ knn_warp_select_kernel(knn_select_args a)
 #pragma unroll
         for (int it = 0; it < KNN_ITEMS; it++) knn_queue_insert<K>(q, v[it]);
     }
-    double t = (double)knn_warp_kth<K>(q, a.k, lane) + w.margin2;
+    double t = knn_row_bound(a, w, (double)knn_warp_kth<K>(q, a.k, lane));
 
     int found = 0;
     unsigned below = (1u << lane) - 1u;
@@ -340,11 +347,12 @@ __device__ int knn_radix_sampled(knn_radix_shared &sh,
     int tail = a.n_cols - runs * period;
     int n_sample = runs * 32 + (tail < 32 ? tail : 32);
     if (n_sample <= a.k) return -1; /* the sample needs k nodes besides self */
-    double t1 = knn_radix_bound(sh, n_sample, [&](int i, float *v) {
-        int j = (i >> 5) * period + (i & 31);
-        *v = knn_fast_score<KIND>(w.vals[j], j, a, w.sq);
-        return j != w.self;
-    }, a.k) + w.margin2;
+    double t1 = knn_row_bound(a, w, knn_radix_bound(sh, n_sample,
+        [&](int i, float *v) {
+            int j = (i >> 5) * period + (i & 31);
+            *v = knn_fast_score<KIND>(w.vals[j], j, a, w.sq);
+            return j != w.self;
+        }, a.k));
     int kept = knn_block_compact(sh, a.n_cols, [&](int j) {
         return j != w.self &&
             (double)knn_fast_score<KIND>(w.vals[j], j, a, w.sq) <= t1;
@@ -355,10 +363,11 @@ __device__ int knn_radix_sampled(knn_radix_shared &sh,
         }
     });
     if (kept > KNN_SAMPLE_BUF) return -1;
-    double t = knn_radix_bound(sh, kept, [&](int i, float *v) {
-        *v = sh.buf_score[i];
-        return true;
-    }, a.k) + w.margin2;
+    double t = knn_row_bound(a, w, knn_radix_bound(sh, kept,
+        [&](int i, float *v) {
+            *v = sh.buf_score[i];
+            return true;
+        }, a.k));
     return knn_block_compact(sh, kept, [&](int i) {
         return (double)sh.buf_score[i] <= t;
     }, [&](int i, int pos) {
@@ -375,10 +384,11 @@ knn_radix_select_kernel(knn_select_args a, int stride)
     knn_row w = knn_row_of(a, r);
     int found = stride > 1 ? knn_radix_sampled<KIND>(sh, a, w, stride) : -1;
     if (found < 0) {
-        double t = knn_radix_bound(sh, a.n_cols, [&](int j, float *v) {
-            *v = knn_fast_score<KIND>(w.vals[j], j, a, w.sq);
-            return j != w.self;
-        }, a.k) + w.margin2;
+        double t = knn_row_bound(a, w, knn_radix_bound(sh, a.n_cols,
+            [&](int j, float *v) {
+                *v = knn_fast_score<KIND>(w.vals[j], j, a, w.sq);
+                return j != w.self;
+            }, a.k));
         found = knn_block_compact(sh, a.n_cols, [&](int j) {
             return j != w.self &&
                 (double)knn_fast_score<KIND>(w.vals[j], j, a, w.sq) <= t;

@@ -302,6 +302,8 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
     sa.col_sqnorm = nd->sqnorm;
     sa.row_sqnorm = nd->sqnorm ? nd->sqnorm + node0 : NULL;
     sa.row_margin2 = nd->margin2 + node0;
+    sa.metric = req->metric;
+    sa.scale_exp = nd->scale_exp;
     sa.offsets = offsets;
     sa.cand_index = t->cand_index;
     sa.count = t->count;

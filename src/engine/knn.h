@@ -31,12 +31,14 @@ extern "C" {
 
 typedef enum {
     KNN_OK = 0,
-    KNN_E_INVALID,     /* bad request: k, sizes, degenerate nodes */
+    KNN_E_INVALID,     /* bad request: k, sizes */
     KNN_E_NOMEM,       /* host or device allocation failed */
     KNN_E_INTERRUPTED, /* the interrupt callback asked to stop */
     KNN_E_NOGPU,       /* no usable GPU, or built without CUDA */
     KNN_E_DEVICE,      /* a CUDA or cuBLAS call failed */
-    KNN_E_NONFINITE    /* a value is NA, NaN or Inf */
+    KNN_E_NONFINITE,   /* a value is NA, NaN or Inf */
+    KNN_E_DEGENERATE   /* a node the metric cannot use (constant for the
+                          correlations, all zero for cosine) */
 } knn_status;
 
 /* Order matches the R layer's metric names (R/validate.R). */
@@ -52,6 +54,16 @@ typedef enum {
 } knn_metric;
 
 typedef enum { KNN_BACKEND_CPU = 0, KNN_BACKEND_GPU } knn_backend;
+
+/* How the CPU backend searches: AUTO chooses by measured cost; PRODUCTS
+ * scans every pair through matrix products; TREE uses a k-d tree (distance
+ * metrics only, for few features). Every choice gives the same bits. Order
+ * matches the R layer's names (R/engine.R). */
+typedef enum {
+    KNN_ALGO_AUTO = 0,
+    KNN_ALGO_PRODUCTS,
+    KNN_ALGO_TREE
+} knn_algorithm;
 
 /* Host callbacks, always called from the thread that called the engine, and
  * never from inside a parallel region. */
@@ -75,6 +87,7 @@ typedef struct {
                              a node is never its own neighbour */
     int n_query;          /* ignored when query is NULL */
     int threads;          /* CPU threads; <= 0: the OpenMP default */
+    knn_algorithm algorithm; /* CPU backend: see knn_algorithm */
     double memory_bytes;  /* budget for tiles; <= 0: backend default */
     int n_devices;        /* GPU backend: devices to use; 0: all visible */
     int devices[KNN_MAX_DEVICES];
@@ -111,17 +124,15 @@ typedef struct {
     double candidates;      /* mean candidates re-ranked per query */
     int row_tile;           /* tile shape the plan chose */
     int col_tile;
-    int bad_node;           /* KNN_E_INVALID on a degenerate node: its
-                               0-based index in ref (or query if
-                               bad_in_query), else -1 */
-    int bad_in_query;
 } knn_report;
 
 /* Runs the search on one backend. Returns KNN_OK and fills `out`, or an error
  * with report->message set and `out` unspecified. Values that are not all
  * finite give KNN_E_NONFINITE: checked here for the CPU backend, by the GPU
- * backend as it uploads them (the caller names the nodes with
- * knn_nonfinite_nodes, on that path only). */
+ * backend as it uploads them. Nodes the metric cannot use give
+ * KNN_E_DEGENERATE (a node holding non-finite values is never called
+ * degenerate). The caller names the offending nodes with
+ * knn_nonfinite_nodes and knn_degenerate_nodes, on that path only. */
 knn_status knn_search(const knn_request *req, knn_backend backend,
                       knn_result *out, knn_report *report);
 
@@ -140,7 +151,8 @@ int knn_nonfinite_nodes(const double *x, int p, int n, int *bad,
 
 /* Writes into `rows` (capacity max_rows) the 0-based nodes of the p x n matrix
  * x that the metric cannot use: constant nodes for the correlation metrics,
- * all-zero nodes for cosine; none for distance metrics. Returns how many
+ * all-zero nodes for cosine; none for distance metrics, and none holding a
+ * non-finite value (those are knn_nonfinite_nodes' to report). Returns how many
  * there are in all (which may exceed max_rows). Never fails. */
 int knn_degenerate_nodes(knn_metric metric, const double *x, int p, int n,
                          int *rows, int max_rows);
@@ -182,6 +194,12 @@ typedef struct {
 
 /* Fills `info`; never fails (a failure is written to info->reason). */
 void knn_gpu_query(knn_gpu_info *info);
+
+/* Where the CUDA backend's shared object is; a build with CUDA opens it on
+ * the first GPU call (not before: it maps the CUDA runtime and cuBLAS,
+ * some 200 MB, which a CPU session should not pay). The path is copied;
+ * a build without CUDA ignores it. Never fails. */
+void knn_gpu_set_library(const char *path);
 
 /* Frees what the GPU backend keeps between searches (per device: a stream,
  * a cuBLAS handle, pinned staging memory); the next search makes them

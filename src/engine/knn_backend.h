@@ -25,7 +25,21 @@ knn_status knn_cpu_search(const knn_request *req, knn_result *out,
 knn_status knn_gpu_search(const knn_request *req, knn_result *out,
                           knn_report *report);
 
-/* Monotonic wall clock in seconds, for report timings. */
+/* The CUDA backend as its shared object (knngpu_cuda.so) hands it over:
+ * its entry points, called only through this table from the package's
+ * own shared object (knn_gpu_loader.c). */
+typedef struct {
+    knn_status (*search)(const knn_request *req, knn_result *out,
+                         knn_report *report);
+    void (*query)(knn_gpu_info *info);
+    void (*release)(void);
+} knn_gpu_backend;
+
+/* Exported by knngpu_cuda.so, the only symbol it exports. */
+typedef const knn_gpu_backend *(*knn_gpu_backend_fn)(void);
+#define KNN_GPU_BACKEND_SYMBOL "knn_cuda_backend"
+
+/* Monotonic wall clock in seconds, for report timings (knn_clock.c). */
 double knn_seconds(void);
 
 #ifdef __cplusplus

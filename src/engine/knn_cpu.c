@@ -100,7 +100,9 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
     cpu->pools = calloc((size_t)cpu->n_pools, sizeof(knn_pool));
     if (!cpu->pools) return KNN_E_NOMEM;
     for (int i = 0; i < cpu->n_pools; i++)
-        if (knn_pool_init(&cpu->pools[i], req->k) != 0) return KNN_E_NOMEM;
+        if (knn_pool_init(&cpu->pools[i], req->k, req->metric,
+                          cpu->space.scale_exp) != 0)
+            return KNN_E_NOMEM;
     size_t cells = (size_t)cpu->row_tile * cpu->col_tile;
     cpu->scores = malloc(cells * sizeof(double));
     return cpu->scores ? KNN_OK : KNN_E_NOMEM;
@@ -117,15 +119,23 @@ static double knn_cpu_margin(const knn_cpu *cpu, int qi)
                            sqrt(cpu->query->norm2[qi]), sp->norm_max);
 }
 
-static double knn_cpu_key(const void *ctx, int qi, int rj)
+static double knn_cpu_key(const knn_cpu *cpu, int qi, int rj)
+{
+    return knn_nodes_key(&cpu->space, cpu->query, qi, &cpu->ref, rj);
+}
+
+/* What results are ordered by (then by index): the reported distance. */
+static double knn_cpu_order_value(const void *ctx, int qi, int rj)
 {
     const knn_cpu *cpu = ctx;
-    return knn_nodes_key(&cpu->space, cpu->query, qi, &cpu->ref, rj);
+    return knn_key_distance(cpu->space.metric, knn_cpu_key(cpu, qi, rj),
+                            cpu->space.scale_exp);
 }
 
 static void knn_cpu_reset_pool(const knn_cpu *cpu, knn_pool *pool, int qi)
 {
-    knn_pool_reset(pool, qi, knn_cpu_margin(cpu, qi), knn_cpu_key, cpu);
+    knn_pool_reset(pool, qi, knn_cpu_margin(cpu, qi), knn_cpu_order_value,
+                   cpu);
 }
 
 static knn_pool *knn_cpu_pool(const knn_cpu *cpu, int node, int q0)
@@ -274,20 +284,24 @@ static knn_status knn_cpu_offer_tile(const knn_cpu *cpu, int q0, int nr,
     return failed ? KNN_E_NOMEM : KNN_OK;
 }
 
-/* Re-ranks one query node's pool by canonical key and writes its k
- * neighbours into row qi of the result. */
+/* Re-ranks one query node's pool by (reported distance, index) and writes
+ * its k neighbours into row qi of the result. The k winners' keys are
+ * computed again for their weights, cheaper than carrying a key per entry
+ * through every pool. */
 static void knn_cpu_finish(const knn_cpu *cpu, knn_pool *pool, int qi,
                            knn_result *out)
 {
     int k = cpu->req->k, nq = cpu->n_query;
     knn_pool_prune(pool);
     for (int c = 0; c < pool->size; c++)
-        pool->items[c].score = knn_cpu_key(cpu, qi, pool->items[c].index);
+        pool->items[c].score = knn_cpu_order_value(cpu, qi,
+                                                   pool->items[c].index);
     knn_pool_sort(pool);
     for (int r = 0; r < k; r++) {
         size_t at = knn_result_at(out, (size_t)nq, k, (size_t)qi, r);
-        out->index[at] = pool->items[r].index + out->index_base;
-        knn_key_output(cpu->space.metric, pool->items[r].score,
+        int rj = pool->items[r].index;
+        out->index[at] = rj + out->index_base;
+        knn_key_output(cpu->space.metric, knn_cpu_key(cpu, qi, rj),
                        cpu->space.scale_exp, &out->distance[at],
                        &out->weight[at]);
     }

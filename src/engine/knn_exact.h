@@ -10,9 +10,11 @@
  *   - scaling is by powers of two only (frexp/ldexp), which is exact, so
  *     values like 1e200 or 1e-200 neither overflow nor lose ties.
  *
- * Keys: smaller is closer. Correlation metrics rank by the signed squared
- * correlation q = S^2 / (css_i css_j) computed from S = p * (u_i . u_j) -
- * sum_i * sum_j, where u is the node shifted and scaled by a power of two:
+ * Keys: smaller is closer; results are ordered by the distance reported
+ * for a key (knn_key_distance), then by the smaller node index.
+ * Correlation metrics rank by the signed squared correlation
+ * q = S^2 / (css_i css_j) computed from S = p * (u_i . u_j) - sum_i * sum_j,
+ * where u is the node shifted and scaled by a power of two:
  * for integer-valued nodes the shift is an integer, so every quantity is
  * exact and mathematically tied correlations are tied bit for bit. Distance
  * metrics rank by the sum of squared (or absolute) differences of the
@@ -26,6 +28,7 @@
 #ifndef KNN_EXACT_H
 #define KNN_EXACT_H
 
+#include <float.h>
 #include <math.h>
 #include "knn.h"
 
@@ -195,24 +198,56 @@ KNN_HD static inline double knn_key_dist(knn_metric m, const double *a,
     return s;
 }
 
-/* Weight and distance reported for a key; scale_exp is the power of two the
- * distance-metric nodes were divided by. */
+/* Distance reported for a key; scale_exp is the power of two the
+ * distance-metric nodes were divided by. It never decreases as the key
+ * grows, but distinct keys can round to one distance (sqrt, 1 - r, an
+ * underflowing ldexp), so results are ordered by this value and then by
+ * the node index: the tie rule then holds on what users see, k-th place
+ * included. Every margin below exceeds that rounding, so the candidates
+ * still hold every node that ties the k-th at this value. */
+KNN_HD static inline double knn_key_distance(knn_metric m, double key,
+                                             int scale_exp)
+{
+    if (knn_is_correlation(m)) {
+        double r = key <= 0.0 ? sqrt(-key) : -sqrt(key);
+        return KNN_SUB(1.0, r);
+    }
+    if (m == KNN_EUCLIDEAN) return ldexp(sqrt(key), scale_exp);
+    if (m == KNN_SQEUCLIDEAN) return ldexp(key, 2 * scale_exp);
+    return ldexp(key, scale_exp);
+}
+
+/* The candidate bound of a query whose k-th best fast score is kth, its
+ * fast scores within margin2 / 2 of its keys: a node whose fast score
+ * exceeds it cannot take a place in the top k. Beyond kth + margin2, it
+ * covers the nodes that tie the k-th only in the reported distance: where
+ * that underflows (to subnormals or zero) or overflows, a whole range of
+ * keys reports one value (rows scaled by 1e-300, squared distances past
+ * 1e308). The range's edge gets a factor of 4 to spare for the rounding
+ * at the subnormal boundary. */
+KNN_HD static inline double knn_candidate_bound(knn_metric m, double kth,
+                                                double margin2,
+                                                int scale_exp)
+{
+    double bound = kth + margin2;
+    if (knn_is_correlation(m) || !(bound < INFINITY)) return bound;
+    double key = kth + 0.5 * margin2; /* at least the k-th best key */
+    double d = knn_key_distance(m, key > 0.0 ? key : 0.0, scale_exp);
+    if (d >= DBL_MIN && d <= DBL_MAX) return bound;
+    if (d > DBL_MAX) return INFINITY;
+    double low = ldexp(DBL_MIN, -(m == KNN_SQEUCLIDEAN ? 2 : 1) * scale_exp);
+    double top = m == KNN_EUCLIDEAN ? 4.0 * low * low : 4.0 * low;
+    return fmax(bound, top + 0.5 * margin2);
+}
+
+/* Weight and distance reported for a key (see knn_key_distance). */
 KNN_HD static inline void knn_key_output(knn_metric m, double key,
                                          int scale_exp, double *distance,
                                          double *weight)
 {
-    if (knn_is_correlation(m)) {
-        double r = key <= 0.0 ? sqrt(-key) : -sqrt(key);
-        *weight = r;
-        *distance = KNN_SUB(1.0, r);
-        return;
-    }
-    double d;
-    if (m == KNN_EUCLIDEAN) d = ldexp(sqrt(key), scale_exp);
-    else if (m == KNN_SQEUCLIDEAN) d = ldexp(key, 2 * scale_exp);
-    else d = ldexp(key, scale_exp);
-    *distance = d;
-    *weight = KNN_DIV(1.0, KNN_ADD(1.0, d));
+    *distance = knn_key_distance(m, key, scale_exp);
+    if (knn_is_correlation(m)) *weight = key <= 0.0 ? sqrt(-key) : -sqrt(key);
+    else *weight = KNN_DIV(1.0, KNN_ADD(1.0, *distance));
 }
 
 /*

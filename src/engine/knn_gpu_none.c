@@ -33,3 +33,8 @@ void knn_gpu_query(knn_gpu_info *info)
 void knn_gpu_release(void)
 {
 }
+
+void knn_gpu_set_library(const char *path)
+{
+    (void)path;
+}

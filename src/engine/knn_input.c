@@ -71,14 +71,20 @@ int knn_nonfinite_nodes(const double *x, int p, int n, int *bad, int max_bad)
     return found;
 }
 
-/* A node a metric cannot use: constant (correlations), all zero (cosine). */
+/* A node a metric cannot use: constant (correlations), all zero (cosine).
+ * A row of NaN has largest |value| 0 and a row of Inf is constant to these
+ * tests, so a node that looks degenerate is one only if it is finite: the
+ * finiteness check costs nothing on the nodes that pass. */
 static int knn_is_degenerate(knn_metric metric, const double *x, int p)
 {
     if (!knn_is_correlation(metric)) return 0;
-    if (metric == KNN_COSINE) return knn_max_abs(x, p) == 0.0;
-    for (int f = 1; f < p; f++)
-        if (x[f] != x[0]) return 0;
-    return 1;
+    if (metric == KNN_COSINE) {
+        if (knn_max_abs(x, p) != 0.0) return 0;
+    } else {
+        for (int f = 1; f < p; f++)
+            if (x[f] != x[0]) return 0;
+    }
+    return knn_all_finite(x, p);
 }
 
 int knn_degenerate_nodes(knn_metric metric, const double *x, int p, int n,

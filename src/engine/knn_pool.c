@@ -6,11 +6,14 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include "knn_exact.h"
 #include "knn_pool.h"
 
-int knn_pool_init(knn_pool *pool, int k)
+int knn_pool_init(knn_pool *pool, int k, knn_metric metric, int scale_exp)
 {
     pool->k = k;
+    pool->metric = metric;
+    pool->scale_exp = scale_exp;
     pool->size = 0;
     pool->cap = 2 * k + 64;
     pool->bound = INFINITY;
@@ -68,7 +71,9 @@ void knn_pool_prune(knn_pool *pool)
     int k = pool->k;
     if (pool->size <= k) return;
     knn_select_rank(pool->items, pool->size, k - 1);
-    double bound = pool->items[k - 1].score + pool->margin2;
+    double bound = knn_candidate_bound(pool->metric,
+                                       pool->items[k - 1].score,
+                                       pool->margin2, pool->scale_exp);
     if (bound < pool->bound) pool->bound = bound;
     int kept = k;
     for (int i = k; i < pool->size; i++)
@@ -89,7 +94,7 @@ static int knn_keyed_cmp(const void *a, const void *b)
     return (x->cand.index > y->cand.index) - (x->cand.index < y->cand.index);
 }
 
-/* Keeps the exact best k entries (canonical key, then index), with their
+/* Keeps the exact best k entries (order value, then index), with their
  * fast scores. Whatever is dropped is beaten exactly by k kept entries, and
  * the bound stays valid because it only ever decreases. Returns 0 or -1. */
 static int knn_pool_compact(knn_pool *pool)
@@ -140,7 +145,12 @@ static int knn_cand_cmp(const void *a, const void *b)
     return (x->index > y->index) - (x->index < y->index);
 }
 
+void knn_cand_sort(knn_cand *items, int n)
+{
+    qsort(items, (size_t)n, sizeof(knn_cand), knn_cand_cmp);
+}
+
 void knn_pool_sort(knn_pool *pool)
 {
-    qsort(pool->items, (size_t)pool->size, sizeof(knn_cand), knn_cand_cmp);
+    knn_cand_sort(pool->items, pool->size);
 }

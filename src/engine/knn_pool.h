@@ -6,19 +6,22 @@
  * anything further cannot be in the exact top k (knn_exact.h), so the pool
  * stays near k entries while still holding every true neighbour, exact ties
  * included. When exact ties keep it large (many duplicated nodes), it is
- * compacted with the canonical keys to the exact best k seen so far. At the
- * end the caller replaces scores by canonical keys and sorts: the first k
- * entries are the answer.
+ * compacted to the exact best k seen so far, by order value (the reported
+ * distance of the canonical key) and index. At the end the caller replaces
+ * scores by order values and sorts: the first k entries are the answer.
  */
 #ifndef KNN_POOL_H
 #define KNN_POOL_H
+
+#include "knn.h"
 
 typedef struct {
     double score;
     int index;
 } knn_cand;
 
-/* Canonical key of the pool's node and candidate `index`. */
+/* Exact order value (see knn_key_distance) of the pool's node and
+ * candidate `index`. */
 typedef double (*knn_key_fn)(const void *ctx, int node, int index);
 
 typedef struct {
@@ -31,14 +34,18 @@ typedef struct {
     int node;        /* the query node, for key */
     knn_key_fn key;
     const void *key_ctx;
+    knn_metric metric;  /* for knn_candidate_bound */
+    int scale_exp;
 } knn_pool;
 
-/* Allocates a pool for k neighbours; returns 0, or -1 when out of memory. */
-int knn_pool_init(knn_pool *pool, int k);
+/* Allocates a pool for k neighbours under a metric whose distance-metric
+ * nodes are scaled by 2^-scale_exp; returns 0, or -1 when out of memory. */
+int knn_pool_init(knn_pool *pool, int k, knn_metric metric, int scale_exp);
 void knn_pool_free(knn_pool *pool);
 
 /* Empties the pool for query node `node`, whose fast scores are within
- * `margin` of its canonical keys (computed by key(key_ctx, node, index)). */
+ * `margin` of its canonical keys; key(key_ctx, node, index) gives the exact
+ * order value used to compact ties. */
 void knn_pool_reset(knn_pool *pool, int node, double margin, knn_key_fn key,
                     const void *key_ctx);
 
@@ -50,5 +57,8 @@ void knn_pool_prune(knn_pool *pool);
 
 /* Sorts the entries by (score, index), ascending. */
 void knn_pool_sort(knn_pool *pool);
+
+/* Sorts n candidates by (score, index), ascending. */
+void knn_cand_sort(knn_cand *items, int n);
 
 #endif

@@ -2,20 +2,12 @@
  * knn_search.c: the engine's front door. Checks a request once, so that
  * backends can trust it, then hands it to the chosen backend.
  */
-#define _POSIX_C_SOURCE 199309L
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
-#include <time.h>
 #include "knn_backend.h"
 #include "knn_exact.h"
-
-double knn_seconds(void)
-{
-    struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
-    return (double)ts.tv_sec + 1e-9 * (double)ts.tv_nsec;
-}
+#include "knn_kdtree.h"
 
 static knn_status knn_invalid(knn_report *report, const char *why)
 {
@@ -23,29 +15,27 @@ static knn_status knn_invalid(knn_report *report, const char *why)
     return KNN_E_INVALID;
 }
 
-/* Reports the first degenerate node of ref, then of query. */
-static knn_status knn_check_nodes(const knn_request *req, knn_report *report)
+/* Whether ref or query holds a node the metric cannot use. */
+static int knn_has_degenerate(const knn_request *req)
 {
-    int bad;
-    if (knn_degenerate_nodes(req->metric, req->ref, req->p, req->n_ref, &bad,
-                             1) > 0) {
-        report->bad_node = bad;
-        return knn_invalid(report, "a node is constant or all zero");
-    }
-    if (req->query && knn_degenerate_nodes(req->metric, req->query, req->p,
-                                           req->n_query, &bad, 1) > 0) {
-        report->bad_node = bad;
-        report->bad_in_query = 1;
-        return knn_invalid(report, "a query node is constant or all zero");
-    }
-    return KNN_OK;
+    return knn_degenerate_nodes(req->metric, req->ref, req->p, req->n_ref,
+                                NULL, 0) > 0 ||
+           (req->query && knn_degenerate_nodes(req->metric, req->query,
+                                               req->p, req->n_query, NULL,
+                                               0) > 0);
+}
+
+static int knn_has_nonfinite(const knn_request *req)
+{
+    return knn_nonfinite_nodes(req->ref, req->p, req->n_ref, NULL, 0) > 0 ||
+           (req->query && knn_nonfinite_nodes(req->query, req->p,
+                                              req->n_query, NULL, 0) > 0);
 }
 
 knn_status knn_search(const knn_request *req, knn_backend backend,
                       knn_result *out, knn_report *report)
 {
     memset(report, 0, sizeof *report);
-    report->bad_node = -1;
     if ((int)req->metric < 0 || req->metric >= KNN_N_METRICS)
         return knn_invalid(report, "unknown metric");
     if (req->p < 1 || !req->ref || req->n_ref < 1)
@@ -58,15 +48,22 @@ knn_status knn_search(const knn_request *req, knn_backend backend,
                                    "less one in a self search)");
     if (!out->index || !out->distance || !out->weight)
         return knn_invalid(report, "no output buffers");
-    knn_status st = knn_check_nodes(req, report);
-    if (st != KNN_OK) return st;
-    if (backend == KNN_BACKEND_GPU) return knn_gpu_search(req, out, report);
-    if (knn_nonfinite_nodes(req->ref, req->p, req->n_ref, NULL, 0) > 0 ||
-        (req->query && knn_nonfinite_nodes(req->query, req->p, req->n_query,
-                                           NULL, 0) > 0)) {
+    if (req->algorithm == KNN_ALGO_TREE && knn_is_correlation(req->metric))
+        return knn_invalid(report, "the k-d tree serves the distance "
+                                   "metrics only");
+    /* The GPU backend finds non-finite values while it uploads them; a
+     * non-finite node is never degenerate, so either order finds both. */
+    if (backend == KNN_BACKEND_CPU && knn_has_nonfinite(req)) {
         snprintf(report->message, sizeof report->message,
                  "a value is NA, NaN or Inf");
         return KNN_E_NONFINITE;
     }
+    if (knn_has_degenerate(req)) {
+        snprintf(report->message, sizeof report->message,
+                 "a node is constant (or all zero, for cosine)");
+        return KNN_E_DEGENERATE;
+    }
+    if (backend == KNN_BACKEND_GPU) return knn_gpu_search(req, out, report);
+    if (knn_kdtree_suits(req)) return knn_kdtree_search(req, out, report);
     return knn_cpu_search(req, out, report);
 }

@@ -26,6 +26,7 @@ void knn_threads_init(void)
 int knn_threads(int requested)
 {
     if (knn_forked_child) return 1;
+    if (requested > KNN_MAX_THREADS) requested = KNN_MAX_THREADS;
 #ifdef _OPENMP
     return requested > 0 ? requested : omp_get_max_threads();
 #else

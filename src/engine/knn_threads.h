@@ -8,8 +8,13 @@
 /* Registers the fork handler; call once when the library loads. */
 void knn_threads_init(void);
 
-/* The requested count, or the OpenMP default when requested <= 0; always 1
- * in a process forked after knn_threads_init() (see knn_threads.c). */
+/* Most threads one region may use: OpenMP starts every thread asked for,
+ * and a million of them crash the process. R refuses more (R/validate.R). */
+#define KNN_MAX_THREADS 1024
+
+/* The requested count (at most KNN_MAX_THREADS), or the OpenMP default when
+ * requested <= 0; always 1 in a process forked after knn_threads_init()
+ * (see knn_threads.c). */
 int knn_threads(int requested);
 
 #endif

@@ -81,10 +81,18 @@ test_that("values near the overflow and underflow limits keep the answer", {
         for (scale in c(1e200, 1e-200)) {
             got <- knnSearch(x * scale, k = 6, metric = metric,
                              device = "cpu")
-            expect_identical(got$index, base$index,
-                             label = sprintf("%s x %g", metric, scale))
-            expect_true(all(is.finite(got$distance) |
-                            metric == "sqeuclidean"))
+            label <- sprintf("%s x %g", metric, scale)
+            if (metric != "sqeuclidean") {
+                expect_identical(got$index, base$index, label = label)
+                expect_true(all(is.finite(got$distance)))
+                next
+            }
+            ## Squared distances overflow to Inf (underflow to 0) in
+            ## float64, so every node ties and the smallest indices win.
+            expect_true(all(got$distance == if (scale > 1) Inf else 0))
+            expect_identical(got$index[1:3, ],
+                             rbind(2:7, c(1L, 3:7), c(1:2, 4:7)),
+                             label = label)
         }
     }
     big <- knnSearch(x * 1e200, k = 6, metric = "euclidean", device = "cpu")
@@ -166,4 +174,99 @@ test_that("forked children (parallel::mclapply) run and do not hang", {
         knnSearch(x, k = 5, device = "cpu")$index
     }, mc.cores = 2)
     for (child in children) expect_identical(child, parent$index)
+})
+
+## Every row of a result sorted by (reported distance, index), and its
+## first k columns those of the full ranking (k = every node), so no node
+## outside the k ties the k-th place with a smaller index.
+expectTieContract <- function(x, k, metric, label, ...) {
+    got <- knnSearch(x, k = k, metric = metric, device = "cpu", ...)
+    all <- knnSearch(x, k = nrow(x) - 1L, metric = metric, device = "cpu",
+                     ...)
+    sorted <- vapply(seq_len(nrow(x)), function(i) {
+        identical(order(all$distance[i, ], all$index[i, ]),
+                  seq_len(ncol(all$index)))
+    }, logical(1))
+    expect_true(all(sorted), label = label)
+    expect_identical(got$index, all$index[, seq_len(k), drop = FALSE],
+                     label = label)
+    expect_identical(got$distance, all$distance[, seq_len(k), drop = FALSE],
+                     label = label)
+}
+
+test_that("ties go to the smaller index in the distances users see", {
+    set.seed(36)
+    counts <- log1p(matrix(rpois(150 * 30, 0.7), 150))
+    counts[seq(2, 150, 10), ] <- counts[seq(1, 149, 10), ]
+    near <- matrix(rnorm(150 * 30), 150)
+    near <- near + 1e-15 * matrix(rnorm(150 * 30), 150)
+    near[76:150, ] <- near[1:75, ] * (1 + 1e-15)
+    data <- list(counts = counts, near = near,
+                 integers = matrix(sample(0:4, 150 * 30, TRUE), 150),
+                 denormal = near * 1e-310, tiny = near * 1e-308,
+                 offset = near + 1e12,
+                 span = near * 10^sample(-150:150, 150 * 30, TRUE))
+    for (name in names(data)) for (metric in allMetrics) {
+        x <- data[[name]]
+        if (metric %in% c("pearson", "spearman", "abspearson", "cosine") &&
+            any(apply(x, 1, function(r) all(r == r[1])))) next
+        expectTieContract(x, 7, metric, paste(name, metric))
+    }
+})
+
+test_that("an interrupt reaches R as an interrupt, after cleanup", {
+    skip_on_os("windows")
+    x <- randomMatrix(30000, 50, 37)
+    job <- parallel::mcparallel(tryCatch({
+        knnGraph(x, k = 20, metric = "euclidean", device = "cpu",
+                 progress = FALSE)
+        "finished"
+    }, interrupt = function(c) "interrupt", error = conditionMessage))
+    Sys.sleep(1.5)
+    tools::pskill(job$pid, tools::SIGINT)
+    start <- proc.time()[["elapsed"]]
+    res <- parallel::mccollect(job, wait = TRUE, timeout = 20)
+    expect_identical(res[[1]], "interrupt")
+    expect_lt(proc.time()[["elapsed"]] - start, 1)
+})
+
+test_that("few features: the k-d tree gives the bits of the product scan", {
+    set.seed(38)
+    for (p in 1:4) for (metric in c("euclidean", "manhattan",
+                                     "sqeuclidean")) {
+        data <- list(normal = matrix(rnorm(2500 * p), ncol = p),
+                     ties = matrix(sample(0:3, 2500 * p, TRUE), ncol = p),
+                     tiny = matrix(rnorm(2500 * p), ncol = p) * 1e-310)
+        for (name in names(data)) {
+            x <- data[[name]]
+            q <- x[1:40, , drop = FALSE] + 0.25
+            label <- paste(p, metric, name)
+            tree <- withOptions(list(knngpu.algorithm = "tree"), list(
+                knnSearch(x, k = 9, metric = metric, device = "cpu"),
+                knnSearch(x, q, k = 9, metric = metric, device = "cpu")))
+            scan <- withOptions(list(knngpu.algorithm = "products"), list(
+                knnSearch(x, k = 9, metric = metric, device = "cpu"),
+                knnSearch(x, q, k = 9, metric = metric, device = "cpu")))
+            for (i in 1:2) {
+                expect_identical(tree[[i]][c("index", "distance")],
+                                 scan[[i]][c("index", "distance")],
+                                 label = label)
+            }
+            expect_match(attr(tree[[1]], "device"), "k-d tree")
+            expect_no_match(attr(scan[[1]], "device"), "k-d tree")
+        }
+    }
+    x <- randomMatrix(300, 2, 39)
+    small <- knnSearch(x, k = 5, metric = "euclidean", device = "cpu")
+    expect_identical(small$index, refKnn(x, 5, "euclidean")$index)
+    auto <- knnSearch(randomMatrix(5000, 3, 40), k = 5, device = "cpu",
+                      metric = "euclidean")
+    expect_match(attr(auto, "device"), "k-d tree")
+    expect_error(withOptions(list(knngpu.algorithm = "tree"),
+                             knnSearch(x, k = 5, metric = "pearson",
+                                       device = "cpu")),
+                 "the k-d tree serves the distance metrics only")
+    expect_error(withOptions(list(knngpu.algorithm = "kd"),
+                             knnSearch(x, k = 5, device = "cpu")),
+                 "'knngpu.algorithm' must be one of")
 })

@@ -64,3 +64,62 @@ test_that("gpuInfo describes the GPU backend", {
     if (!gpuAvailable()) expect_true(nzchar(info$reason))
     expect_output(print(info), "built with CUDA")
 })
+
+test_that("thread counts that OpenMP cannot start are refused, not fatal", {
+    x <- randomMatrix(500, 12, 33)
+    for (threads in list(1e6, 1e10, 1025, -1, 2.5, NA, "2", c(1, 2))) {
+        expect_error(knnSearch(x, k = 7, metric = "pearson", device = "cpu",
+                               threads = threads),
+                     "'threads' must be NULL or a whole number from 1 to 1024")
+    }
+    expect_silent(knnSearch(x, k = 7, device = "cpu", threads = 3))
+})
+
+test_that("non-finite nodes are reported as such whatever the metric", {
+    x <- randomMatrix(40, 8, 34)
+    rownames(x) <- paste0("g", 1:40)
+    for (metric in allMetrics) for (bad in c(NA, NaN, Inf, -Inf)) {
+        y <- x
+        y[7, ] <- bad
+        expect_error(knnSearch(y, k = 3, metric = metric, device = "cpu"),
+                     "'x' has NA, NaN or Inf values in rows: g7$",
+                     label = paste(metric, bad))
+        expect_error(knnSearch(x, y, k = 3, metric = metric, device = "cpu"),
+                     "'query' has NA, NaN or Inf values in rows: g7$")
+    }
+    ## A constant node and a non-finite one: the non-finite is reported.
+    y <- x
+    y[3, ] <- 1
+    y[9, 2] <- NA
+    expect_error(knnGraph(y, k = 3, metric = "pearson", device = "cpu"),
+                 "NA, NaN or Inf values in rows: g9$")
+    expect_error(knnGraph(y[-9, ], k = 3, metric = "pearson",
+                          device = "cpu"), "1 constant rows.*g3")
+    ## A constant query node is named in 'query'.
+    q <- x[1:4, ]
+    q[2, ] <- 5
+    expect_error(knnSearch(x, q, k = 3, metric = "spearman", device = "cpu"),
+                 "'query' has 1 constant rows.*g2")
+})
+
+test_that("NA, empty and repeated node names are made unique for igraph", {
+    x <- randomMatrix(60, 6, 35)
+    rownames(x) <- rep(c("g1", "g2"), 30)
+    rownames(x)[c(5, 8)] <- c(NA, "")
+    expect_message(edges <- knnGraph(x, k = 5, device = "cpu"),
+                   "'x' has 60 NA, empty or repeated row names")
+    nodes <- attr(edges, "nodes")$name
+    expect_false(anyDuplicated(nodes) > 0)
+    expect_identical(nodes[1:8],
+                     c("g1", "g2", "g1.1", "g2.1", "5", "g2.2", "g1.2", "8"))
+    expect_true(all(c(edges$from, edges$to) %in% nodes))
+    skip_if_not_installed("igraph")
+    for (args in list(list(), list(symmetrize = "union"),
+                      list(symmetrize = "mutual"), list(snn = "rank"))) {
+        g <- suppressMessages(toIgraph(do.call(knnGraph, c(list(
+            x, k = 5, device = "cpu"), args))))
+        expect_identical(igraph::V(g)$name, nodes)
+    }
+    expect_message(knnSearch(t(x), k = 2, by = "columns", device = "cpu"),
+                   "repeated column names")
+})

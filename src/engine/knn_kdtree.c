@@ -1,0 +1,386 @@
+/*
+ * knn_kdtree.c: exact search for distance metrics in few dimensions, on the
+ * CPU. At one to a few features the n x n scan is the wrong exact
+ * algorithm: 200000 x 1 took over a minute that way. A k-d tree over the
+ * reference nodes visits O(k + log n) leaves per query instead.
+ *
+ * Exactness: every distance is the canonical key of knn_exact.h computed
+ * from the same scaled nodes as the product path (knn_nodes_key), and each
+ * query keeps its k best by (reported distance, index) in a heap, so the
+ * answer is the same bits as the product path's. A subtree is skipped only
+ * when a lower bound on every key inside it, shrunk by the bound's own
+ * rounding, cannot beat the heap's worst entry: its distance is larger, or
+ * equal while every node below has a larger index.
+ *
+ * Layout: tree nodes over a permutation of the reference nodes whose
+ * points are copied in tree order (p values each, contiguous); each tree
+ * node holds its points' tight bounding box and smallest node index.
+ * Queries run in parallel in chunks; the interrupt callback is polled and
+ * progress reported between chunks. Memory is O(n p + n k).
+ */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "knn_backend.h"
+#include "knn_exact.h"
+#include "knn_kdtree.h"
+#include "knn_pool.h"
+#include "knn_prepare.h"
+#include "knn_threads.h"
+
+/* Points per leaf: small enough that a leaf's scan stays cheap, large
+ * enough that boxes and recursion cost little per point. */
+#define KNN_KD_LEAF 24
+/* Queries between two interrupt polls: about 10 ms of work at p = 3. */
+#define KNN_KD_CHUNK 16384
+/* Deepest tree: log2(2^31 / KNN_KD_LEAF) levels, with room to spare. */
+#define KNN_KD_STACK 96
+
+typedef struct {
+    int lo, hi;        /* its points: [lo, hi) in tree order */
+    int left, right;   /* children, or -1 for a leaf */
+    int min_index;     /* smallest reference node index among its points */
+} knn_kd_node;
+
+typedef struct {
+    int p;
+    knn_kd_node *nodes;
+    int n_nodes;
+    double *box;       /* per tree node: p lower then p upper bounds */
+    int *order;        /* tree position -> reference node */
+    double *points;    /* canonical points in tree order, p x n */
+} knn_kd_tree;
+
+int knn_kdtree_suits(const knn_request *req)
+{
+    if (knn_is_correlation(req->metric)) return 0;
+    if (req->algorithm == KNN_ALGO_TREE) return 1;
+    if (req->algorithm != KNN_ALGO_AUTO) return 0;
+    return req->p <= KNN_KD_MAX_FEATURES && req->n_ref >= KNN_KD_MIN_NODES;
+}
+
+static void knn_kd_free(knn_kd_tree *t)
+{
+    free(t->nodes);
+    free(t->box);
+    free(t->order);
+    free(t->points);
+    memset(t, 0, sizeof *t);
+}
+
+/* Tight box of points order[lo..hi) into box (p lower, p upper). */
+static void knn_kd_fit_box(const knn_kd_tree *t, const double *canon, int lo,
+                           int hi, double *box)
+{
+    int p = t->p;
+    for (int f = 0; f < p; f++) {
+        box[f] = INFINITY;
+        box[p + f] = -INFINITY;
+    }
+    for (int i = lo; i < hi; i++) {
+        const double *x = canon + (size_t)t->order[i] * p;
+        for (int f = 0; f < p; f++) {
+            if (x[f] < box[f]) box[f] = x[f];
+            if (x[f] > box[p + f]) box[p + f] = x[f];
+        }
+    }
+}
+
+/* Reorders order[lo..hi) so that position mid holds the point whose
+ * feature f would sit there sorted, smaller or equal ones before it. */
+static void knn_kd_select(int *order, const double *canon, int p, int f,
+                          int lo, int hi, int mid)
+{
+    while (hi - lo > 1) {
+        double pivot = canon[(size_t)order[lo + (hi - lo) / 2] * p + f];
+        int lt = lo, i = lo, gt = hi;
+        while (i < gt) {
+            double v = canon[(size_t)order[i] * p + f];
+            int tmp;
+            if (v < pivot) {
+                tmp = order[lt]; order[lt++] = order[i]; order[i++] = tmp;
+            } else if (v > pivot) {
+                tmp = order[--gt]; order[gt] = order[i]; order[i] = tmp;
+            } else {
+                i++;
+            }
+        }
+        if (mid < lt) hi = lt;
+        else if (mid >= gt) lo = gt;
+        else return;
+    }
+}
+
+/* Builds the subtree of points order[lo..hi); returns its node number. */
+static int knn_kd_build_node(knn_kd_tree *t, const double *canon, int lo,
+                             int hi)
+{
+    int p = t->p, id = t->n_nodes++;
+    knn_kd_node *nd = &t->nodes[id];
+    double *box = t->box + (size_t)id * 2 * p;
+    knn_kd_fit_box(t, canon, lo, hi, box);
+    nd->lo = lo;
+    nd->hi = hi;
+    nd->left = nd->right = -1;
+    int widest = 0;
+    for (int f = 1; f < p; f++)
+        if (box[p + f] - box[f] > box[p + widest] - box[widest]) widest = f;
+    if (hi - lo <= KNN_KD_LEAF || box[p + widest] == box[widest]) {
+        nd->min_index = t->order[lo];
+        for (int i = lo + 1; i < hi; i++)
+            if (t->order[i] < nd->min_index) nd->min_index = t->order[i];
+        return id;
+    }
+    int mid = lo + (hi - lo) / 2;
+    knn_kd_select(t->order, canon, p, widest, lo, hi, mid);
+    int left = knn_kd_build_node(t, canon, lo, mid);
+    int right = knn_kd_build_node(t, canon, mid, hi);
+    nd = &t->nodes[id];
+    nd->left = left;
+    nd->right = right;
+    int a = t->nodes[left].min_index, b = t->nodes[right].min_index;
+    nd->min_index = a < b ? a : b;
+    return id;
+}
+
+static knn_status knn_kd_build(knn_kd_tree *t, const knn_nodes *ref, int p)
+{
+    int n = ref->n;
+    memset(t, 0, sizeof *t);
+    t->p = p;
+    int cap = 2 * (n / (KNN_KD_LEAF / 2) + 1);
+    t->nodes = malloc((size_t)cap * sizeof *t->nodes);
+    t->box = malloc((size_t)cap * 2 * p * sizeof(double));
+    t->order = malloc((size_t)n * sizeof(int));
+    t->points = malloc((size_t)n * p * sizeof(double));
+    if (!t->nodes || !t->box || !t->order || !t->points) {
+        knn_kd_free(t);
+        return KNN_E_NOMEM;
+    }
+    for (int i = 0; i < n; i++) t->order[i] = i;
+    knn_kd_build_node(t, ref->canon, 0, n);
+    for (int i = 0; i < n; i++)
+        memcpy(t->points + (size_t)i * p,
+               ref->canon + (size_t)t->order[i] * p, p * sizeof(double));
+    return KNN_OK;
+}
+
+/* A query's k best so far: a max-heap by (distance, index), worst on top. */
+typedef struct {
+    knn_cand *items;
+    int size, k;
+} knn_kd_heap;
+
+static int knn_kd_worse(const knn_cand *a, double d, int j)
+{
+    return a->score > d || (a->score == d && a->index > j);
+}
+
+/* Sifts (d, j) down from the top of a full heap. */
+static void knn_kd_heap_replace_top(knn_kd_heap *h, double d, int j)
+{
+    int c = 0;
+    for (;;) {
+        int l = 2 * c + 1, r = l + 1, top = c;
+        double td = d;
+        int tj = j;
+        if (l < h->size && knn_kd_worse(&h->items[l], td, tj)) {
+            top = l;
+            td = h->items[l].score;
+            tj = h->items[l].index;
+        }
+        if (r < h->size && knn_kd_worse(&h->items[r], td, tj)) top = r;
+        if (top == c) break;
+        h->items[c] = h->items[top];
+        c = top;
+    }
+    h->items[c].score = d;
+    h->items[c].index = j;
+}
+
+static void knn_kd_heap_offer(knn_kd_heap *h, double d, int j)
+{
+    if (h->size == h->k) {
+        if (knn_kd_worse(&h->items[0], d, j)) knn_kd_heap_replace_top(h, d, j);
+        return;
+    }
+    int c = h->size++;
+    while (c > 0) {
+        int up = (c - 1) / 2;
+        if (knn_kd_worse(&h->items[up], d, j)) break;
+        h->items[c] = h->items[up];
+        c = up;
+    }
+    h->items[c].score = d;
+    h->items[c].index = j;
+}
+
+/* Smallest reported distance any point in the box can have from q: the
+ * box's key bound, shrunk by its rounding (relative 2(p + 2) units for
+ * the bound and as much for a point's key, plus as many of the smallest
+ * subnormal where terms underflow), mapped as keys are. */
+static double knn_kd_box_distance(const knn_space *sp, const double *q,
+                                  const double *box)
+{
+    int p = sp->p;
+    double s = 0.0;
+    for (int f = 0; f < p; f++) {
+        double g = q[f] < box[f] ? box[f] - q[f]
+                 : q[f] > box[p + f] ? q[f] - box[p + f] : 0.0;
+        s += sp->metric == KNN_MANHATTAN ? g : g * g;
+    }
+    double slack = 4.0 * (p + 4.0);
+    s = s * (1.0 - slack * KNN_U64) - slack * DBL_TRUE_MIN;
+    return knn_key_distance(sp->metric, s > 0.0 ? s : 0.0, sp->scale_exp);
+}
+
+/* Whether a subtree can hold a node that beats the heap's worst entry. */
+static int knn_kd_may_improve(const knn_kd_heap *h, double bound,
+                              int min_index)
+{
+    if (h->size < h->k) return 1;
+    return bound < h->items[0].score ||
+           (bound == h->items[0].score && min_index < h->items[0].index);
+}
+
+/* The k nearest reference nodes of query node qi (skipping `itself`). */
+static void knn_kd_query(const knn_kd_tree *t, const knn_space *sp,
+                         const knn_nodes *query, int qi, int itself,
+                         knn_kd_heap *h)
+{
+    int p = sp->p;
+    const double *q = query->canon + (size_t)qi * p;
+    int stack[KNN_KD_STACK];
+    double bounds[KNN_KD_STACK];
+    int top = 0;
+    stack[top] = 0;
+    bounds[top++] = 0.0;
+    h->size = 0;
+    while (top > 0) {
+        top--;
+        const knn_kd_node *nd = &t->nodes[stack[top]];
+        if (!knn_kd_may_improve(h, bounds[top], nd->min_index)) continue;
+        if (nd->left < 0) {
+            for (int i = nd->lo; i < nd->hi; i++) {
+                int j = t->order[i];
+                if (j == itself) continue;
+                double key = knn_key_dist(sp->metric, q,
+                                          t->points + (size_t)i * p, p);
+                knn_kd_heap_offer(h, knn_key_distance(sp->metric, key,
+                                                      sp->scale_exp), j);
+            }
+            continue;
+        }
+        int child[2] = {nd->left, nd->right};
+        double b[2];
+        for (int c = 0; c < 2; c++)
+            b[c] = knn_kd_box_distance(sp, q,
+                                       t->box + (size_t)child[c] * 2 * p);
+        /* The nearer child goes on top, to be visited first. */
+        int nearer = b[1] < b[0];
+        stack[top] = child[!nearer];
+        bounds[top++] = b[!nearer];
+        stack[top] = child[nearer];
+        bounds[top++] = b[nearer];
+    }
+}
+
+/* Writes query qi's k best, sorted, into row qi of the result. */
+static void knn_kd_emit(knn_kd_heap *h, const knn_space *sp,
+                        const knn_nodes *query, int qi,
+                        const knn_nodes *ref, int nq, knn_result *out)
+{
+    int k = h->k;
+    knn_cand_sort(h->items, h->size);
+    for (int r = 0; r < k; r++) {
+        int j = h->items[r].index;
+        size_t at = knn_result_at(out, (size_t)nq, k, (size_t)qi, r);
+        out->index[at] = j + out->index_base;
+        knn_key_output(sp->metric, knn_nodes_key(sp, query, qi, ref, j),
+                       sp->scale_exp, &out->distance[at], &out->weight[at]);
+    }
+}
+
+/* Queries [q0, q1) on `threads` threads. Returns KNN_E_NOMEM when a
+ * thread's heap cannot be had. */
+static knn_status knn_kd_query_range(const knn_kd_tree *t,
+                                     const knn_space *sp,
+                                     const knn_nodes *query,
+                                     const knn_nodes *ref, int self, int q0,
+                                     int q1, int nq, int k, int threads,
+                                     knn_result *out)
+{
+    int failed = 0;
+    #pragma omp parallel num_threads(threads) reduction(| : failed)
+    {
+        knn_kd_heap h = {malloc((size_t)k * sizeof(knn_cand)), 0, k};
+        if (!h.items) failed = 1;
+        #pragma omp for schedule(dynamic, 256)
+        for (int qi = q0; qi < q1; qi++) {
+            if (!h.items) continue;
+            knn_kd_query(t, sp, query, qi, self ? qi : -1, &h);
+            knn_kd_emit(&h, sp, query, qi, ref, nq, out);
+        }
+        free(h.items);
+    }
+    return failed ? KNN_E_NOMEM : KNN_OK;
+}
+
+static int knn_kd_interrupted(const knn_request *req)
+{
+    return req->cb.interrupted && req->cb.interrupted(req->cb.ctx);
+}
+
+knn_status knn_kdtree_search(const knn_request *req, knn_result *out,
+                             knn_report *report)
+{
+    double t0 = knn_seconds();
+    int self = req->query == NULL, nq = self ? req->n_ref : req->n_query;
+    int threads = knn_threads(req->threads);
+    knn_space space;
+    knn_nodes ref = {0}, query_nodes = {0};
+    knn_kd_tree tree = {0};
+    knn_status st = knn_space_init(&space, req);
+    if (st == KNN_OK)
+        st = knn_nodes_prepare(&ref, &space, req->ref, req->n_ref, 1,
+                               threads);
+    if (st == KNN_OK && !self)
+        st = knn_nodes_prepare(&query_nodes, &space, req->query,
+                               req->n_query, 0, threads);
+    if (st == KNN_OK) st = knn_kd_build(&tree, &ref, req->p);
+    const knn_nodes *query = self ? &ref : &query_nodes;
+    double t1 = knn_seconds();
+    for (int q0 = 0; st == KNN_OK && q0 < nq; q0 += KNN_KD_CHUNK) {
+        int q1 = nq - q0 < KNN_KD_CHUNK ? nq : q0 + KNN_KD_CHUNK;
+        st = knn_kd_query_range(&tree, &space, query, &ref, self, q0, q1, nq,
+                                req->k, threads, out);
+        if (st == KNN_OK && knn_kd_interrupted(req)) st = KNN_E_INTERRUPTED;
+        if (st == KNN_OK && req->cb.progress)
+            req->cb.progress(req->cb.ctx, q1, nq);
+    }
+    if (st == KNN_OK) {
+        snprintf(report->device, sizeof report->device,
+                 "cpu (%d threads, k-d tree)", threads);
+        snprintf(report->precision, sizeof report->precision,
+                 "fp64 exact k-d tree");
+        report->seconds_prepare = t1 - t0;
+        report->seconds_search = knn_seconds() - t1;
+        report->candidates = req->k;
+        report->row_tile = KNN_KD_CHUNK;
+        report->col_tile = tree.n_nodes;
+    } else if (st == KNN_E_NOMEM) {
+        snprintf(report->message, sizeof report->message,
+                 "out of memory on the CPU building a k-d tree of %d nodes",
+                 req->n_ref);
+    } else if (st == KNN_E_INTERRUPTED) {
+        snprintf(report->message, sizeof report->message,
+                 "stopped between query chunks; all memory released");
+    }
+    knn_kd_free(&tree);
+    knn_nodes_free(&ref);
+    knn_nodes_free(&query_nodes);
+    knn_space_free(&space);
+    return st;
+}
