@@ -21,3 +21,43 @@ expectGpuIdentical <- function(x, k, metric, by = "rows", query = NULL,
 gpuFreeBytes <- function() {
     .Call(knngpu:::C_knn_gpu_info)$devices$memory_free[1L]
 }
+
+## Runs `code` (R source text) in a fresh Rscript with a search that it
+## starts after writing its pid, sends it SIGINT `after` seconds later and
+## returns what the child wrote: its tryCatch() outcome ("interrupt",
+## "finished" or an error message), then whatever `report` (R source text)
+## printed after it, and the seconds from the signal to the child's answer.
+rscriptInterrupted <- function(setup, code, report = "", after = 0.5) {
+    dir <- tempfile("knngpu-interrupt")
+    dir.create(dir)
+    pid_file <- file.path(dir, "pid")
+    out_file <- file.path(dir, "out")
+    script <- file.path(dir, "run.R")
+    writeLines(c(
+        "suppressPackageStartupMessages(library(knngpu))", setup,
+        sprintf("writeLines(as.character(Sys.getpid()), '%s')", pid_file),
+        sprintf(paste("res <- tryCatch({%s; 'finished'}, interrupt =",
+                      "function(c) 'interrupt', error = conditionMessage)"),
+                code),
+        sprintf("writeLines(c(res, %s), '%s')",
+                if (nzchar(report)) report else "character()", out_file)),
+        script)
+    system2(file.path(R.home("bin"), "Rscript"), script, wait = FALSE,
+            env = paste0("R_LIBS=", paste(.libPaths(), collapse = ":")))
+    waitFor <- function(path, seconds) {
+        limit <- proc.time()[["elapsed"]] + seconds
+        while (!file.exists(path) && proc.time()[["elapsed"]] < limit) {
+            Sys.sleep(0.02)
+        }
+        file.exists(path)
+    }
+    if (!waitFor(pid_file, 120)) return(list(lines = "no pid", took = NA))
+    Sys.sleep(after)
+    pid <- as.integer(readLines(pid_file))
+    tools::pskill(pid, tools::SIGINT)
+    sent <- proc.time()[["elapsed"]]
+    if (!waitFor(out_file, 30)) return(list(lines = "no answer", took = NA))
+    took <- proc.time()[["elapsed"]] - sent
+    Sys.sleep(0.1)
+    list(lines = readLines(out_file), took = took)
+}

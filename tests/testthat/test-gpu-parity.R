@@ -66,3 +66,22 @@ test_that("knnGraph edges and weights are identical on GPU and CPU", {
         expect_match(attr(gpu, "precision"), "fp64 exact re-rank")
     }
 })
+
+test_that("ties in the reported distance: the GPU orders as the CPU", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    set.seed(36)
+    counts <- log1p(matrix(rpois(1500 * 30, 0.7), 1500))
+    counts[seq(2, 1500, 10), ] <- counts[seq(1, 1499, 10), ]
+    near <- matrix(rnorm(1500 * 30), 1500)
+    near[751:1500, ] <- near[1:750, ] * (1 + 1e-15)
+    data <- list(counts = counts, near = near, denormal = near * 1e-310,
+                 tiny = near * 1e-308, huge = near * 1e200,
+                 offset = near + 1e12,
+                 span = near * 10^sample(-150:150, 1500 * 30, TRUE))
+    for (name in names(data)) for (metric in allMetrics) {
+        x <- data[[name]]
+        if (metric %in% c("pearson", "spearman", "abspearson", "cosine") &&
+            any(apply(x, 1, function(r) all(r == r[1])))) next
+        expectGpuIdentical(x, 7, metric, label = name)
+    }
+})

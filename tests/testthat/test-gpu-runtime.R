@@ -164,3 +164,47 @@ test_that("a forked child gets a clear error, not a crash", {
     }, mc.cores = 2)
     for (msg in got) expect_match(msg, "forked|parent")
 })
+
+test_that("Ctrl-C reaches R as an interrupt and leaves device memory", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    skip_on_os("windows")
+    got <- rscriptInterrupted(
+        setup = paste(
+            "set.seed(1); x <- matrix(rnorm(600000 * 64), 600000);",
+            "options(knngpu.gpu.memory = 2e8);",
+            "invisible(knnSearch(x[1:5000, ], k = 10, device = 'gpu'));",
+            "free <- function() .Call(knngpu:::C_knn_gpu_info)$devices$",
+            "memory_free[1]; before <- free()"),
+        code = paste("knnSearch(x, k = 10, metric = 'euclidean',",
+                     "device = 'gpu', progress = FALSE)"),
+        report = "format(free() - before)")
+    expect_identical(got$lines, c("interrupt", "0"))
+    expect_lt(got$took, 1.5)
+})
+
+test_that("bad nodes get the CPU's messages on the GPU", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    x <- randomMatrix(300, 8, 27)
+    for (metric in allMetrics) {
+        y <- x
+        y[7, ] <- if (metric == "cosine") NaN else Inf
+        expect_error(knnSearch(y, k = 3, metric = metric, device = "gpu",
+                               progress = FALSE),
+                     "'x' has NA, NaN or Inf values in rows: 7$")
+    }
+    y <- x
+    y[c(4, 9), ] <- 0
+    expect_error(knnSearch(y, k = 3, metric = "cosine", device = "gpu",
+                           progress = FALSE), "2 all-zero rows.*4, 9")
+    y[11, 1] <- NA
+    expect_error(knnSearch(y, k = 3, metric = "cosine", device = "gpu",
+                           progress = FALSE),
+                 "NA, NaN or Inf values in rows: 11$")
+})
+
+test_that("the CUDA backend is opened on first GPU use, not at load", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    maps <- readLines("/proc/self/maps")
+    expect_true(any(grepl("knngpu_cuda", maps)))
+    expect_true(any(grepl("libcublas", maps)))
+})

@@ -216,7 +216,7 @@ test_that("ties go to the smaller index in the distances users see", {
 
 test_that("an interrupt reaches R as an interrupt, after cleanup", {
     skip_on_os("windows")
-    x <- randomMatrix(30000, 50, 37)
+    x <- randomMatrix(40000, 50, 37)
     job <- parallel::mcparallel(tryCatch({
         knnGraph(x, k = 20, metric = "euclidean", device = "cpu",
                  progress = FALSE)
