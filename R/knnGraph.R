@@ -36,6 +36,13 @@
 #'   (seconds) and \code{timings} (the engine's phases in seconds, what
 #'   \code{verbose = TRUE} prints).
 #'
+#' @details Neighbours, ties, bad input (non-finite values, degenerate
+#'   nodes, NA or repeated names, thread counts) and interrupts are handled
+#'   as \code{\link{knnSearch}} describes: ranks follow the reported
+#'   distance, then the smaller node index, the k-th place included; node
+#'   names are always unique, so the edges and \code{attr(edges, "nodes")}
+#'   go into \code{igraph::graph_from_data_frame()} as they are.
+#'
 #' @seealso \code{\link{toIgraph}}, \code{\link{knnSearch}}.
 #' @examples
 #' set.seed(1)
@@ -56,7 +63,7 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
                      symmetrize = c("none", "union", "mutual"), snn = NULL,
                      device = c("auto", "cpu", "gpu"), threads = NULL,
                      progress = interactive(), verbose = FALSE, assay = 1L,
-                     devices = NULL) {
+                     devices = NULL, use.dimred = NULL) {
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
     metric <- .checkMetric(metric)
     symmetrize <- .checkChoice(symmetrize[1L], c("none", "union", "mutual"),
@@ -68,7 +75,7 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
                  "graphs are undirected already", call. = FALSE)
         }
     }
-    nodes <- .asNodes(x, by, assay, "x")
+    nodes <- .asNodes(x, by, assay, "x", use.dimred)
     if (ncol(nodes$values) < 2L) {
         stop("'x' needs at least 2 nodes to build a graph", call. = FALSE)
     }

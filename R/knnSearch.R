@@ -2,13 +2,16 @@
 #'
 #' Finds, for each node (a row of \code{x} by default), the \code{k} closest
 #' nodes under \code{metric}, exactly: the result equals a float64 reference,
-#' with ties at equal distance broken by the smaller node index. The shape
+#' with ties at equal distance broken by the smaller node index. Each row is
+#' sorted by (reported distance, index), and the k-th place too goes to the
+#' smallest index among the nodes that report its distance. The shape
 #' of the result is that of \code{BiocNeighbors::findKNN()} /
 #' \code{BiocNeighbors::queryKNN()} and \code{FNN::get.knnx()}.
 #'
 #' @param x A numeric matrix (genes in rows, samples in columns, as
 #'   expression matrices are stored), a data.frame of numeric columns, a
-#'   \code{SummarizedExperiment} or an \code{ExpressionSet}. These are the
+#'   \code{SummarizedExperiment} (a \code{SingleCellExperiment} with
+#'   \code{use.dimred}) or an \code{ExpressionSet}. These are the
 #'   reference nodes.
 #' @param query \code{NULL} to search \code{x} against itself (a node is
 #'   never its own neighbour, but a duplicate of it is, at distance 0), or
@@ -24,12 +27,17 @@
 #' @param device \code{"auto"} uses the GPU when the package was built with
 #'   CUDA and a GPU is present, else the CPU (saying so once);
 #'   \code{"cpu"} or \code{"gpu"} force one. The answer is the same.
-#' @param threads CPU threads; \code{NULL} uses
+#' @param threads CPU threads, a whole number from 1 to 1024 (larger counts
+#'   are refused: OpenMP would try to start them all); \code{NULL} or 0 uses
 #'   \code{getOption("knngpu.threads")}, else all cores. BLAS threads are
 #'   set by the BLAS library.
 #' @param progress Show a progress bar on long runs.
 #' @param verbose Print the device, precision, tiling and timings.
 #' @param assay For a \code{SummarizedExperiment}, which assay to use.
+#' @param use.dimred For a \code{SingleCellExperiment}, the name (or number)
+#'   of a \code{reducedDim()} (e.g. \code{"PCA"}) to search instead of an
+#'   assay: the cells are then the nodes (rows of the reduced dimensions,
+#'   named by the cells), as scran and bluster do it.
 #' @param devices GPU ids (0-based, as \code{gpuInfo()} lists them) to split
 #'   the work across; \code{NULL} uses every visible GPU.
 #'
@@ -48,6 +56,32 @@
 #'   never stored. Candidates may come from faster arithmetic, but every
 #'   reported neighbour is re-ranked in float64 with a proven error margin.
 #'
+#'   Ties: the order is that of the distances as reported, then of the node
+#'   index, so a user (or BiocNeighbors) who checks "ties go to the smaller
+#'   index" on the returned values sees it hold. Where float64 cannot tell
+#'   distances apart (squared distances past 1e308 become \code{Inf}, values
+#'   near 1e-300 give 0), the nodes tie and the smallest indices win.
+#'
+#'   With the CPU and a distance metric (\code{"euclidean"},
+#'   \code{"sqeuclidean"}, \code{"manhattan"}) on few features (up to 6
+#'   from 500 nodes, up to 8 from 8000), the search uses an exact k-d tree
+#'   instead of the scan of every pair, where it is faster (measured by
+#'   \code{inst/bench/lowdim.R}); the bits are the same.
+#'   \code{options(knngpu.algorithm = "tree" | "products")} forces one
+#'   (\code{"auto"}, the default, chooses).
+#'
+#'   Bad input stops with an error that names the argument and the first
+#'   offending nodes: NA, NaN or Inf values (reported first, whatever the
+#'   metric), and nodes the metric cannot use (constant nodes for the
+#'   correlations, all-zero nodes for cosine). Node names that igraph
+#'   would refuse as vertex names (NA, empty or repeated) are made unique
+#'   with a message: NA and empty names become the node's number, repeats
+#'   get \code{make.unique()}'s suffixes.
+#'
+#'   Ctrl-C stops a search within a second on the CPU and the GPU; memory
+#'   is released first, then R's own interrupt is signalled, so
+#'   \code{tryCatch(..., interrupt = )} sees it as an interrupt.
+#'
 #' @seealso \code{\link{knnGraph}} for an edge list ready for igraph.
 #' @examples
 #' set.seed(1)
@@ -61,13 +95,14 @@
 knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
                       by = c("rows", "columns"), device = c("auto", "cpu",
                       "gpu"), threads = NULL, progress = interactive(),
-                      verbose = FALSE, assay = 1L, devices = NULL) {
+                      verbose = FALSE, assay = 1L, devices = NULL,
+                      use.dimred = NULL) {
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
     metric <- .checkMetric(metric)
-    ref <- .asNodes(x, by, assay, "x")
+    ref <- .asNodes(x, by, assay, "x", use.dimred)
     q <- NULL
     if (!is.null(query)) {
-        q <- .asNodes(query, by, assay, "query")
+        q <- .asNodes(query, by, assay, "query", use.dimred)
         if (nrow(q$values) != nrow(ref$values)) {
             stop(sprintf(paste("'query' has %d features but 'x' has %d;",
                                "both need the same features"),

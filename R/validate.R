@@ -64,8 +64,11 @@
            if (more > 0L) sprintf(" (and %d more)", more) else "")
 }
 
-## The matrix inside the supported containers, with samples in columns.
-.extractMatrix <- function(x, assay, arg) {
+## The matrix inside the supported containers, with samples in columns;
+## with use.dimred, the reduced dimensions of a SingleCellExperiment's
+## cells, cells in rows, named by the cells.
+.extractMatrix <- function(x, assay, arg, use.dimred = NULL) {
+    if (!is.null(use.dimred)) return(.reducedDims(x, use.dimred, arg))
     ## A plain matrix, the usual case, skips the S4 class lookups.
     if (is.matrix(x) && !isS4(x)) return(x)
     if (methods::is(x, "SummarizedExperiment")) {
@@ -99,6 +102,24 @@
 ## that igraph would refuse as vertex names (NA, empty, repeated) are made
 ## unique with a message: NA and empty names become the node's number,
 ## then make.unique() appends ".1", ".2", ... to repeats.
+.reducedDims <- function(x, use.dimred, arg) {
+    if (!methods::is(x, "SingleCellExperiment")) {
+        stop(sprintf("'use.dimred' needs '%s' to be a SingleCellExperiment",
+                     arg), call. = FALSE)
+    }
+    available <- SingleCellExperiment::reducedDimNames(x)
+    if (!(is.character(use.dimred) || is.numeric(use.dimred)) ||
+        length(use.dimred) != 1L ||
+        (is.character(use.dimred) && !use.dimred %in% available)) {
+        stop(sprintf("'use.dimred' must name one of the reducedDims of '%s':",
+                     arg), " ", paste0('"', available, '"', collapse = ", "),
+             call. = FALSE)
+    }
+    m <- SingleCellExperiment::reducedDim(x, use.dimred)
+    if (is.null(rownames(m))) rownames(m) <- colnames(x)
+    m
+}
+
 .nodeLabels <- function(m, by, arg) {
     labels <- if (by == "rows") rownames(m) else colnames(m)
     if (is.null(labels)) {
@@ -122,8 +143,12 @@
 ## for messages. Non-finite values and nodes the metric cannot use are left
 ## to the engine, which finds them as it reads the values anyway
 ## (.stopBadNodes names them).
-.asNodes <- function(x, by, assay = 1L, arg = "x") {
-    m <- .extractMatrix(x, assay, arg)
+.asNodes <- function(x, by, assay = 1L, arg = "x", use.dimred = NULL) {
+    if (!is.null(use.dimred) && by != "rows") {
+        stop("'by' must be \"rows\" with 'use.dimred': the cells are the ",
+             "rows of reducedDim()", call. = FALSE)
+    }
+    m <- .extractMatrix(x, assay, arg, use.dimred)
     if (!is.matrix(m) || !is.numeric(m)) {
         stop(sprintf(paste("'%s' must be a numeric matrix, a data.frame of",
                            "numeric columns, a SummarizedExperiment or an",

@@ -5,5 +5,9 @@
     dll <- getLoadedDLLs()[[pkgname]][["path"]]
     .Call(C_knn_gpu_library,
           file.path(dirname(dll), paste0("knngpu_cuda", .Platform$dynlib.ext)))
+    ## KnngpuParam's class and methods are made with BiocNeighbors, whose
+    ## load (190 MB) a session that does not use it should not pay.
+    setHook(packageEvent("BiocNeighbors", "onLoad"), .registerBiocNeighbors)
+    if (isNamespaceLoaded("BiocNeighbors")) .registerBiocNeighbors()
     invisible(NULL)
 }

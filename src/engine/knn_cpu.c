@@ -27,9 +27,10 @@
  * work, which steals cores from the parallel scan that follows it. */
 #define KNN_CPU_MIN_ROW_TILE 256.0
 #define KNN_CPU_MAX_ROW_TILE 4096.0
-/* Work per tile bounds how long Ctrl-C waits: about 0.1 s of arithmetic. */
-#define KNN_CPU_PRODUCT_WORK 4e9
-#define KNN_CPU_DIRECT_WORK 2e8
+/* Work per tile and thread bounds how long Ctrl-C waits: about 0.1 s of
+ * arithmetic, on one thread as on many (a forked child runs on one). */
+#define KNN_CPU_PRODUCT_WORK 1e9
+#define KNN_CPU_DIRECT_WORK 5e7
 
 typedef struct {
     const knn_request *req;
@@ -55,8 +56,9 @@ static void knn_cpu_plan(knn_cpu *cpu)
     const knn_request *req = cpu->req;
     double bytes = req->memory_bytes > 0 ? req->memory_bytes
                                          : KNN_CPU_DEFAULT_BYTES;
-    double work = knn_uses_product(req->metric) ? KNN_CPU_PRODUCT_WORK
-                                                : KNN_CPU_DIRECT_WORK;
+    double work = cpu->threads * (knn_uses_product(req->metric)
+                                      ? KNN_CPU_PRODUCT_WORK
+                                      : KNN_CPU_DIRECT_WORK);
     double cols = fmin(req->n_ref, bytes / (8.0 * KNN_CPU_MIN_ROW_TILE));
     cols = fmax(cols, fmin(req->n_ref, 64.0));
     double rows = fmin(bytes / (8.0 * cols), work / (cols * req->p));

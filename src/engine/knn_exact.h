@@ -203,8 +203,8 @@ KNN_HD static inline double knn_key_dist(knn_metric m, const double *a,
  * grows, but distinct keys can round to one distance (sqrt, 1 - r, an
  * underflowing ldexp), so results are ordered by this value and then by
  * the node index: the tie rule then holds on what users see, k-th place
- * included. Every margin below exceeds that rounding, so the candidates
- * still hold every node that ties the k-th at this value. */
+ * included; knn_candidate_bound keeps every node that ties the k-th at
+ * this value among the candidates. */
 KNN_HD static inline double knn_key_distance(knn_metric m, double key,
                                              int scale_exp)
 {
@@ -217,27 +217,39 @@ KNN_HD static inline double knn_key_distance(knn_metric m, double key,
     return ldexp(key, scale_exp);
 }
 
+/* The largest key whose reported distance can equal that of `key`: keys
+ * beyond it report a larger distance. Rounding makes this a band: sqrt
+ * and 1 - r round distinct keys together (relative 4 units for the square
+ * root, 8 absolute for correlations, doubled here), and where the reported
+ * distance underflows (to subnormals or zero) or overflows, a whole range
+ * of keys reports one value (rows scaled by 1e-300, squared distances past
+ * 1e308); that range's edge gets a factor of 4 to spare for the rounding
+ * at the subnormal boundary. */
+KNN_HD static inline double knn_key_tie_top(knn_metric m, double key,
+                                            int scale_exp)
+{
+    if (knn_is_correlation(m)) return key + 16.0 * KNN_U64;
+    double d = knn_key_distance(m, key > 0.0 ? key : 0.0, scale_exp);
+    if (d > DBL_MAX) return INFINITY;
+    if (d >= DBL_MIN)
+        return m == KNN_EUCLIDEAN ? key * (1.0 + 8.0 * KNN_U64) : key;
+    double low = ldexp(DBL_MIN, -(m == KNN_SQEUCLIDEAN ? 2 : 1) * scale_exp);
+    double top = m == KNN_EUCLIDEAN ? 4.0 * low * low : 4.0 * low;
+    return key > top ? key : top;
+}
+
 /* The candidate bound of a query whose k-th best fast score is kth, its
  * fast scores within margin2 / 2 of its keys: a node whose fast score
- * exceeds it cannot take a place in the top k. Beyond kth + margin2, it
- * covers the nodes that tie the k-th only in the reported distance: where
- * that underflows (to subnormals or zero) or overflows, a whole range of
- * keys reports one value (rows scaled by 1e-300, squared distances past
- * 1e308). The range's edge gets a factor of 4 to spare for the rounding
- * at the subnormal boundary. */
+ * exceeds it cannot take a place in the top k, ties in the reported
+ * distance included (the k-th best key is at most kth + margin2 / 2). */
 KNN_HD static inline double knn_candidate_bound(knn_metric m, double kth,
                                                 double margin2,
                                                 int scale_exp)
 {
     double bound = kth + margin2;
-    if (knn_is_correlation(m) || !(bound < INFINITY)) return bound;
-    double key = kth + 0.5 * margin2; /* at least the k-th best key */
-    double d = knn_key_distance(m, key > 0.0 ? key : 0.0, scale_exp);
-    if (d >= DBL_MIN && d <= DBL_MAX) return bound;
-    if (d > DBL_MAX) return INFINITY;
-    double low = ldexp(DBL_MIN, -(m == KNN_SQEUCLIDEAN ? 2 : 1) * scale_exp);
-    double top = m == KNN_EUCLIDEAN ? 4.0 * low * low : 4.0 * low;
-    return fmax(bound, top + 0.5 * margin2);
+    if (!(bound < INFINITY)) return bound;
+    double tie = knn_key_tie_top(m, kth + 0.5 * margin2, scale_exp);
+    return fmax(bound, tie + 0.5 * margin2);
 }
 
 /* Weight and distance reported for a key (see knn_key_distance). */

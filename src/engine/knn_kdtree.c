@@ -26,7 +26,6 @@
 #include "knn_backend.h"
 #include "knn_exact.h"
 #include "knn_kdtree.h"
-#include "knn_pool.h"
 #include "knn_prepare.h"
 #include "knn_threads.h"
 
@@ -58,7 +57,9 @@ int knn_kdtree_suits(const knn_request *req)
     if (knn_is_correlation(req->metric)) return 0;
     if (req->algorithm == KNN_ALGO_TREE) return 1;
     if (req->algorithm != KNN_ALGO_AUTO) return 0;
-    return req->p <= KNN_KD_MAX_FEATURES && req->n_ref >= KNN_KD_MIN_NODES;
+    return (req->p <= KNN_KD_MAX_FEATURES && req->n_ref >= KNN_KD_MIN_NODES)
+        || (req->p <= KNN_KD_WIDE_FEATURES &&
+            req->n_ref >= KNN_KD_WIDE_MIN_NODES);
 }
 
 static void knn_kd_free(knn_kd_tree *t)
@@ -88,21 +89,31 @@ static void knn_kd_fit_box(const knn_kd_tree *t, const double *canon, int lo,
     }
 }
 
-/* Reorders order[lo..hi) so that position mid holds the point whose
- * feature f would sit there sorted, smaller or equal ones before it. */
+/* Whether node a sorts before node b on feature f: by value, then index,
+ * so that identical values split by index and a query meets the smaller
+ * indices of a tie first (the subtree bound then turns the rest away). */
+static int knn_kd_before(const double *canon, int p, int f, int a, int b)
+{
+    double x = canon[(size_t)a * p + f], y = canon[(size_t)b * p + f];
+    return x < y || (x == y && a < b);
+}
+
+/* Reorders order[lo..hi) so that position mid holds the node that would
+ * sit there sorted by knn_kd_before, those before it in front. */
 static void knn_kd_select(int *order, const double *canon, int p, int f,
                           int lo, int hi, int mid)
 {
     while (hi - lo > 1) {
-        double pivot = canon[(size_t)order[lo + (hi - lo) / 2] * p + f];
+        int pivot = order[lo + (hi - lo) / 2];
         int lt = lo, i = lo, gt = hi;
         while (i < gt) {
-            double v = canon[(size_t)order[i] * p + f];
-            int tmp;
-            if (v < pivot) {
-                tmp = order[lt]; order[lt++] = order[i]; order[i++] = tmp;
-            } else if (v > pivot) {
-                tmp = order[--gt]; order[gt] = order[i]; order[i] = tmp;
+            int v = order[i];
+            if (knn_kd_before(canon, p, f, v, pivot)) {
+                order[i++] = order[lt];
+                order[lt++] = v;
+            } else if (v != pivot) {
+                order[i] = order[--gt];
+                order[gt] = v;
             } else {
                 i++;
             }
@@ -127,12 +138,14 @@ static int knn_kd_build_node(knn_kd_tree *t, const double *canon, int lo,
     int widest = 0;
     for (int f = 1; f < p; f++)
         if (box[p + f] - box[f] > box[p + widest] - box[widest]) widest = f;
-    if (hi - lo <= KNN_KD_LEAF || box[p + widest] == box[widest]) {
+    if (hi - lo <= KNN_KD_LEAF) {
         nd->min_index = t->order[lo];
         for (int i = lo + 1; i < hi; i++)
             if (t->order[i] < nd->min_index) nd->min_index = t->order[i];
         return id;
     }
+    /* Identical points split too, by index (knn_kd_before): one leaf of
+     * thousands of duplicates would be scanned whole by every query. */
     int mid = lo + (hi - lo) / 2;
     knn_kd_select(t->order, canon, p, widest, lo, hi, mid);
     int left = knn_kd_build_node(t, canon, lo, mid);
@@ -167,62 +180,74 @@ static knn_status knn_kd_build(knn_kd_tree *t, const knn_nodes *ref, int p)
     return KNN_OK;
 }
 
-/* A query's k best so far: a max-heap by (distance, index), worst on top. */
+/* A query's k best so far: a max-heap by (distance, index), worst on top.
+ * `reject` is the largest key that can still tie the worst entry's
+ * distance (knn_key_tie_top), so most points are turned away by their key
+ * alone, before their distance (a square root and a scaling) is computed. */
 typedef struct {
-    knn_cand *items;
+    double key, dist;
+    int index;
+} knn_kd_item;
+
+typedef struct {
+    knn_kd_item *items;
     int size, k;
+    double reject;
 } knn_kd_heap;
 
-static int knn_kd_worse(const knn_cand *a, double d, int j)
+static int knn_kd_worse(const knn_kd_item *a, const knn_kd_item *b)
 {
-    return a->score > d || (a->score == d && a->index > j);
+    return a->dist > b->dist || (a->dist == b->dist && a->index > b->index);
 }
 
-/* Sifts (d, j) down from the top of a full heap. */
-static void knn_kd_heap_replace_top(knn_kd_heap *h, double d, int j)
+/* Sifts x down from the top of a full heap. */
+static void knn_kd_heap_replace_top(knn_kd_heap *h, const knn_kd_item *x)
 {
     int c = 0;
     for (;;) {
-        int l = 2 * c + 1, r = l + 1, top = c;
-        double td = d;
-        int tj = j;
-        if (l < h->size && knn_kd_worse(&h->items[l], td, tj)) {
-            top = l;
-            td = h->items[l].score;
-            tj = h->items[l].index;
+        int l = 2 * c + 1, r = l + 1;
+        const knn_kd_item *top = x;
+        int at = c;
+        if (l < h->size && knn_kd_worse(&h->items[l], top)) {
+            top = &h->items[l];
+            at = l;
         }
-        if (r < h->size && knn_kd_worse(&h->items[r], td, tj)) top = r;
-        if (top == c) break;
-        h->items[c] = h->items[top];
-        c = top;
+        if (r < h->size && knn_kd_worse(&h->items[r], top)) at = r;
+        if (at == c) break;
+        h->items[c] = h->items[at];
+        c = at;
     }
-    h->items[c].score = d;
-    h->items[c].index = j;
+    h->items[c] = *x;
 }
 
-static void knn_kd_heap_offer(knn_kd_heap *h, double d, int j)
+static void knn_kd_heap_offer(knn_kd_heap *h, const knn_space *sp,
+                              double key, int j)
 {
+    knn_kd_item x = {key, knn_key_distance(sp->metric, key, sp->scale_exp),
+                     j};
     if (h->size == h->k) {
-        if (knn_kd_worse(&h->items[0], d, j)) knn_kd_heap_replace_top(h, d, j);
-        return;
+        if (!knn_kd_worse(&h->items[0], &x)) return;
+        knn_kd_heap_replace_top(h, &x);
+    } else {
+        int c = h->size++;
+        while (c > 0) {
+            int up = (c - 1) / 2;
+            if (knn_kd_worse(&h->items[up], &x)) break;
+            h->items[c] = h->items[up];
+            c = up;
+        }
+        h->items[c] = x;
+        if (h->size < h->k) return;
     }
-    int c = h->size++;
-    while (c > 0) {
-        int up = (c - 1) / 2;
-        if (knn_kd_worse(&h->items[up], d, j)) break;
-        h->items[c] = h->items[up];
-        c = up;
-    }
-    h->items[c].score = d;
-    h->items[c].index = j;
+    h->reject = knn_key_tie_top(sp->metric, h->items[0].key, sp->scale_exp);
 }
 
-/* Smallest reported distance any point in the box can have from q: the
- * box's key bound, shrunk by its rounding (relative 2(p + 2) units for
- * the bound and as much for a point's key, plus as many of the smallest
- * subnormal where terms underflow), mapped as keys are. */
-static double knn_kd_box_distance(const knn_space *sp, const double *q,
-                                  const double *box)
+/* A lower bound on the key of any point in the box from q: the box's own
+ * key bound, shrunk by its rounding (relative 2(p + 2) units for the bound
+ * and as much for a point's key, plus as many of the smallest subnormal
+ * where terms underflow). */
+static double knn_kd_box_key(const knn_space *sp, const double *q,
+                             const double *box)
 {
     int p = sp->p;
     double s = 0.0;
@@ -233,16 +258,21 @@ static double knn_kd_box_distance(const knn_space *sp, const double *q,
     }
     double slack = 4.0 * (p + 4.0);
     s = s * (1.0 - slack * KNN_U64) - slack * DBL_TRUE_MIN;
-    return knn_key_distance(sp->metric, s > 0.0 ? s : 0.0, sp->scale_exp);
+    return s > 0.0 ? s : 0.0;
 }
 
-/* Whether a subtree can hold a node that beats the heap's worst entry. */
-static int knn_kd_may_improve(const knn_kd_heap *h, double bound,
-                              int min_index)
+/* Whether a subtree whose keys are at least `bound` can hold a node that
+ * beats the heap's worst entry: a smaller distance, or the same one with
+ * a smaller index. Keys past h->reject report a larger distance, so the
+ * distance itself is needed only for subtrees that could tie. */
+static int knn_kd_may_improve(const knn_kd_heap *h, const knn_space *sp,
+                              double bound, int min_index)
 {
     if (h->size < h->k) return 1;
-    return bound < h->items[0].score ||
-           (bound == h->items[0].score && min_index < h->items[0].index);
+    if (bound > h->reject) return 0;
+    if (min_index < h->items[0].index) return 1;
+    return knn_key_distance(sp->metric, bound, sp->scale_exp) <
+           h->items[0].dist;
 }
 
 /* The k nearest reference nodes of query node qi (skipping `itself`). */
@@ -258,26 +288,26 @@ static void knn_kd_query(const knn_kd_tree *t, const knn_space *sp,
     stack[top] = 0;
     bounds[top++] = 0.0;
     h->size = 0;
+    h->reject = INFINITY;
     while (top > 0) {
         top--;
         const knn_kd_node *nd = &t->nodes[stack[top]];
-        if (!knn_kd_may_improve(h, bounds[top], nd->min_index)) continue;
+        if (!knn_kd_may_improve(h, sp, bounds[top], nd->min_index))
+            continue;
         if (nd->left < 0) {
             for (int i = nd->lo; i < nd->hi; i++) {
                 int j = t->order[i];
                 if (j == itself) continue;
                 double key = knn_key_dist(sp->metric, q,
                                           t->points + (size_t)i * p, p);
-                knn_kd_heap_offer(h, knn_key_distance(sp->metric, key,
-                                                      sp->scale_exp), j);
+                if (key <= h->reject) knn_kd_heap_offer(h, sp, key, j);
             }
             continue;
         }
         int child[2] = {nd->left, nd->right};
         double b[2];
         for (int c = 0; c < 2; c++)
-            b[c] = knn_kd_box_distance(sp, q,
-                                       t->box + (size_t)child[c] * 2 * p);
+            b[c] = knn_kd_box_key(sp, q, t->box + (size_t)child[c] * 2 * p);
         /* The nearer child goes on top, to be visited first. */
         int nearer = b[1] < b[0];
         stack[top] = child[!nearer];
@@ -287,19 +317,24 @@ static void knn_kd_query(const knn_kd_tree *t, const knn_space *sp,
     }
 }
 
+static int knn_kd_item_cmp(const void *a, const void *b)
+{
+    const knn_kd_item *x = a, *y = b;
+    return knn_kd_worse(x, y) - knn_kd_worse(y, x);
+}
+
 /* Writes query qi's k best, sorted, into row qi of the result. */
-static void knn_kd_emit(knn_kd_heap *h, const knn_space *sp,
-                        const knn_nodes *query, int qi,
-                        const knn_nodes *ref, int nq, knn_result *out)
+static void knn_kd_emit(knn_kd_heap *h, const knn_space *sp, int qi, int nq,
+                        knn_result *out)
 {
     int k = h->k;
-    knn_cand_sort(h->items, h->size);
+    qsort(h->items, (size_t)k, sizeof(knn_kd_item), knn_kd_item_cmp);
     for (int r = 0; r < k; r++) {
-        int j = h->items[r].index;
+        const knn_kd_item *x = &h->items[r];
         size_t at = knn_result_at(out, (size_t)nq, k, (size_t)qi, r);
-        out->index[at] = j + out->index_base;
-        knn_key_output(sp->metric, knn_nodes_key(sp, query, qi, ref, j),
-                       sp->scale_exp, &out->distance[at], &out->weight[at]);
+        out->index[at] = x->index + out->index_base;
+        knn_key_output(sp->metric, x->key, sp->scale_exp, &out->distance[at],
+                       &out->weight[at]);
     }
 }
 
@@ -307,21 +342,21 @@ static void knn_kd_emit(knn_kd_heap *h, const knn_space *sp,
  * thread's heap cannot be had. */
 static knn_status knn_kd_query_range(const knn_kd_tree *t,
                                      const knn_space *sp,
-                                     const knn_nodes *query,
-                                     const knn_nodes *ref, int self, int q0,
-                                     int q1, int nq, int k, int threads,
-                                     knn_result *out)
+                                     const knn_nodes *query, int self,
+                                     int q0, int q1, int nq, int k,
+                                     int threads, knn_result *out)
 {
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
-        knn_kd_heap h = {malloc((size_t)k * sizeof(knn_cand)), 0, k};
+        knn_kd_heap h = {malloc((size_t)k * sizeof(knn_kd_item)), 0, k,
+                         INFINITY};
         if (!h.items) failed = 1;
         #pragma omp for schedule(dynamic, 256)
         for (int qi = q0; qi < q1; qi++) {
             if (!h.items) continue;
             knn_kd_query(t, sp, query, qi, self ? qi : -1, &h);
-            knn_kd_emit(&h, sp, query, qi, ref, nq, out);
+            knn_kd_emit(&h, sp, qi, nq, out);
         }
         free(h.items);
     }
@@ -354,7 +389,7 @@ knn_status knn_kdtree_search(const knn_request *req, knn_result *out,
     double t1 = knn_seconds();
     for (int q0 = 0; st == KNN_OK && q0 < nq; q0 += KNN_KD_CHUNK) {
         int q1 = nq - q0 < KNN_KD_CHUNK ? nq : q0 + KNN_KD_CHUNK;
-        st = knn_kd_query_range(&tree, &space, query, &ref, self, q0, q1, nq,
+        st = knn_kd_query_range(&tree, &space, query, self, q0, q1, nq,
                                 req->k, threads, out);
         if (st == KNN_OK && knn_kd_interrupted(req)) st = KNN_E_INTERRUPTED;
         if (st == KNN_OK && req->cb.progress)

@@ -7,11 +7,14 @@
 
 #include "knn.h"
 
-/* Where the tree beats the product scan, as measured by
- * inst/bench/lowdim.R on the project's 2-core machine (RESULTS.md): up to
- * this many features, from this many reference nodes. */
-#define KNN_KD_MAX_FEATURES 4
-#define KNN_KD_MIN_NODES 2048
+/* Where the tree beats the product scan on N(0,1) and on tied data alike,
+ * as measured by inst/bench/lowdim.R on the project's 2-core machine
+ * (RESULTS.md): up to 6 features from 500 reference nodes (2 to 80 times
+ * faster), and 7 or 8 features from 8000 (2 to 5 times). */
+#define KNN_KD_MAX_FEATURES 6
+#define KNN_KD_MIN_NODES 500
+#define KNN_KD_WIDE_FEATURES 8
+#define KNN_KD_WIDE_MIN_NODES 8000
 
 /* Whether the request is served by the tree: a distance metric (Euclidean,
  * squared Euclidean, Manhattan) and either forced (KNN_ALGO_TREE) or

@@ -145,12 +145,7 @@ static int knn_cand_cmp(const void *a, const void *b)
     return (x->index > y->index) - (x->index < y->index);
 }
 
-void knn_cand_sort(knn_cand *items, int n)
-{
-    qsort(items, (size_t)n, sizeof(knn_cand), knn_cand_cmp);
-}
-
 void knn_pool_sort(knn_pool *pool)
 {
-    knn_cand_sort(pool->items, pool->size);
+    qsort(pool->items, (size_t)pool->size, sizeof(knn_cand), knn_cand_cmp);
 }

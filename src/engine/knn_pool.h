@@ -58,7 +58,4 @@ void knn_pool_prune(knn_pool *pool);
 /* Sorts the entries by (score, index), ascending. */
 void knn_pool_sort(knn_pool *pool);
 
-/* Sorts n candidates by (score, index), ascending. */
-void knn_cand_sort(knn_cand *items, int n);
-
 #endif

@@ -1,0 +1,289 @@
+#' knngpu as a BiocNeighbors backend: BNPARAM = KnngpuParam()
+#'
+#' A \code{BiocNeighborParam} for the tools that find neighbours through
+#' BiocNeighbors (bluster's \code{makeKNNGraph()}, \code{makeSNNGraph()} and
+#' \code{clusterRows(x, NNGraphParam(BNPARAM = ))}, scran's
+#' \code{buildSNNGraph()}, scater's \code{runUMAP()}, batchelor): they then
+#' run knngpu's exact search, on the GPU where there is one.
+#'
+#' @param metric \code{"euclidean"}, \code{"manhattan"} or \code{"cosine"},
+#'   the distances BiocNeighbors defines (\code{bndistance()} gives
+#'   \code{"Euclidean"}, \code{"Manhattan"} or \code{"Cosine"}).
+#' @inheritParams knnSearch
+#'
+#' @return A \code{KnngpuParam} object, a subclass of BiocNeighbors'
+#'   \code{BiocNeighborParam}. \code{buildIndex(X, BNPARAM = KnngpuParam())}
+#'   gives a \code{KnngpuIndex} (a \code{BiocNeighborIndex} holding the
+#'   points in the engine's layout), which \code{findKNN()} and
+#'   \code{queryKNN()} take as \code{BNINDEX} to search it again without
+#'   converting it.
+#'
+#' @details Supported is the BiocNeighbors 1.x interface (Bioconductor up to
+#'   3.19, Debian 12's 1.16): \code{findKNN()}, \code{queryKNN()} and
+#'   \code{buildIndex()} dispatch on \code{BNINDEX} and \code{BNPARAM}, and
+#'   the results are \code{list(index, distance)} of n-by-k matrices. Their
+#'   arguments are honoured: \code{get.index}, \code{get.distance},
+#'   \code{last} (the last columns), \code{subset} (rows to search for, by
+#'   number, name or logical), \code{transposed} (points in columns),
+#'   \code{BPPARAM} (blocks of rows searched by BiocParallel workers, with
+#'   the same result as one search), \code{raw.index} (knngpu does not
+#'   reorder the points, so raw and original indices are the same) and
+#'   \code{warn.ties} (knngpu breaks ties by the smaller index, always the
+#'   same way, so it never warns). BiocNeighbors 2.x (Bioconductor 3.20 on)
+#'   dispatches \code{buildIndex()} alone and searches through C++
+#'   prebuilt pointers; serving it would take \code{buildIndex()} and
+#'   \code{findKNN()}/\code{queryKNN()} methods for its \code{BiocNeighborPrebuilt}
+#'   class, which that release's installed headers define, not written
+#'   here.
+#'
+#'   Results equal \code{ExhaustiveParam()}'s: Euclidean and Manhattan
+#'   distances as they are; for \code{"Cosine"} BiocNeighbors reports the
+#'   Euclidean distance of the rows scaled to unit length,
+#'   \eqn{\sqrt{2 (1 - \cos)}}, which knngpu computes from its exact cosine.
+#'   Ties: knngpu orders neighbours at equal reported distance by the
+#'   smaller index; BiocNeighbors' order of exact ties is its own (and its
+#'   distances can differ in the last bits).
+#'
+#'   The class and its methods are made when BiocNeighbors is loaded (it is
+#'   a suggested package): a session that never asks for it does not pay
+#'   its load, about 190 MB.
+#'
+#' @seealso \code{\link{knnSearch}}, which this calls.
+#' @examples
+#' if (requireNamespace("BiocNeighbors", quietly = TRUE)) {
+#'     set.seed(1)
+#'     pcs <- matrix(rnorm(500 * 10), 500)
+#'     nn <- BiocNeighbors::findKNN(pcs, k = 5, BNPARAM = KnngpuParam())
+#'     nn$index[1:3, ]
+#'     q <- BiocNeighbors::queryKNN(pcs, pcs[1:2, ] + 0.1, k = 3,
+#'                                  BNPARAM = KnngpuParam("manhattan"))
+#'     q$distance
+#'     if (requireNamespace("bluster", quietly = TRUE)) {
+#'         g <- bluster::makeSNNGraph(pcs, k = 10, BNPARAM = KnngpuParam())
+#'         igraph::vcount(g)
+#'     }
+#' }
+#' @export
+KnngpuParam <- function(metric = c("euclidean", "manhattan", "cosine"),
+                        device = c("auto", "cpu", "gpu"), threads = NULL,
+                        devices = NULL) {
+    metric <- .checkChoice(metric[1L], names(.bnDistances), "metric")
+    device <- .checkChoice(device[1L], c("auto", "cpu", "gpu"), "device")
+    threads <- .checkThreads(threads)
+    if (!is.null(devices) && !(is.numeric(devices) && length(devices) &&
+                               all(!is.na(devices)))) {
+        stop("'devices' must be NULL or GPU ids (see gpuInfo())",
+             call. = FALSE)
+    }
+    if (!requireNamespace("BiocNeighbors", quietly = TRUE)) {
+        stop("KnngpuParam() needs the BiocNeighbors package", call. = FALSE)
+    }
+    .registerBiocNeighbors()
+    methods::new(.bnClass("KnngpuParam"), distance = .bnDistances[[metric]],
+                 device = device, threads = threads,
+                 devices = as.integer(devices))
+}
+
+## BiocNeighbors' distance names of the metrics it shares with knngpu.
+.bnDistances <- c(euclidean = "Euclidean", manhattan = "Manhattan",
+                  cosine = "Cosine")
+
+## Where the classes and methods live: BiocNeighbors is only suggested, so
+## they are made when it loads (.registerBiocNeighbors, hooked in zzz.R),
+## in this environment of the namespace, under the package's name.
+.bnEnv <- new.env()
+assign(".packageName", "knngpu", envir = .bnEnv)
+
+.bnClass <- function(name) methods::getClass(name, where = .bnEnv)
+
+.bnGeneric <- function(name) {
+    methods::getGeneric(name, package = "BiocNeighbors")
+}
+
+## Makes KnngpuParam, KnngpuIndex and their methods for BiocNeighbors'
+## generics, once; called when BiocNeighbors is loaded (arguments: the
+## hook's, unused).
+.registerBiocNeighbors <- function(...) {
+    if (methods::isClass("KnngpuIndex", where = .bnEnv)) {
+        return(invisible(NULL))
+    }
+    methods::setClass("KnngpuParam", contains = "BiocNeighborParam",
+                      slots = c(device = "character", threads = "integer",
+                                devices = "integer"), where = .bnEnv)
+    methods::setClass("KnngpuIndex", contains = "BiocNeighborIndex",
+                      slots = c(param = "KnngpuParam"), where = .bnEnv)
+    .bnMethods(.bnEnv)
+    invisible(NULL)
+}
+
+.bnMethods <- function(where) {
+    set <- function(name, signature, fun) {
+        methods::setMethod(.bnGeneric(name), signature, fun, where = where)
+    }
+    set("buildIndex", c(BNPARAM = "KnngpuParam"),
+        function(X, ..., BNPARAM) .bnBuild(X, BNPARAM, ...))
+    set("findKNN", c(BNINDEX = "missing", BNPARAM = "KnngpuParam"),
+        function(X, k, ..., BNINDEX, BNPARAM) {
+            .bnFind(.bnBuild(X, BNPARAM, ...), k, ...)
+        })
+    for (param in c("missing", "KnngpuParam")) {
+        set("findKNN", c(BNINDEX = "KnngpuIndex", BNPARAM = param),
+            function(X, k, ..., BNINDEX, BNPARAM) .bnFind(BNINDEX, k, ...))
+        set("queryKNN", c(BNINDEX = "KnngpuIndex", BNPARAM = param),
+            function(X, query, k, ..., BNINDEX, BNPARAM) {
+                .bnQuery(BNINDEX, query, k, ...)
+            })
+    }
+    set("queryKNN", c(BNINDEX = "missing", BNPARAM = "KnngpuParam"),
+        function(X, query, k, ..., BNINDEX, BNPARAM) {
+            .bnQuery(.bnBuild(X, BNPARAM), query, k, ...)
+        })
+    methods::setMethod("show", "KnngpuParam", function(object) {
+        cat(sprintf("class: KnngpuParam\ndistance: %s\ndevice: %s\n",
+                    object@distance, object@device))
+    }, where = where)
+}
+
+## The metric knngpu computes for a BiocNeighbors distance name.
+.bnMetric <- function(distance) names(.bnDistances)[.bnDistances == distance]
+
+## A KnngpuIndex of X (points in rows, or in columns when transposed).
+.bnBuild <- function(X, BNPARAM, transposed = FALSE, ...) {
+    nodes <- .asNodes(X, if (isTRUE(transposed)) "columns" else "rows",
+                      arg = "X")
+    names <- if (is.character(nodes$labels)) nodes$labels else NULL
+    methods::new(.bnClass("KnngpuIndex"), data = nodes$values, NAMES = names,
+                 distance = BNPARAM@distance, param = BNPARAM)
+}
+
+## The index as .asNodes() returns nodes, for the engine.
+.bnNodes <- function(index) {
+    labels <- index@NAMES
+    if (is.null(labels)) labels <- seq_len(ncol(index@data))
+    list(values = index@data, labels = labels, what = "rows", arg = "X")
+}
+
+## Rows `subset` (numbers, names or logicals, as BiocNeighbors takes it) of
+## n rows named `names`, as row numbers; all rows when NULL.
+.bnRows <- function(subset, n, names) {
+    if (is.null(subset)) return(seq_len(n))
+    rows <- seq_len(n)
+    names(rows) <- names
+    picked <- tryCatch(rows[subset], error = function(e) NA_integer_)
+    if (anyNA(picked) || (is.numeric(subset) && any(subset < 1))) {
+        stop("'subset' must pick existing rows (numbers from 1 to ", n,
+             ", names or logicals)", call. = FALSE)
+    }
+    unname(picked)
+}
+
+.bnFind <- function(index, k, get.index = TRUE, get.distance = TRUE,
+                    last = k, BPPARAM = NULL, subset = NULL,
+                    warn.ties = TRUE, raw.index = FALSE, ...) {
+    nodes <- .bnNodes(index)
+    n <- ncol(nodes$values)
+    if (n < 2L) stop("'X' needs at least 2 points to search", call. = FALSE)
+    k <- .checkK(k, n - 1L)
+    rows <- .bnRows(subset, n, index@NAMES)
+    res <- if (is.null(subset) && .bnWorkers(BPPARAM) == 1L) {
+        .bnSearch(index, nodes, NULL, k)
+    } else {
+        .bnBlocks(rows, BPPARAM, function(block) {
+            .bnSelfRows(index, nodes, block, k)
+        })
+    }
+    .bnResult(res, index@distance, k, last, get.index, get.distance)
+}
+
+.bnQuery <- function(index, query, k, get.index = TRUE, get.distance = TRUE,
+                     last = k, BPPARAM = NULL, transposed = FALSE,
+                     subset = NULL, warn.ties = TRUE, raw.index = FALSE,
+                     ...) {
+    nodes <- .bnNodes(index)
+    q <- .asNodes(query, if (isTRUE(transposed)) "columns" else "rows",
+                  arg = "query")
+    if (nrow(q$values) != nrow(nodes$values)) {
+        stop(sprintf(paste("'query' has %d dimensions but 'X' has %d; both",
+                           "need the same"), nrow(q$values),
+                     nrow(nodes$values)), call. = FALSE)
+    }
+    k <- .checkK(k, ncol(nodes$values))
+    rows <- .bnRows(subset, ncol(q$values), colnames(q$values))
+    res <- .bnBlocks(rows, BPPARAM, function(block) {
+        .bnSearch(index, nodes, .nodesSubset(q, block), k)
+    })
+    .bnResult(res, index@distance, k, last, get.index, get.distance)
+}
+
+## knnSearch()'s engine run for the index's parameters.
+.bnSearch <- function(index, nodes, query, k) {
+    p <- index@param
+    res <- .runEngine(nodes, query, k, .bnMetric(index@distance), p@device,
+                      p@threads, FALSE, FALSE,
+                      if (length(p@devices)) p@devices else NULL)
+    list(index = res$index, distance = res$distance)
+}
+
+## The self-search neighbours of the index's points `rows`: a query search
+## of those points for k + 1 neighbours, each point then dropped from its
+## own row (or, where it is not among them, the last one: k + 1 others
+## then all rank before it). Equal to the rows of the whole self search,
+## since both rank by the same exact keys.
+.bnSelfRows <- function(index, nodes, rows, k) {
+    res <- .bnSearch(index, nodes, .nodesSubset(nodes, rows), k + 1L)
+    own <- res$index == rows
+    drop <- ifelse(rowSums(own) > 0L, max.col(own, ties.method = "first"),
+                   k + 1L)
+    keep <- cbind(rep(seq_along(rows), each = k),
+                  as.vector(vapply(drop, function(d) {
+                      setdiff(seq_len(k + 1L), d)
+                  }, integer(k))))
+    list(index = matrix(res$index[keep], ncol = k, byrow = TRUE),
+         distance = matrix(res$distance[keep], ncol = k, byrow = TRUE))
+}
+
+.nodesSubset <- function(nodes, rows) {
+    nodes$values <- nodes$values[, rows, drop = FALSE]
+    nodes$labels <- nodes$labels[rows]
+    nodes
+}
+
+.bnWorkers <- function(BPPARAM) {
+    if (is.null(BPPARAM)) return(1L)
+    if (!requireNamespace("BiocParallel", quietly = TRUE)) {
+        stop("'BPPARAM' needs the BiocParallel package", call. = FALSE)
+    }
+    BiocParallel::bpnworkers(BPPARAM)
+}
+
+## Runs search(block) for one block of rows per worker and binds the
+## results in row order.
+.bnBlocks <- function(rows, BPPARAM, search) {
+    workers <- .bnWorkers(BPPARAM)
+    if (workers == 1L) return(search(rows))
+    blocks <- split(rows, cut(seq_along(rows), min(workers, length(rows)),
+                              labels = FALSE))
+    parts <- BiocParallel::bplapply(blocks, search, BPPARAM = BPPARAM)
+    list(index = do.call(rbind, lapply(parts, `[[`, "index")),
+         distance = do.call(rbind, lapply(parts, `[[`, "distance")))
+}
+
+## BiocNeighbors' result: the last `last` columns of what was asked for,
+## distances as BiocNeighbors defines them.
+.bnResult <- function(res, distance, k, last, get.index, get.distance) {
+    if (!.isWholeNumber(last) || last < 1) {
+        stop("'last' must be a whole number from 1 to 'k'", call. = FALSE)
+    }
+    cols <- seq.int(k - min(last, k) + 1L, k)
+    out <- list()
+    if (isTRUE(get.index)) {
+        out$index <- res$index[, cols, drop = FALSE]
+    }
+    if (isTRUE(get.distance)) {
+        d <- res$distance[, cols, drop = FALSE]
+        ## BiocNeighbors' cosine distance: Euclidean between unit rows.
+        if (distance == "Cosine") d[] <- sqrt(2 * d)
+        out$distance <- d
+    }
+    out
+}
