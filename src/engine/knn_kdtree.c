@@ -12,9 +12,12 @@
  * rounding, cannot beat the heap's worst entry: its distance is larger, or
  * equal while every node below has a larger index.
  *
- * Layout: tree nodes over a permutation of the reference nodes whose
- * points are copied in tree order (p values each, contiguous); each tree
- * node holds its points' tight bounding box and smallest node index.
+ * Layout: identical reference nodes are one point of the tree (thousands
+ * of duplicates, as log-counts have, would otherwise be visited one by
+ * one), named by its smallest node index and listing its nodes in
+ * ascending order. Tree nodes hold a permutation of these points, copied
+ * in tree order (p values each, contiguous), with their tight bounding box
+ * and smallest node index.
  * Queries run in parallel in chunks; the interrupt callback is polled and
  * progress reported between chunks. Memory is O(n p + n k).
  */
@@ -48,8 +51,11 @@ typedef struct {
     knn_kd_node *nodes;
     int n_nodes;
     double *box;       /* per tree node: p lower then p upper bounds */
-    int *order;        /* tree position -> reference node */
-    double *points;    /* canonical points in tree order, p x n */
+    int n_points;      /* distinct points */
+    int *order;        /* tree position -> the point's smallest node */
+    double *points;    /* canonical points in tree order, p x n_points */
+    int *first, *count; /* tree position -> its nodes in `members` */
+    int *members;      /* reference nodes grouped by point, ascending */
 } knn_kd_tree;
 
 int knn_kdtree_suits(const knn_request *req)
@@ -68,7 +74,66 @@ static void knn_kd_free(knn_kd_tree *t)
     free(t->box);
     free(t->order);
     free(t->points);
+    free(t->first);
+    free(t->count);
+    free(t->members);
     memset(t, 0, sizeof *t);
+}
+
+typedef struct {
+    const double *x;
+    int p, index;
+} knn_kd_row;
+
+/* Lexicographic order of the rows' values, then of their indices. */
+static int knn_kd_row_cmp(const void *a, const void *b)
+{
+    const knn_kd_row *r = a, *s = b;
+    for (int f = 0; f < r->p; f++)
+        if (r->x[f] != s->x[f]) return r->x[f] < s->x[f] ? -1 : 1;
+    return (r->index > s->index) - (r->index < s->index);
+}
+
+static int knn_kd_same_point(const knn_kd_row *r, const knn_kd_row *s)
+{
+    for (int f = 0; f < r->p; f++)
+        if (r->x[f] != s->x[f]) return 0;
+    return 1;
+}
+
+/* Groups the n reference nodes by point: fills t->members (grouped,
+ * ascending within a group), t->order with each point's smallest node,
+ * and group_at[node] = its group for those nodes, *starts (n_points + 1
+ * offsets into members, allocated here). Returns KNN_E_NOMEM. */
+static knn_status knn_kd_group(knn_kd_tree *t, const knn_nodes *ref,
+                               int *group_at, int **starts)
+{
+    int n = ref->n, p = t->p;
+    knn_kd_row *rows = malloc((size_t)n * sizeof *rows);
+    *starts = malloc(((size_t)n + 1) * sizeof(int));
+    if (!rows || !*starts) {
+        free(rows);
+        return KNN_E_NOMEM;
+    }
+    for (int i = 0; i < n; i++) {
+        rows[i].x = ref->canon + (size_t)i * p;
+        rows[i].p = p;
+        rows[i].index = i;
+    }
+    qsort(rows, (size_t)n, sizeof *rows, knn_kd_row_cmp);
+    int g = 0;
+    for (int i = 0; i < n; i++) {
+        t->members[i] = rows[i].index;
+        if (i > 0 && knn_kd_same_point(&rows[i], &rows[i - 1])) continue;
+        (*starts)[g] = i;
+        t->order[g] = rows[i].index;
+        group_at[rows[i].index] = g;
+        g++;
+    }
+    (*starts)[g] = n;
+    t->n_points = g;
+    free(rows);
+    return KNN_OK;
 }
 
 /* Tight box of points order[lo..hi) into box (p lower, p upper). */
@@ -164,20 +229,35 @@ static knn_status knn_kd_build(knn_kd_tree *t, const knn_nodes *ref, int p)
     memset(t, 0, sizeof *t);
     t->p = p;
     int cap = 2 * (n / (KNN_KD_LEAF / 2) + 1);
+    int *group_at = malloc((size_t)n * sizeof(int)), *starts = NULL;
     t->nodes = malloc((size_t)cap * sizeof *t->nodes);
     t->box = malloc((size_t)cap * 2 * p * sizeof(double));
     t->order = malloc((size_t)n * sizeof(int));
-    t->points = malloc((size_t)n * p * sizeof(double));
-    if (!t->nodes || !t->box || !t->order || !t->points) {
-        knn_kd_free(t);
-        return KNN_E_NOMEM;
+    t->members = malloc((size_t)n * sizeof(int));
+    knn_status st = KNN_E_NOMEM;
+    if (group_at && t->nodes && t->box && t->order && t->members)
+        st = knn_kd_group(t, ref, group_at, &starts);
+    int d = t->n_points;
+    if (st == KNN_OK) {
+        t->points = malloc((size_t)d * p * sizeof(double));
+        t->first = malloc((size_t)d * sizeof(int));
+        t->count = malloc((size_t)d * sizeof(int));
+        if (!t->points || !t->first || !t->count) st = KNN_E_NOMEM;
     }
-    for (int i = 0; i < n; i++) t->order[i] = i;
-    knn_kd_build_node(t, ref->canon, 0, n);
-    for (int i = 0; i < n; i++)
-        memcpy(t->points + (size_t)i * p,
-               ref->canon + (size_t)t->order[i] * p, p * sizeof(double));
-    return KNN_OK;
+    if (st == KNN_OK) {
+        knn_kd_build_node(t, ref->canon, 0, d);
+        for (int i = 0; i < d; i++) {
+            int g = group_at[t->order[i]];
+            memcpy(t->points + (size_t)i * p,
+                   ref->canon + (size_t)t->order[i] * p, p * sizeof(double));
+            t->first[i] = starts[g];
+            t->count[i] = starts[g + 1] - starts[g];
+        }
+    }
+    free(group_at);
+    free(starts);
+    if (st != KNN_OK) knn_kd_free(t);
+    return st;
 }
 
 /* A query's k best so far: a max-heap by (distance, index), worst on top.
@@ -220,13 +300,13 @@ static void knn_kd_heap_replace_top(knn_kd_heap *h, const knn_kd_item *x)
     h->items[c] = *x;
 }
 
-static void knn_kd_heap_offer(knn_kd_heap *h, const knn_space *sp,
-                              double key, int j)
+/* Offers node j at (key, dist); returns whether the heap took it. */
+static int knn_kd_heap_offer(knn_kd_heap *h, const knn_space *sp,
+                             double key, double dist, int j)
 {
-    knn_kd_item x = {key, knn_key_distance(sp->metric, key, sp->scale_exp),
-                     j};
+    knn_kd_item x = {key, dist, j};
     if (h->size == h->k) {
-        if (!knn_kd_worse(&h->items[0], &x)) return;
+        if (!knn_kd_worse(&h->items[0], &x)) return 0;
         knn_kd_heap_replace_top(h, &x);
     } else {
         int c = h->size++;
@@ -237,9 +317,25 @@ static void knn_kd_heap_offer(knn_kd_heap *h, const knn_space *sp,
             c = up;
         }
         h->items[c] = x;
-        if (h->size < h->k) return;
+        if (h->size < h->k) return 1;
     }
     h->reject = knn_key_tie_top(sp->metric, h->items[0].key, sp->scale_exp);
+    return 1;
+}
+
+/* Offers the nodes of tree position i, at `key` from the query, in
+ * ascending index: once one is turned away, the rest (same distance,
+ * larger index) would be too. */
+static void knn_kd_offer_point(const knn_kd_tree *t, const knn_space *sp,
+                               int i, double key, int itself,
+                               knn_kd_heap *h)
+{
+    double dist = knn_key_distance(sp->metric, key, sp->scale_exp);
+    const int *nodes = t->members + t->first[i];
+    for (int m = 0; m < t->count[i]; m++) {
+        if (nodes[m] == itself) continue;
+        if (!knn_kd_heap_offer(h, sp, key, dist, nodes[m])) return;
+    }
 }
 
 /* A lower bound on the key of any point in the box from q: the box's own
@@ -296,11 +392,10 @@ static void knn_kd_query(const knn_kd_tree *t, const knn_space *sp,
             continue;
         if (nd->left < 0) {
             for (int i = nd->lo; i < nd->hi; i++) {
-                int j = t->order[i];
-                if (j == itself) continue;
                 double key = knn_key_dist(sp->metric, q,
                                           t->points + (size_t)i * p, p);
-                if (key <= h->reject) knn_kd_heap_offer(h, sp, key, j);
+                if (key <= h->reject)
+                    knn_kd_offer_point(t, sp, i, key, itself, h);
             }
             continue;
         }
@@ -404,7 +499,7 @@ knn_status knn_kdtree_search(const knn_request *req, knn_result *out,
         report->seconds_search = knn_seconds() - t1;
         report->candidates = req->k;
         report->row_tile = KNN_KD_CHUNK;
-        report->col_tile = tree.n_nodes;
+        report->col_tile = tree.n_points;
     } else if (st == KNN_E_NOMEM) {
         snprintf(report->message, sizeof report->message,
                  "out of memory on the CPU building a k-d tree of %d nodes",
