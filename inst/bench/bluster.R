@@ -64,14 +64,14 @@ mine <- findKNN(pcs, k = k, BNPARAM = KnngpuParam(device = "cpu"))$index
 rows <- list(run("KnngpuParam(cpu)", pcs, KnngpuParam(device = "cpu")))
 if (gpuAvailable()) {
     ## The first GPU call opens the backend and makes its context.
-    invisible(findKNN(pcs[1:1000, ], k = k, BNPARAM = KnngpuParam("gpu")))
+    invisible(findKNN(pcs[1:1000, ], k = k, BNPARAM = KnngpuParam(device = "gpu")))
     rows[[length(rows) + 1L]] <- run("KnngpuParam(gpu)", pcs,
                                      KnngpuParam(device = "gpu"), mine)
 }
 rows[[length(rows) + 1L]] <- run("KmknnParam", pcs, KmknnParam(), mine)
 rows[[length(rows) + 1L]] <- run("VptreeParam", pcs, VptreeParam(), mine)
 small <- pcs[seq_len(min(n, exhaustiveN)), ]
-smallMine <- findKNN(small, k = k, BNPARAM = KnngpuParam("cpu"))$index
+smallMine <- findKNN(small, k = k, BNPARAM = KnngpuParam(device = "cpu"))$index
 rows[[length(rows) + 1L]] <- run("KnngpuParam(cpu)", small,
                                  KnngpuParam(device = "cpu"))
 rows[[length(rows) + 1L]] <- run("ExhaustiveParam", small, ExhaustiveParam(),
