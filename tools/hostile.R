@@ -163,6 +163,7 @@ answerCase("a dgCMatrix", paste(
     "got <- knnSearch(Matrix::Matrix(x, sparse = TRUE), k = 4,",
     "metric = 'euclidean', device = dev); want <- refKnn(x, 4, 'euclidean')"))
 errorCase("a SummarizedExperiment without the assay", paste(
+    "needs('SummarizedExperiment');",
     "se <- SummarizedExperiment::SummarizedExperiment(list(counts =",
     "t(base()))); knnSearch(se, k = 3, assay = 'logcounts', device = dev)"),
     "logcounts|assay")
@@ -170,13 +171,13 @@ errorCase("a SummarizedExperiment without the assay", paste(
 ## Node names igraph would refuse: made unique, and the graph loads.
 for (names in c("rep(c('a', 'b'), 30)", "c(NA, paste0('g', 2:60))",
                 "c('', paste0('g', 2:60))", "rep('', 60)")) {
-    for (args in c("", ", symmetrize = 'union'", ", snn = 'rank'")) {
-        answerCase(sprintf("names %s%s", names, args), sprintf(paste(
+    for (extra in c("", ", symmetrize = 'union'", ", snn = 'rank'")) {
+        answerCase(sprintf("names %s%s", names, extra), sprintf(paste(
             "x <- base(); rownames(x) <- %s; e <- suppressMessages(",
             "knnGraph(x, k = 4, device = dev%s)); g <- toIgraph(e);",
             "got <- list(ok = igraph::vcount(g) == 60 &&",
             "!anyDuplicated(igraph::V(g)$name)); want <- list(ok = TRUE)"),
-            names, args))
+            names, extra))
     }
 }
 
@@ -224,6 +225,13 @@ prelude <- c(
     sprintf("dev <- '%s'", device),
     "set.seed(1)",
     "base <- function() matrix(rnorm(60 * 8), 60, 8)",
+    ## A case that needs a package this machine lacks is skipped.
+    "needs <- function(pkg) {",
+    "    if (!requireNamespace(pkg, quietly = TRUE)) {",
+    "        cat('OUTCOME SKIPPED: no', pkg, '\\n')",
+    "        quit(status = 0)",
+    "    }",
+    "}",
     ## The independent float64 reference of the test suite.
     "source(file.path('tests', 'testthat', 'setup.R'))",
     ## Scaling by a power of two is exact: indices as unscaled, distances
@@ -289,6 +297,7 @@ runCase <- function(case) {
     line <- if (length(line)) trimws(sub("^OUTCOME ", "", line[1L])) else ""
     outcome <- if (status == 124L) "hang"
         else if (!nzchar(line)) "crash"
+        else if (startsWith(line, "SKIPPED")) "skipped"
         else if (startsWith(line, "ERROR:")) {
             if (case$expect == "error" && grepl(case$pattern, line)) {
                 "clear error"
@@ -297,7 +306,8 @@ runCase <- function(case) {
             "reference answer"
         } else if (case$expect == "error") "no error" else "wrong answer"
     list(name = case$name, outcome = outcome,
-         passed = outcome %in% c("clear error", "reference answer"),
+         passed = outcome %in% c("clear error", "reference answer",
+                                 "skipped"),
          detail = if (nzchar(line)) line else paste(tail(out, 3),
                                                     collapse = " | "),
          seconds = proc.time()[["elapsed"]] - start)
@@ -316,7 +326,9 @@ failed <- Filter(function(r) !r$passed, results)
 for (r in failed) cat(sprintf("FAILED %s [%s]: %s\n", r$name, r$outcome,
                               r$detail))
 outcomes <- vapply(results, `[[`, "", "outcome")
-cat(sprintf("hostile battery (%s): %d passed, %d failed\n", device,
-            length(results) - length(failed), length(failed)))
+skipped <- sum(outcomes == "skipped")
+cat(sprintf("hostile battery (%s): %d passed, %d failed, %d skipped\n",
+            device, length(results) - length(failed) - skipped,
+            length(failed), skipped))
 print(table(outcome = outcomes))
 quit(status = if (length(failed)) 1L else 0L)

@@ -1,12 +1,13 @@
-## Ctrl-C in figures: starts a long graph (60000 x 100, k = 50) in a child
-## R, sends it SIGINT 2 s into the search, and reports the seconds from the
+## Ctrl-C in figures: starts a long graph (n x 100, k = 50; n = 60000 on
+## the CPU, 2 million on the GPU) in a child R, sends it SIGINT 2 s into
+## the search, and reports the seconds from the
 ## signal to the child's prompt (its tryCatch(interrupt = ) handler), how
 ## the child saw it, and its memory afterwards: resident memory (VmRSS,
 ## after gc()) against before the search, and on the GPU the device's free
 ## memory against before.
 ##
 ## Usage (from the repository root, with knngpu installed in R_LIBS):
-##   Rscript tools/interrupt-check.R [--device=cpu|gpu] [--after=2]
+##   Rscript tools/interrupt-check.R [--device=cpu|gpu] [--after=2] [--n=N]
 
 args <- commandArgs(trailingOnly = TRUE)
 argValue <- function(name, default) {
@@ -15,6 +16,7 @@ argValue <- function(name, default) {
 }
 device <- argValue("device", "cpu")
 after <- as.numeric(argValue("after", "2"))
+n <- as.numeric(argValue("n", if (device == "gpu") "2e6" else "60000"))
 
 dir <- tempfile("knngpu-interrupt")
 dir.create(dir)
@@ -30,7 +32,7 @@ writeLines(c(
     "    .Call(knngpu:::C_knn_gpu_info)$devices$memory_free[1] / 2^20",
     "}",
     "set.seed(1)",
-    "x <- matrix(rnorm(60000 * 100), 60000)",
+    sprintf("x <- matrix(rnorm(%.0f * 100), %.0f)", n, n),
     sprintf("dev <- '%s'", device),
     "invisible(knnGraph(x[1:2000, ], k = 5, device = dev))",
     "invisible(gc()); before <- c(rss(), gpuFree())",
@@ -60,8 +62,8 @@ if (!waitFor(files[2], 60)) stop("the child did not answer in 60 s")
 Sys.sleep(0.2)
 out <- readLines(files[2])
 num <- suppressWarnings(as.numeric(out[-1]))
-cat(sprintf("device %s, %s: SIGINT %.1f s into the search\n", device,
-            format(Sys.time(), "%Y-%m-%d %H:%M"), after))
+cat(sprintf("device %s, %s: %.0f x 100, k = 50, SIGINT %.1f s into the search\n",
+            device, format(Sys.time(), "%Y-%m-%d %H:%M"), n, after))
 cat(sprintf("the child saw %s, %.3f s after the signal\n", out[1],
             num[1] - sent))
 cat(sprintf("resident memory: %.0f MiB before the search, %.0f after\n",

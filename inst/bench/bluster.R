@@ -6,6 +6,8 @@
 ##
 ## Usage (from the repository root, with knngpu installed in R_LIBS):
 ##   Rscript inst/bench/bluster.R [--n=100000] [--exhaustive-n=20000]
+##                                [--only=knngpu,kmknn,vptree,exhaustive]
+## Each backend's row is printed as soon as it is measured.
 ##
 ## Backends: KmknnParam and VptreeParam (BiocNeighbors' exact methods),
 ## KnngpuParam on the CPU and, where a GPU is usable, on the GPU; and
@@ -26,6 +28,9 @@ argValue <- function(name, default) {
 }
 n <- argValue("n", 100000L)
 exhaustiveN <- argValue("exhaustive-n", 20000L)
+hit <- grep("^--only=", args, value = TRUE)
+only <- if (length(hit)) strsplit(sub("^--only=", "", hit), ",")[[1]] else
+    c("knngpu", "kmknn", "vptree", "exhaustive")
 k <- 15L
 
 set.seed(20261123)
@@ -60,25 +65,31 @@ run <- function(label, x, param, reference = NULL) {
                                 else sameSets(nn$value$index, reference))
 }
 
-mine <- findKNN(pcs, k = k, BNPARAM = KnngpuParam(device = "cpu"))$index
-rows <- list(run("KnngpuParam(cpu)", pcs, KnngpuParam(device = "cpu")))
-if (gpuAvailable()) {
-    ## The first GPU call opens the backend and makes its context.
-    invisible(findKNN(pcs[1:1000, ], k = k, BNPARAM = KnngpuParam(device = "gpu")))
-    rows[[length(rows) + 1L]] <- run("KnngpuParam(gpu)", pcs,
-                                     KnngpuParam(device = "gpu"), mine)
-}
-rows[[length(rows) + 1L]] <- run("KmknnParam", pcs, KmknnParam(), mine)
-rows[[length(rows) + 1L]] <- run("VptreeParam", pcs, VptreeParam(), mine)
-small <- pcs[seq_len(min(n, exhaustiveN)), ]
-smallMine <- findKNN(small, k = k, BNPARAM = KnngpuParam(device = "cpu"))$index
-rows[[length(rows) + 1L]] <- run("KnngpuParam(cpu)", small,
-                                 KnngpuParam(device = "cpu"))
-rows[[length(rows) + 1L]] <- run("ExhaustiveParam", small, ExhaustiveParam(),
-                                 smallMine)
-table <- do.call(rbind, rows)
 cat(sprintf("# %s, %d cores, %s; %s\n", format(Sys.time(), "%Y-%m-%d %H:%M"),
             parallel::detectCores(),
             if (gpuAvailable()) gpuInfo()$devices$name[1] else "no GPU",
             R.version.string))
-print(table, row.names = FALSE)
+report <- function(row) {
+    print(row, row.names = FALSE)
+    flush(stdout())
+}
+mine <- findKNN(pcs, k = k, BNPARAM = KnngpuParam(device = "cpu"))$index
+if ("knngpu" %in% only) {
+    report(run("KnngpuParam(cpu)", pcs, KnngpuParam(device = "cpu")))
+    if (gpuAvailable()) {
+        ## The first GPU call opens the backend and makes its context.
+        invisible(findKNN(pcs[1:1000, ], k = k,
+                          BNPARAM = KnngpuParam(device = "gpu")))
+        report(run("KnngpuParam(gpu)", pcs, KnngpuParam(device = "gpu"),
+                   mine))
+    }
+}
+if ("kmknn" %in% only) report(run("KmknnParam", pcs, KmknnParam(), mine))
+if ("vptree" %in% only) report(run("VptreeParam", pcs, VptreeParam(), mine))
+if ("exhaustive" %in% only) {
+    small <- pcs[seq_len(min(n, exhaustiveN)), ]
+    smallMine <- findKNN(small, k = k,
+                         BNPARAM = KnngpuParam(device = "cpu"))$index
+    report(run("KnngpuParam(cpu)", small, KnngpuParam(device = "cpu")))
+    report(run("ExhaustiveParam", small, ExhaustiveParam(), smallMine))
+}

@@ -1,0 +1,46 @@
+## Peak memory of knnGraph() against the O(n d + n k) promise: for each n,
+## a child R builds an n x 50 N(0,1) matrix and its Euclidean kNN graph
+## (k = 15) on the chosen device, and reports its peak resident memory
+## (VmHWM) with the bound 2 (n d 8 + n k 16) bytes + 100 MB (the input and
+## the edge table, with room for one working copy of each, and R itself).
+##
+## Usage (from the repository root, with knngpu installed in R_LIBS):
+##   Rscript tools/memory-check.R [--device=cpu|gpu] [--n=50000,200000]
+
+args <- commandArgs(trailingOnly = TRUE)
+argValue <- function(name, default) {
+    hit <- grep(paste0("^--", name, "="), args, value = TRUE)
+    if (length(hit)) sub(paste0("^--", name, "="), "", hit[1L]) else default
+}
+device <- argValue("device", "cpu")
+sizes <- as.numeric(strsplit(argValue("n", "50000,200000"), ",")[[1]])
+d <- 50
+k <- 15
+
+peak <- function(n) {
+    script <- tempfile(fileext = ".R")
+    writeLines(c(
+        "suppressPackageStartupMessages(library(knngpu))",
+        "set.seed(1)",
+        sprintf("x <- matrix(rnorm(%.0f * %d), ncol = %d)", n, d, d),
+        "start <- Sys.time()",
+        sprintf(paste("g <- knnGraph(x, k = %d, metric = 'euclidean',",
+                      "device = '%s', progress = FALSE)"), k, device),
+        "secs <- as.numeric(Sys.time()) - as.numeric(start)",
+        "hwm <- grep('^VmHWM', readLines('/proc/self/status'), value = TRUE)",
+        "cat(as.numeric(gsub('[^0-9]', '', hwm)) / 1024, secs, nrow(g), '\\n')"),
+        script)
+    out <- system2(file.path(R.home("bin"), "Rscript"), script, stdout = TRUE)
+    as.numeric(strsplit(trimws(tail(out, 1)), " +")[[1]])
+}
+
+cat(sprintf("# %s, device %s, %d cores\n", format(Sys.time(), "%Y-%m-%d %H:%M"),
+            device, parallel::detectCores()))
+rows <- lapply(sizes, function(n) {
+    got <- peak(n)
+    bound <- (2 * (n * d * 8 + n * k * 16) + 100 * 2^20) / 2^20
+    data.frame(n = n, d = d, k = k, peak_MiB = round(got[1]),
+               bound_MiB = round(bound), within = got[1] <= bound,
+               seconds = signif(got[2], 3), edges = got[3])
+})
+print(do.call(rbind, rows), row.names = FALSE)
