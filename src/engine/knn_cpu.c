@@ -91,10 +91,10 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
     knn_status st = knn_space_init(&cpu->space, req);
     if (st == KNN_OK)
         st = knn_nodes_prepare(&cpu->ref, &cpu->space, req->ref, req->n_ref,
-                               1, cpu->threads);
+                               1, 0, cpu->threads);
     if (st == KNN_OK && !cpu->self)
         st = knn_nodes_prepare(&cpu->query_nodes, &cpu->space, req->query,
-                               req->n_query, 0, cpu->threads);
+                               req->n_query, 0, 0, cpu->threads);
     if (st != KNN_OK) return st;
     cpu->query = cpu->self ? &cpu->ref : &cpu->query_nodes;
 

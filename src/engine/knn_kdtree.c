@@ -55,7 +55,8 @@ typedef struct {
     int *order;        /* tree position -> the point's smallest node */
     double *points;    /* canonical points in tree order, p x n_points */
     int *first, *count; /* tree position -> its nodes in `members` */
-    int *members;      /* reference nodes grouped by point, ascending */
+    int *members;      /* reference nodes by point in tree order, each
+                          point's ascending */
 } knn_kd_tree;
 
 int knn_kdtree_suits(const knn_request *req)
@@ -244,15 +245,26 @@ static knn_status knn_kd_build(knn_kd_tree *t, const knn_nodes *ref, int p)
         t->count = malloc((size_t)d * sizeof(int));
         if (!t->points || !t->first || !t->count) st = KNN_E_NOMEM;
     }
+    int *grouped = st == KNN_OK ? malloc((size_t)n * sizeof(int)) : NULL;
+    if (st == KNN_OK && !grouped) st = KNN_E_NOMEM;
     if (st == KNN_OK) {
         knn_kd_build_node(t, ref->canon, 0, d);
+        /* Points and their nodes in tree order: a leaf's scan then reads
+         * both in sequence (in the grouping's order, each accepted point
+         * cost a cache miss: 1.7 times the search time at 200000 x 3). */
+        int at = 0;
         for (int i = 0; i < d; i++) {
             int g = group_at[t->order[i]];
             memcpy(t->points + (size_t)i * p,
                    ref->canon + (size_t)t->order[i] * p, p * sizeof(double));
-            t->first[i] = starts[g];
+            t->first[i] = at;
             t->count[i] = starts[g + 1] - starts[g];
+            memcpy(grouped + at, t->members + starts[g],
+                   (size_t)t->count[i] * sizeof(int));
+            at += t->count[i];
         }
+        free(t->members);
+        t->members = grouped;
     }
     free(group_at);
     free(starts);
@@ -474,11 +486,11 @@ knn_status knn_kdtree_search(const knn_request *req, knn_result *out,
     knn_kd_tree tree = {0};
     knn_status st = knn_space_init(&space, req);
     if (st == KNN_OK)
-        st = knn_nodes_prepare(&ref, &space, req->ref, req->n_ref, 1,
+        st = knn_nodes_prepare(&ref, &space, req->ref, req->n_ref, 1, 1,
                                threads);
     if (st == KNN_OK && !self)
         st = knn_nodes_prepare(&query_nodes, &space, req->query,
-                               req->n_query, 0, threads);
+                               req->n_query, 0, 1, threads);
     if (st == KNN_OK) st = knn_kd_build(&tree, &ref, req->p);
     const knn_nodes *query = self ? &ref : &query_nodes;
     double t1 = knn_seconds();

@@ -83,11 +83,11 @@ void knn_nodes_free(knn_nodes *nodes)
 }
 
 static knn_status knn_nodes_alloc(knn_nodes *nodes, const knn_space *space,
-                                  int n)
+                                  int n, int canon_only)
 {
     size_t pn = (size_t)space->p * n;
     int corr = knn_is_correlation(space->metric);
-    int product = knn_uses_product(space->metric);
+    int product = knn_uses_product(space->metric) && !(canon_only && !corr);
     memset(nodes, 0, sizeof *nodes);
     nodes->n = n;
     nodes->canon = malloc(pn * sizeof(double));
@@ -146,11 +146,12 @@ static double knn_prepare_dist(knn_nodes *nodes, const knn_space *space,
 }
 
 knn_status knn_nodes_prepare(knn_nodes *nodes, knn_space *space,
-                             const double *x, int n, int is_ref, int threads)
+                             const double *x, int n, int is_ref,
+                             int canon_only, int threads)
 {
     int p = space->p;
     int corr = knn_is_correlation(space->metric);
-    knn_status st = knn_nodes_alloc(nodes, space, n);
+    knn_status st = knn_nodes_alloc(nodes, space, n, canon_only);
     if (st != KNN_OK) return st;
 
     double kappa = space->kappa, norm_max = space->norm_max;

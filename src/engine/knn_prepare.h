@@ -38,11 +38,14 @@ knn_status knn_space_init(knn_space *space, const knn_request *req);
 void knn_space_free(knn_space *space);
 
 /* Prepares n nodes of x (p x n) with `threads` threads and folds their
- * cancellation and norms into space (as references when is_ref). Returns
- * KNN_E_NOMEM (nodes left empty). */
+ * cancellation and norms into space (as references when is_ref). With
+ * canon_only, distance-metric nodes get only their canonical form (fast
+ * and norm2 stay NULL):
+ * a search that never multiplies (the k-d tree) spares their time and
+ * memory. Returns KNN_E_NOMEM (nodes left empty). */
 knn_status knn_nodes_prepare(knn_nodes *nodes, knn_space *space,
                              const double *x, int n, int is_ref,
-                             int threads);
+                             int canon_only, int threads);
 void knn_nodes_free(knn_nodes *nodes);
 
 /* Canonical key of query node qi against reference node rj. */
