@@ -11,11 +11,7 @@
 ## Under the sanitizers, tools/sanitize.sh runs it with R_LIBS pointing at
 ## the instrumented build and LD_PRELOAD set, which the children inherit.
 
-args <- commandArgs(trailingOnly = TRUE)
-argValue <- function(name, default) {
-    hit <- grep(paste0("^--", name, "="), args, value = TRUE)
-    if (length(hit)) sub(paste0("^--", name, "="), "", hit[1L]) else default
-}
+source(file.path("tools", "args.R"))
 device <- argValue("device", "cpu")
 jobs <- as.integer(argValue("jobs", "2"))
 timeout <- as.numeric(argValue("timeout", "120"))

@@ -9,11 +9,7 @@
 ## Usage (from the repository root, with knngpu installed in R_LIBS):
 ##   Rscript tools/interrupt-check.R [--device=cpu|gpu] [--after=2] [--n=N]
 
-args <- commandArgs(trailingOnly = TRUE)
-argValue <- function(name, default) {
-    hit <- grep(paste0("^--", name, "="), args, value = TRUE)
-    if (length(hit)) sub(paste0("^--", name, "="), "", hit[1L]) else default
-}
+source(file.path("tools", "args.R"))
 device <- argValue("device", "cpu")
 after <- as.numeric(argValue("after", "2"))
 n <- as.numeric(argValue("n", if (device == "gpu") "2e6" else "60000"))

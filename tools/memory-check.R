@@ -7,11 +7,7 @@
 ## Usage (from the repository root, with knngpu installed in R_LIBS):
 ##   Rscript tools/memory-check.R [--device=cpu|gpu] [--n=50000,200000]
 
-args <- commandArgs(trailingOnly = TRUE)
-argValue <- function(name, default) {
-    hit <- grep(paste0("^--", name, "="), args, value = TRUE)
-    if (length(hit)) sub(paste0("^--", name, "="), "", hit[1L]) else default
-}
+source(file.path("tools", "args.R"))
 device <- argValue("device", "cpu")
 sizes <- as.numeric(strsplit(argValue("n", "50000,200000"), ",")[[1]])
 d <- 50

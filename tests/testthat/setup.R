@@ -65,3 +65,9 @@ withOptions <- function(opts, code) {
     on.exit(options(old))
     code
 }
+
+## Whether some row of x is constant, which the correlation metrics refuse.
+undefinedFor <- function(x, metric) {
+    metric %in% c("pearson", "spearman", "abspearson", "cosine") &&
+        any(apply(x, 1, function(r) all(r == r[1])))
+}

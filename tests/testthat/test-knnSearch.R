@@ -208,8 +208,7 @@ test_that("ties go to the smaller index in the distances users see", {
                  span = near * 10^sample(-150:150, 150 * 30, TRUE))
     for (name in names(data)) for (metric in allMetrics) {
         x <- data[[name]]
-        if (metric %in% c("pearson", "spearman", "abspearson", "cosine") &&
-            any(apply(x, 1, function(r) all(r == r[1])))) next
+        if (undefinedFor(x, metric)) next
         expectTieContract(x, 7, metric, paste(name, metric))
     }
 })
