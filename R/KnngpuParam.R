@@ -32,9 +32,9 @@
 #'   same way, so it never warns). BiocNeighbors 2.x (Bioconductor 3.20 on)
 #'   dispatches \code{buildIndex()} alone and searches through C++
 #'   prebuilt pointers; serving it would take \code{buildIndex()} and
-#'   \code{findKNN()}/\code{queryKNN()} methods for its \code{BiocNeighborPrebuilt}
-#'   class, which that release's installed headers define, not written
-#'   here.
+#'   \code{findKNN()}/\code{queryKNN()} methods for its
+#'   \code{BiocNeighborPrebuilt} class, which that release defines, not
+#'   written here.
 #'
 #'   Results equal \code{ExhaustiveParam()}'s: Euclidean and Manhattan
 #'   distances as they are; for \code{"Cosine"} BiocNeighbors reports the

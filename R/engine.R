@@ -1,63 +1,4 @@
-## Internal: choosing the device and running the engine once.
-
-.state <- new.env(parent = emptyenv())
-
-## "cpu" or "gpu": what device = "auto" | "cpu" | "gpu" means on this machine.
-## "auto" falls back to the CPU and says so once per session.
-.resolveDevice <- function(device) {
-    device <- .checkChoice(device, c("auto", "cpu", "gpu"), "device")
-    if (device == "cpu") return("cpu")
-    gpu <- .gpuStatus()
-    if (device == "gpu" && !gpu$usable) {
-        stop("device = \"gpu\" but no GPU can be used: ", gpu$reason,
-             call. = FALSE)
-    }
-    if (gpu$usable) return("gpu")
-    if (!isTRUE(.state$toldCpu)) {
-        message("knngpu: using the CPU; no GPU: ", gpu$reason)
-        .state$toldCpu <- TRUE
-    }
-    "cpu"
-}
-
-## Whether a GPU can be used and how many there are, asked once per
-## process: gpuInfo() queries every device's properties and free memory,
-## a millisecond or more that a small search would pay on every call. A
-## forked child asks again, since CUDA cannot be used there.
-.gpuStatus <- function() {
-    pid <- Sys.getpid()
-    if (!identical(.state$gpuPid, pid)) {
-        info <- gpuInfo()
-        .state$gpu <- list(usable = .gpuUsable(info), reason = info$reason,
-                           count = nrow(info$devices))
-        .state$gpuPid <- pid
-    }
-    .state$gpu
-}
-
-.checkDevices <- function(devices, backend) {
-    if (is.null(devices) || backend == "cpu") return(integer())
-    count <- .gpuStatus()$count
-    ok <- is.numeric(devices) && length(devices) >= 1L &&
-        all(!is.na(devices)) && all(devices == round(devices)) &&
-        all(devices >= 0) && all(devices < count) && !anyDuplicated(devices)
-    if (!ok) {
-        stop(sprintf(paste("'devices' must be NULL or distinct GPU ids from",
-                           "0 to %d (see gpuInfo())"), count - 1L),
-             call. = FALSE)
-    }
-    as.integer(devices)
-}
-
-.memoryBudget <- function(backend) {
-    budget <- getOption(paste0("knngpu.", backend, ".memory"), 0)
-    if (!is.numeric(budget) || length(budget) != 1L || is.na(budget) ||
-        budget < 0) {
-        stop(sprintf("option 'knngpu.%s.memory' must be a number of bytes",
-                     backend), call. = FALSE)
-    }
-    as.double(budget)
-}
+## Internal: running the engine once, and what its answer means.
 
 ## Runs one search. ref, query: results of .asNodes() (query may be NULL).
 ## Returns the engine's list(index, distance, weight, info) of n x k
@@ -78,7 +19,9 @@
                          gpu = backend == "gpu", threads = threads,
                          memory = .memoryBudget(backend), devices = devices,
                          progress = progress, edges = edges,
-                         algorithm = algorithm)
+                         algorithm = algorithm,
+                         select = .envChoice("KNNGPU_SELECT", .gpuSelects),
+                         gemm = .envChoice("KNNGPU_GEMM", .gpuGemms))
     if (!is.null(res$problem)) .stopProblem(res$problem, ref, query, metric)
     res$info$elapsed <- .wallSeconds() - start
     res$info$backend <- backend
@@ -95,6 +38,18 @@
 ## matrix products; "tree" uses a k-d tree (distance metrics only).
 .algorithms <- c("auto", "products", "tree")
 
+## The GPU's selection kernel and product arithmetic, chosen by measured
+## cost ("auto") or forced (knn_select_force, knn_gemm_force, in order).
+.gpuSelects <- c("auto", "warp", "radix")
+.gpuGemms <- c("auto", "tf32", "fp32")
+
+## What an environment variable forces among `choices`; "auto" when unset
+## or unknown. Read once per search, never by the engine.
+.envChoice <- function(name, choices) {
+    value <- Sys.getenv(name, "auto")
+    if (value %in% choices) value else "auto"
+}
+
 ## One engine call with its arguments by name: ref and query are p x n
 ## double matrices (query NULL for a self search); the rest as the engine
 ## takes them (src/glue.c, C_knn_search). The one place that knows the
@@ -102,11 +57,13 @@
 .engineSearch <- function(ref, query = NULL, k, metric, gpu = FALSE,
                           threads = 0L, memory = 0, devices = integer(),
                           progress = FALSE, edges = FALSE,
-                          algorithm = "auto") {
+                          algorithm = "auto", select = "auto",
+                          gemm = "auto") {
+    controls <- c(match(algorithm, .algorithms), match(select, .gpuSelects),
+                  match(gemm, .gpuGemms)) - 1L
     .Call(C_knn_search, ref, query, as.integer(k), .metricCode(metric),
           as.integer(gpu), as.integer(threads), as.double(memory),
-          as.integer(devices), progress, edges,
-          match(algorithm, .algorithms) - 1L)
+          as.integer(devices), progress, edges, controls)
 }
 
 ## The engine stopped without a result: the user interrupted it (or an
@@ -120,24 +77,4 @@
         .signalInterrupt(caught)
     }
     .stopBadNodes(problem$message, ref, query, metric)
-}
-
-## Wall-clock seconds to the microsecond: proc.time() rounds down to
-## milliseconds on Unix, which a small GPU search does not outlast by much.
-.wallSeconds <- function() as.numeric(Sys.time())
-
-.reportRun <- function(info) {
-    gpu <- info$backend == "gpu"
-    message(sprintf(paste0("knngpu: %d nodes x %d features, %s, k = %d on %s",
-                           " [%s]\n"), info$nodes, info$features, info$metric,
-                    info$k, info$device, info$precision),
-            if (gpu) sprintf("knngpu: setup %.3f s, ", info$seconds_setup)
-            else "knngpu: ",
-            sprintf("prepare %.3f s, search %.3f s, re-rank %.3f s, ",
-                    info$seconds_prepare, info$seconds_search,
-                    info$seconds_rerank),
-            if (gpu) sprintf("copy-out %.3f s, ", info$seconds_collect),
-            sprintf(paste0("total %.3f s; %.1f candidates per node; ",
-                           "tiles %d x %d"), info$elapsed, info$candidates,
-                    info$row_tile, info$col_tile))
 }

@@ -125,14 +125,15 @@ static SEXP knn_problem(knn_status st, const knn_report *report,
 
 /* ref, query: p x n double matrices (query may be NULL); devices: 0-based
  * integer vector, empty for all; edges: TRUE for a self search's directed
- * edge list; algorithm: knn_algorithm's code. R/engine.R's .engineSearch()
- * is the one caller. Returns list(index, distance, weight, info) with n x k
- * matrices, or list(from, to, weight, distance, rank, info) with one
- * element per edge, grouped by `from`, ranks ascending. Nodes are 1-based.
+ * edge list; controls: the codes of knn_algorithm, knn_select_force and
+ * knn_gemm_force. R/engine.R's .engineSearch() is the one caller. Returns
+ * list(index, distance, weight, info) with n x k matrices, or
+ * list(from, to, weight, distance, rank, info) with one element per edge,
+ * grouped by `from`, ranks ascending. Nodes are 1-based.
  * An interrupt or refused nodes give knn_problem()'s list. */
 SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
                   SEXP threads, SEXP memory, SEXP devices, SEXP progress,
-                  SEXP edges, SEXP algorithm)
+                  SEXP edges, SEXP controls)
 {
     int nprot = 0;
     knn_request req;
@@ -147,7 +148,9 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
     }
     req.k = asInteger(k);
     req.threads = asInteger(threads);
-    req.algorithm = (knn_algorithm)asInteger(algorithm);
+    req.algorithm = (knn_algorithm)INTEGER(controls)[0];
+    req.select = (knn_select_force)INTEGER(controls)[1];
+    req.gemm = (knn_gemm_force)INTEGER(controls)[2];
     req.memory_bytes = asReal(memory);
     knn_request_devices(&req, devices);
     int nq = isNull(query) ? req.n_ref : req.n_query;
@@ -237,14 +240,10 @@ SEXP C_knn_degenerate(SEXP x, SEXP metric, SEXP max_rows)
 SEXP C_knn_snn(SEXP index, SEXP type)
 {
     int n = nrows(index), k = ncols(index);
-    int *zero_based = (int *)R_alloc((size_t)n * k, sizeof(int));
-    for (R_xlen_t c = 0; c < XLENGTH(index); c++)
-        zero_based[c] = INTEGER(index)[c] - 1;
-
     int *from, *to;
     double *w;
     size_t m;
-    knn_status st = knn_snn_graph(zero_based, n, k,
+    knn_status st = knn_snn_graph(INTEGER(index), n, k, 1,
                                   (knn_snn_type)asInteger(type), &from, &to,
                                   &w, &m);
     if (st != KNN_OK) error("knngpu: out of memory building the SNN graph");
@@ -257,11 +256,9 @@ SEXP C_knn_snn(SEXP index, SEXP type)
     SET_VECTOR_ELT(res, 1, rt);
     SEXP rw = allocVector(REALSXP, (R_xlen_t)m);
     SET_VECTOR_ELT(res, 2, rw);
-    for (size_t e = 0; e < m; e++) {
-        INTEGER(rf)[e] = from[e] + 1;
-        INTEGER(rt)[e] = to[e] + 1;
-        REAL(rw)[e] = w[e];
-    }
+    memcpy(INTEGER(rf), from, m * sizeof(int));
+    memcpy(INTEGER(rt), to, m * sizeof(int));
+    memcpy(REAL(rw), w, m * sizeof(double));
     free(from);
     free(to);
     free(w);

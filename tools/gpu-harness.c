@@ -166,6 +166,10 @@ static void no_progress(void *ctx, double done, double total)
     (void)total;
 }
 
+/* What the next requests force (check_case and check_metric set them). */
+static knn_select_force force_select = KNN_SELECT_CHOOSE;
+static knn_gemm_force force_gemm = KNN_GEMM_CHOOSE;
+
 static knn_request make_request(knn_metric m, const double *ref, int n_ref,
                                 const double *query, int n_query, int p,
                                 int k, double budget, int n_dev,
@@ -184,6 +188,8 @@ static knn_request make_request(knn_metric m, const double *ref, int n_ref,
     req.n_devices = n_dev;
     for (int i = 0; i < n_dev; i++) req.devices[i] = devs[i];
     req.cb.progress = no_progress;
+    req.select = force_select;
+    req.gemm = force_gemm;
     return req;
 }
 
@@ -234,8 +240,9 @@ static void check_case(const char *data, knn_metric m, const double *ref,
         gi[t] = -7;
         gd[t] = gw[t] = NAN;
     }
-    if (select) setenv("KNNGPU_SELECT", select, 1);
-    else unsetenv("KNNGPU_SELECT");
+    force_select = !select ? KNN_SELECT_CHOOSE
+                 : strcmp(select, "warp") == 0 ? KNN_SELECT_FORCE_WARP
+                 : KNN_SELECT_FORCE_RADIX;
     knn_report rep;
     double t0 = knn_seconds();
     knn_status st = gpu_run(m, ref, n_ref, query, n_query, p, k, budget,
@@ -254,7 +261,8 @@ static void check_case(const char *data, knn_metric m, const double *ref,
     }
     int pass = st == KNN_OK && bad == 0;
     pass ? n_pass++ : n_fail++;
-    const char *gemm = getenv("KNNGPU_GEMM");
+    const char *gemm = force_gemm == KNN_GEMM_FORCE_FP32 ? "fp32"
+                     : force_gemm == KNN_GEMM_FORCE_TF32 ? "tf32" : NULL;
     printf("%s %-6s %-11s %s k=%-5d n=%d p=%d budget=%.0f dev=%d sel=%s "
            "gemm=%s out=%s tile=%d cand=%.1f %.3fs [%.6s%s]",
            pass ? "PASS" : "FAIL", data, metric_name[m],
@@ -308,15 +316,15 @@ static void check_metric(const char *data, knn_metric m, const double *ref,
                        dev0, NULL, 1, ri, rd, rw);
             /* Forced arithmetic: float32 for every metric, and TF32
              * without the distances' fall-back to float32. */
-            setenv("KNNGPU_GEMM", "fp32", 1);
+            force_gemm = KNN_GEMM_FORCE_FP32;
             check_case(data, m, ref, n_ref, query, n_query, p, k, 0, 0, NULL,
                        NULL, 0, ri, rd, rw);
             if (!knn_is_correlation(m)) {
-                setenv("KNNGPU_GEMM", "tf32", 1);
+                force_gemm = KNN_GEMM_FORCE_TF32;
                 check_case(data, m, ref, n_ref, query, n_query, p, k, 2e6, 0,
                            NULL, NULL, 0, ri, rd, rw);
             }
-            unsetenv("KNNGPU_GEMM");
+            force_gemm = KNN_GEMM_CHOOSE;
         }
     }
     free(ri);

@@ -58,8 +58,9 @@ if (!waitFor(files[2], 60)) stop("the child did not answer in 60 s")
 Sys.sleep(0.2)
 out <- readLines(files[2])
 num <- suppressWarnings(as.numeric(out[-1]))
-cat(sprintf("device %s, %s: %.0f x 100, k = 50, SIGINT %.1f s into the search\n",
-            device, format(Sys.time(), "%Y-%m-%d %H:%M"), n, after))
+cat(sprintf(paste("device %s, %s: %.0f x 100, k = 50, SIGINT %.1f s into",
+                  "the search\n"), device,
+            format(Sys.time(), "%Y-%m-%d %H:%M"), n, after))
 cat(sprintf("the child saw %s, %.3f s after the signal\n", out[1],
             num[1] - sent))
 cat(sprintf("resident memory: %.0f MiB before the search, %.0f after\n",

@@ -24,7 +24,8 @@ peak <- function(n) {
                       "device = '%s', progress = FALSE)"), k, device),
         "secs <- as.numeric(Sys.time()) - as.numeric(start)",
         "hwm <- grep('^VmHWM', readLines('/proc/self/status'), value = TRUE)",
-        "cat(as.numeric(gsub('[^0-9]', '', hwm)) / 1024, secs, nrow(g), '\\n')"),
+        "mib <- as.numeric(gsub('[^0-9]', '', hwm)) / 1024",
+        "cat(mib, secs, nrow(g), '\\n')"),
         script)
     out <- system2(file.path(R.home("bin"), "Rscript"), script, stdout = TRUE)
     as.numeric(strsplit(trimws(tail(out, 1)), " +")[[1]])

@@ -7,9 +7,9 @@
 ##
 ## For ref sizes (columns of a panel), k <= 32 and row tiles R, it times the
 ## search phase (the tile products plus selection; the products are the
-## same for every kernel) of a query search of 16384 queries, with
-## KNNGPU_SELECT set to each kernel in turn, R forced through the memory
-## budget. Prints the faster of 2 runs per cell (seconds) and, per cell,
+## same for every kernel) of a query search of 16384 queries, with each
+## kernel forced in turn (.engineSearch(select = )), R forced through the
+## memory budget. Prints the faster of 2 runs per cell (seconds) and, per cell,
 ## the fastest kernel.
 
 suppressPackageStartupMessages(library(knngpu))
@@ -31,10 +31,10 @@ budgetFor <- function(cols, k, rows) {
 }
 
 searchSeconds <- function(ref, query, k, rows, algo) {
-    Sys.setenv(KNNGPU_SELECT = algo)
     times <- vapply(1:2, function(i) {
         res <- knngpu:::.engineSearch(ref, query, k, metric, gpu = TRUE,
-                                      memory = budgetFor(ncol(ref), k, rows))
+                                      memory = budgetFor(ncol(ref), k, rows),
+                                      select = algo)
         ## The plan caps R (panel size): such a cell cannot occur.
         if (res$info$row_tile != rows) return(NA_real_)
         res$info$seconds_search
@@ -54,7 +54,6 @@ for (cols in c(16384L, 50000L, 400000L)) {
                                                 rows = rows, t(secs))
     }
 }
-Sys.unsetenv("KNNGPU_SELECT")
 grid <- do.call(rbind, grid)
 grid <- grid[stats::complete.cases(grid), ]
 grid$fastest <- algos[apply(as.matrix(grid[, algos]), 1, which.min)]

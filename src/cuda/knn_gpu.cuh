@@ -19,7 +19,12 @@
 #include "knn_backend.h"
 #include "knn_exact.h"
 
-/* Error reporting: the first failure of a device is kept, with the call. */
+/* Devices from this compute capability on are used: the build carries
+ * sm_80 and sm_90 code and compute_90 PTX, which no older card runs. */
+#define KNN_MIN_MAJOR 8
+
+/* Error reporting (knn_gpu_errors.cu): the first failure of a device is
+ * kept, with the call. */
 knn_status knn_gpu_fail(char *message, knn_status status, const char *what,
                         const char *detail, const char *file, int line);
 knn_status knn_gpu_fail_cuda(char *message, cudaError_t e, const char *call,
@@ -179,7 +184,9 @@ typedef enum {
     KNN_SELECT_RADIX     /* one block per row, two radix histogram passes */
 } knn_select_algo;
 
-knn_select_algo knn_select_choose(int rows, int cols, int k);
+/* The kernel for a row tile of `rows` rows and k neighbours: the forced
+ * one, else by the measured crossovers. */
+knn_select_algo knn_select_choose(knn_select_force force, int rows, int k);
 knn_status knn_select_candidates(const knn_select_args *a,
                                  knn_select_algo algo, char *message,
                                  cudaStream_t stream);
@@ -193,15 +200,15 @@ knn_status knn_select_candidates(const knn_select_args *a,
  * against those norms (genes of an expression matrix at different levels)
  * TF32 would admit far more than k candidates per row, so a distance
  * search starts in TF32 and goes on in float32 after a tile that shows it
- * (knn_gemm_adaptive; knn_gpu_tiles.cu). KNNGPU_GEMM=fp32|tf32 forces one
+ * (knn_gemm_adaptive; knn_gpu_tiles.cu). The request's `gemm` can force one
  * arithmetic for the whole search (tests, benchmarks). */
 typedef enum { KNN_GEMM_FP32 = 0, KNN_GEMM_TF32 } knn_gemm_mode;
 
-/* The arithmetic a search starts with: TF32 unless KNNGPU_GEMM forces. */
-knn_gemm_mode knn_gemm_choose(void);
+/* The arithmetic a search starts with: TF32 unless forced. */
+knn_gemm_mode knn_gemm_choose(knn_gemm_force force);
 /* Whether the search may give TF32 up for float32 (not forced, a product
  * distance). */
-int knn_gemm_adaptive(knn_metric metric);
+int knn_gemm_adaptive(knn_gemm_force force, knn_metric metric);
 /* unit_in of knn_margin_*: TF32 keeps 10 mantissa bits, so rounding or
  * truncating an input errs by less than 2^-10 relative. */
 double knn_gemm_unit_in(knn_gemm_mode mode);
@@ -266,7 +273,7 @@ knn_status knn_nodes_remargin(knn_metric metric, knn_gpu_nodes *nodes,
                               double unit_in, char *message,
                               cudaStream_t stream);
 
-/* Fork guard and device discovery (knn_gpu_query.cu). */
+/* Fork guard (knn_gpu_errors.cu). */
 knn_status knn_gpu_claim_process(char *message, size_t size);
 /* Whether this process is the one that first used CUDA. */
 int knn_gpu_owns_process(void);

@@ -23,24 +23,14 @@
 #define KNN_MH_PER (KNN_MH_TILE / KNN_MH_SIDE)
 #define KNN_MH_FEAT 16   /* features staged per step */
 
-/* The arithmetic KNNGPU_GEMM forces, or -1. */
-static int knn_gemm_forced(void)
+knn_gemm_mode knn_gemm_choose(knn_gemm_force force)
 {
-    const char *force = getenv("KNNGPU_GEMM");
-    if (force && strcmp(force, "fp32") == 0) return KNN_GEMM_FP32;
-    if (force && strcmp(force, "tf32") == 0) return KNN_GEMM_TF32;
-    return -1;
+    return force == KNN_GEMM_FORCE_FP32 ? KNN_GEMM_FP32 : KNN_GEMM_TF32;
 }
 
-knn_gemm_mode knn_gemm_choose(void)
+int knn_gemm_adaptive(knn_gemm_force force, knn_metric metric)
 {
-    int forced = knn_gemm_forced();
-    return forced >= 0 ? (knn_gemm_mode)forced : KNN_GEMM_TF32;
-}
-
-int knn_gemm_adaptive(knn_metric metric)
-{
-    return knn_gemm_forced() < 0 && knn_uses_product(metric) &&
+    return force == KNN_GEMM_CHOOSE && knn_uses_product(metric) &&
            !knn_is_correlation(metric);
 }
 

@@ -1,68 +1,12 @@
 /*
- * knn_gpu_query.cu: what the CUDA backend can use, and how it fails.
- *
- * knn_gpu_query() lists the visible devices (host calls only, no kernels).
- * A device is usable when its compute capability is 8.0 or newer: the build
- * carries sm_80 and sm_90 code and compute_90 PTX, which no older card runs.
- * The fork guard records the process that first touched CUDA: a child forked
- * after that (parallel::mclapply) inherits a CUDA state it cannot use, and
- * any CUDA call there may hang or crash, so the child is refused before one.
+ * knn_gpu_query.cu: what the CUDA backend can use. knn_gpu_query() lists
+ * the visible devices (host calls only, no kernels); a device is usable
+ * from compute capability KNN_MIN_MAJOR.0 (knn_gpu.cuh).
  */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
-#include <unistd.h>
-#include <atomic>
 #include "knn_gpu.cuh"
-
-#define KNN_MIN_MAJOR 8
-
-static std::atomic<long> knn_cuda_pid(0);
-
-knn_status knn_gpu_claim_process(char *message, size_t size)
-{
-    long me = (long)getpid(), none = 0;
-    if (knn_cuda_pid.compare_exchange_strong(none, me) || none == me)
-        return KNN_OK;
-    snprintf(message, size,
-             "CUDA was initialised in the parent of this forked process "
-             "(e.g. parallel::mclapply) and cannot be used in the child; use "
-             "device = \"cpu\" here, or workers started fresh "
-             "(parallel::makeCluster, BiocParallel::SnowParam)");
-    return KNN_E_NOGPU;
-}
-
-int knn_gpu_owns_process(void)
-{
-    return knn_cuda_pid.load() == (long)getpid();
-}
-
-knn_status knn_gpu_fail(char *message, knn_status status, const char *what,
-                        const char *detail, const char *file, int line)
-{
-    snprintf(message, 512, "%s: %s (%s:%d)", what, detail, file, line);
-    return status;
-}
-
-knn_status knn_gpu_fail_cuda(char *message, cudaError_t e, const char *call,
-                             const char *file, int line)
-{
-    /* Clears a non-sticky error so later cleanup calls are not refused. */
-    cudaGetLastError();
-    return knn_gpu_fail(message,
-                        e == cudaErrorMemoryAllocation ? KNN_E_NOMEM
-                                                       : KNN_E_DEVICE,
-                        call, cudaGetErrorString(e), file, line);
-}
-
-knn_status knn_gpu_fail_blas(char *message, cublasStatus_t s,
-                             const char *call, const char *file, int line)
-{
-    return knn_gpu_fail(message,
-                        s == CUBLAS_STATUS_ALLOC_FAILED ? KNN_E_NOMEM
-                                                        : KNN_E_DEVICE,
-                        call, cublasGetStatusString(s), file, line);
-}
 
 static void knn_reason(knn_gpu_info *info, const char *fmt, ...)
 {

@@ -68,8 +68,9 @@ static knn_status knn_pick_devices(const knn_request *req,
     std::vector<int> usable;
     for (int d : ids) {
         int major = 0;
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
-                                   d) == cudaSuccess && major >= 8)
+        cudaError_t e = cudaDeviceGetAttribute(
+            &major, cudaDevAttrComputeCapabilityMajor, d);
+        if (e == cudaSuccess && major >= KNN_MIN_MAJOR)
             usable.push_back(d);
     }
     cudaGetLastError();
@@ -267,8 +268,8 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
         d->nq = n_q - d->q0 < block ? n_q - d->q0 : block;
         d->query_max_abs = qmax;
         d->score_kind = knn_score_of(req->metric);
-        d->gemm = knn_gemm_choose();
-        d->gemm_adaptive = knn_gemm_adaptive(req->metric);
+        d->gemm = knn_gemm_choose(req->gemm);
+        d->gemm_adaptive = knn_gemm_adaptive(req->gemm, req->metric);
         d->copy_threads = copy_threads;
     }
 

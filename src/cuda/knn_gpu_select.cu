@@ -27,7 +27,7 @@
  *    T from above, and one pass moves the few nodes under that bound into
  *    shared memory where the exact bucket is found: one read of the row
  *    instead of three.
- * knn_select_choose() picks one from (rows, cols, k) by the crossovers that
+ * knn_select_choose() picks one from (rows, k) by the crossovers that
  * inst/bench/select_thresholds.R measured.
  */
 #include <stdlib.h>
@@ -51,16 +51,15 @@
 #define KNN_WARP_AUTO_MAX_K 16
 #define KNN_WARP_MIN_ROWS 16384
 
-knn_select_algo knn_select_choose(int rows, int cols, int k)
+knn_select_algo knn_select_choose(knn_select_force force, int rows, int k)
 {
-    const char *force = getenv("KNNGPU_SELECT");
-    if (force && strcmp(force, "radix") == 0) return KNN_SELECT_RADIX;
-    if (force && strcmp(force, "warp") == 0 && k <= KNN_WARP_MAX_K)
+    if (force == KNN_SELECT_FORCE_RADIX) return KNN_SELECT_RADIX;
+    if (force == KNN_SELECT_FORCE_WARP && k <= KNN_WARP_MAX_K)
         return KNN_SELECT_WARP;
-    /* cols enters through the plan: R x cols is capped at 2^31 floats, so
-     * R >= KNN_WARP_MIN_ROWS already means cols <= 131072, the narrow
-     * references where the warp kernel was measured to win. */
-    (void)cols;
+    /* The reference's width enters through the plan: a row tile's rows x
+     * columns are capped at 2^31 floats, so rows >= KNN_WARP_MIN_ROWS
+     * already means at most 131072 columns, the narrow references where
+     * the warp kernel was measured to win. */
     if (k <= KNN_WARP_AUTO_MAX_K && rows >= KNN_WARP_MIN_ROWS)
         return KNN_SELECT_WARP;
     return KNN_SELECT_RADIX;

@@ -308,7 +308,7 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
     sa.cand_index = t->cand_index;
     sa.count = t->count;
     sa.seg_end = t->seg_end;
-    KNN_TRY(knn_select_candidates(&sa, knn_select_choose(rows, req->n_ref, k),
+    KNN_TRY(knn_select_candidates(&sa, knn_select_choose(req->select, rows, k),
                                   d->message, d->stream));
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->selected, d->stream));
 

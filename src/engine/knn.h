@@ -65,6 +65,23 @@ typedef enum {
     KNN_ALGO_TREE
 } knn_algorithm;
 
+/* The GPU backend's candidate selection kernel and product arithmetic:
+ * CHOOSE picks by measured cost (and, for the arithmetic, switches from
+ * TF32 to float32 when TF32 finds too many candidates); the others force
+ * one, for measurement scripts and tests. The bits are the same. Order
+ * matches the R layer's names (R/engine.R). */
+typedef enum {
+    KNN_SELECT_CHOOSE = 0,
+    KNN_SELECT_FORCE_WARP,
+    KNN_SELECT_FORCE_RADIX
+} knn_select_force;
+
+typedef enum {
+    KNN_GEMM_CHOOSE = 0,
+    KNN_GEMM_FORCE_TF32,
+    KNN_GEMM_FORCE_FP32
+} knn_gemm_force;
+
 /* Host callbacks, always called from the thread that called the engine, and
  * never from inside a parallel region. */
 typedef struct {
@@ -88,6 +105,8 @@ typedef struct {
     int n_query;          /* ignored when query is NULL */
     int threads;          /* CPU threads; <= 0: the OpenMP default */
     knn_algorithm algorithm; /* CPU backend: see knn_algorithm */
+    knn_select_force select; /* GPU backend: see knn_select_force */
+    knn_gemm_force gemm;     /* GPU backend: see knn_gemm_force */
     double memory_bytes;  /* budget for tiles; <= 0: backend default */
     int n_devices;        /* GPU backend: devices to use; 0: all visible */
     int devices[KNN_MAX_DEVICES];
@@ -167,12 +186,13 @@ void knn_edge_ends(int *from, int *rank, int n, int k, int base,
 typedef enum { KNN_SNN_RANK = 0, KNN_SNN_NUMBER, KNN_SNN_JACCARD } knn_snn_type;
 
 /* Builds the undirected SNN graph of a self-search result: `index` is n x k,
- * column-major, 0-based. Allocates *from, *to (0-based, from < to) and
- * *weight with malloc; the caller frees them. Returns KNN_E_NOMEM (outputs
- * NULL) when memory runs out. */
-knn_status knn_snn_graph(const int *index, int n, int k, knn_snn_type type,
-                         int **from, int **to, double **weight,
-                         size_t *n_edges);
+ * column-major, its nodes counted from `base` (0, or R's 1). Allocates
+ * *from, *to (counted from base too, from < to) and *weight with malloc;
+ * the caller frees them. Returns KNN_E_NOMEM (outputs NULL) when memory
+ * runs out. */
+knn_status knn_snn_graph(const int *index, int n, int k, int base,
+                         knn_snn_type type, int **from, int **to,
+                         double **weight, size_t *n_edges);
 
 /* What the GPU backend sees. */
 typedef struct {

@@ -26,7 +26,8 @@ static void knn_reverse_free(knn_reverse *rev)
     free(rev->rank);
 }
 
-static int knn_reverse_build(knn_reverse *rev, const int *index, int n, int k)
+static int knn_reverse_build(knn_reverse *rev, const int *index, int n, int k,
+                             int base)
 {
     size_t nk = (size_t)n * k;
     rev->start = calloc((size_t)n + 1, sizeof(int));
@@ -38,12 +39,12 @@ static int knn_reverse_build(knn_reverse *rev, const int *index, int n, int k)
         knn_reverse_free(rev);
         return -1;
     }
-    for (size_t c = 0; c < nk; c++) rev->start[index[c] + 1]++;
+    for (size_t c = 0; c < nk; c++) rev->start[index[c] - base + 1]++;
     for (int s = 0; s < n; s++) rev->start[s + 1] += rev->start[s];
     for (int s = 0; s < n; s++) fill[s] = rev->start[s];
     for (int r = 0; r < k; r++)
         for (int a = 0; a < n; a++) {
-            int s = index[a + (size_t)r * n];
+            int s = index[a + (size_t)r * n] - base;
             rev->node[fill[s]] = a;
             rev->rank[fill[s]] = r + 1;
             fill[s]++;
@@ -100,9 +101,9 @@ static double knn_snn_weight(knn_snn_type type, int k, int best, int count)
     return w > 1e-6 ? w : 1e-6;
 }
 
-knn_status knn_snn_graph(const int *index, int n, int k, knn_snn_type type,
-                         int **from, int **to, double **weight,
-                         size_t *n_edges)
+knn_status knn_snn_graph(const int *index, int n, int k, int base,
+                         knn_snn_type type, int **from, int **to,
+                         double **weight, size_t *n_edges)
 {
     knn_reverse rev = {0};
     knn_edges edges = {0};
@@ -110,12 +111,12 @@ knn_status knn_snn_graph(const int *index, int n, int k, knn_snn_type type,
     int *count = calloc((size_t)n, sizeof(int));
     int *touched = malloc((size_t)n * sizeof(int));
     int failed = !best || !count || !touched ||
-                 knn_reverse_build(&rev, index, n, k) != 0;
+                 knn_reverse_build(&rev, index, n, k, base) != 0;
 
     for (int a = 0; a < n && !failed; a++) {
         int n_touched = 0;
         for (int ra = 0; ra <= k; ra++) {
-            int s = ra == 0 ? a : index[a + (size_t)(ra - 1) * n];
+            int s = ra == 0 ? a : index[a + (size_t)(ra - 1) * n] - base;
             if (s < a)
                 knn_snn_meet(s, ra, best, count, touched, &n_touched);
             for (int c = rev.start[s]; c < rev.start[s + 1]; c++)
@@ -125,7 +126,7 @@ knn_status knn_snn_graph(const int *index, int n, int k, knn_snn_type type,
         }
         for (int t = 0; t < n_touched && !failed; t++) {
             int b = touched[t];
-            failed = knn_edges_push(&edges, b, a,
+            failed = knn_edges_push(&edges, b + base, a + base,
                                     knn_snn_weight(type, k, best[b],
                                                    count[b])) != 0;
             count[b] = 0;

@@ -136,7 +136,7 @@ test_that("SingleCellExperiment: reducedDim cells, and scran's SNN graph", {
     expect_identical(attr(edges, "nodes")$name, colnames(sce))
     expect_identical(edges$from[1], "cell1")
     expect_error(knnGraph(sce, use.dimred = "UMAP"),
-                 "'use.dimred' must name one of the reducedDims of 'x': \"PCA\"")
+                 "'use.dimred' must name one of the reducedDims of 'x': \"PCA")
     expect_error(knnGraph(pcs, use.dimred = "PCA"),
                  "'use.dimred' needs 'x' to be a SingleCellExperiment")
     expect_error(knnGraph(sce, use.dimred = "PCA", by = "columns"),
