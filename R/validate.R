@@ -1,13 +1,12 @@
 ## Shared argument checks and input conversion for the exported verbs. Every
 ## message names the argument, and, for bad values, the offending nodes.
 
-.metrics <- c("pearson", "cosine", "euclidean", "spearman", "abspearson",
-              "manhattan", "sqeuclidean")
+## The metrics, in the engine's code order: its table (knn_metric.h),
+## read when the package loads (zzz.R).
+.metricNames <- function() .state$metrics$name
 
-.correlationMetrics <- c("pearson", "cosine", "spearman", "abspearson")
-
-## 0-based code the engine uses (src/engine/knn.h, knn_metric).
-.metricCode <- function(metric) match(metric, .metrics) - 1L
+## 0-based code the engine uses (knn_metric).
+.metricCode <- function(metric) match(metric, .metricNames()) - 1L
 
 .checkChoice <- function(value, choices, arg) {
     if (!is.character(value) || length(value) != 1L || is.na(value) ||
@@ -19,7 +18,9 @@
     value
 }
 
-.checkMetric <- function(metric) .checkChoice(metric, .metrics, "metric")
+.checkMetric <- function(metric) {
+    .checkChoice(metric, .metricNames(), "metric")
+}
 
 .isWholeNumber <- function(x) {
     is.numeric(x) && length(x) == 1L && !is.na(x) && is.finite(x) &&

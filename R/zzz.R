@@ -1,5 +1,6 @@
 .onLoad <- function(libname, pkgname) {
     .state$toldCpu <- FALSE
+    .state$metrics <- .Call(C_knn_metric_table)
     ## The CUDA backend's shared object sits beside the package's own one,
     ## which is opened on the first GPU call (src/engine/knn_gpu_loader.c).
     dll <- getLoadedDLLs()[[pkgname]][["path"]]

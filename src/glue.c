@@ -292,6 +292,24 @@ static SEXP knn_device_column(const knn_gpu_info *info, knn_dev_field field)
     return col;
 }
 
+/* Returns list(name, correlation): the engine's metrics in code order
+ * (knn_metric.h), from which R's list of metrics comes. */
+SEXP C_knn_metric_table(void)
+{
+    const char *names[] = {"name", "correlation"};
+    SEXP res = PROTECT(knn_named_list(2, names));
+    SEXP name = allocVector(STRSXP, KNN_N_METRICS);
+    SET_VECTOR_ELT(res, 0, name);
+    SEXP corr = allocVector(LGLSXP, KNN_N_METRICS);
+    SET_VECTOR_ELT(res, 1, corr);
+    for (int m = 0; m < KNN_N_METRICS; m++) {
+        SET_STRING_ELT(name, m, mkChar(knn_metric_name((knn_metric)m)));
+        LOGICAL(corr)[m] = knn_is_correlation((knn_metric)m);
+    }
+    UNPROTECT(1);
+    return res;
+}
+
 /* path: where the CUDA backend's shared object is (knn_gpu_set_library).
  * Returns NULL. */
 SEXP C_knn_gpu_library(SEXP path)

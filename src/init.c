@@ -15,6 +15,7 @@ SEXP C_knn_degenerate(SEXP, SEXP, SEXP);
 SEXP C_knn_snn(SEXP, SEXP);
 SEXP C_knn_gpu_info(void);
 SEXP C_knn_gpu_library(SEXP);
+SEXP C_knn_metric_table(void);
 
 static const R_CallMethodDef knn_call_methods[] = {
     {"C_knn_search", (DL_FUNC)&C_knn_search, 11},
@@ -24,6 +25,7 @@ static const R_CallMethodDef knn_call_methods[] = {
     {"C_knn_snn", (DL_FUNC)&C_knn_snn, 2},
     {"C_knn_gpu_info", (DL_FUNC)&C_knn_gpu_info, 0},
     {"C_knn_gpu_library", (DL_FUNC)&C_knn_gpu_library, 1},
+    {"C_knn_metric_table", (DL_FUNC)&C_knn_metric_table, 0},
     {NULL, NULL, 0}
 };
 

@@ -127,17 +127,6 @@ knn_status knn_context_upload(knn_gpu_context *ctx,
                               int threads, const std::atomic<int> *stop,
                               char *message);
 
-/* How a fast score is formed from the value a tile product left in the
- * panel: correlation metrics rank by -(f_i . f_j) (|Pearson| by
- * -|f_i . f_j|), distances by |f_i|^2 + |f_j|^2 - 2 f_i . f_j, and Manhattan
- * panels already hold the distance. */
-typedef enum {
-    KNN_SCORE_NEG = 0,
-    KNN_SCORE_NEGABS,
-    KNN_SCORE_DIST,
-    KNN_SCORE_IDENT
-} knn_score_kind;
-
 /* Nodes prepared on one device: ref nodes 0..n_ref-1, then (query search
  * only) this device's query rows. Every matrix is p x n_nodes, column-major
  * (node-contiguous), as in knn.h. */

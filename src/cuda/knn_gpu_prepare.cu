@@ -56,16 +56,11 @@ __global__ static void knn_canon_kernel(knn_metric m, double *u, int p, int n,
     knn_canon_corr(m, ug, p, ug, &s, &c);
     sum[g] = s;
     css[g] = c;
-    double uu = 0.0;
-    for (int f = 0; f < p; f++) uu += ug[f] * ug[f];
-    if (knn_is_centred(m)) {
-        double mean = s / p, scale = 1.0 / sqrt(c / p);
-        for (int f = 0; f < p; f++) fg[f] = (float)((ug[f] - mean) * scale);
-        knn_atomic_max_nonneg(kappa_max, p * uu / c);
-    } else {
-        double scale = 1.0 / sqrt(c);
-        for (int f = 0; f < p; f++) fg[f] = (float)(ug[f] * scale);
-    }
+    double mean, scale;
+    knn_fast_corr_form(m, p, s, c, &mean, &scale);
+    for (int f = 0; f < p; f++) fg[f] = (float)((ug[f] - mean) * scale);
+    if (knn_is_centred(m)) knn_atomic_max_nonneg(kappa_max,
+                                                 knn_corr_kappa(m, ug, p, c));
 }
 
 __global__ static void knn_max_abs_kernel(const double *x, size_t n_vals,

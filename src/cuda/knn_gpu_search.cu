@@ -26,14 +26,6 @@
 #define KNN_POLL_MS 100
 #define KNN_COPY_THREADS_MAX 8
 
-static knn_score_kind knn_score_of(knn_metric m)
-{
-    if (m == KNN_ABSPEARSON) return KNN_SCORE_NEGABS;
-    if (knn_is_correlation(m)) return KNN_SCORE_NEG;
-    if (m == KNN_MANHATTAN) return KNN_SCORE_IDENT;
-    return KNN_SCORE_DIST;
-}
-
 /* Fills ids with the devices to use: the request's list, or every visible
  * device of compute capability 8.0 or newer. */
 static knn_status knn_pick_devices(const knn_request *req,

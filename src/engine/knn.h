@@ -41,17 +41,8 @@ typedef enum {
                           correlations, all zero for cosine) */
 } knn_status;
 
-/* Order matches the R layer's metric names (R/validate.R). */
-typedef enum {
-    KNN_PEARSON = 0,
-    KNN_COSINE,
-    KNN_EUCLIDEAN,
-    KNN_SPEARMAN,
-    KNN_ABSPEARSON,
-    KNN_MANHATTAN,
-    KNN_SQEUCLIDEAN,
-    KNN_N_METRICS
-} knn_metric;
+/* The metrics (knn_metric) and what each is: knn_metric.h's table. */
+#include "knn_metric.h"
 
 typedef enum { KNN_BACKEND_CPU = 0, KNN_BACKEND_GPU } knn_backend;
 

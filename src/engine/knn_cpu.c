@@ -169,26 +169,24 @@ static void knn_cpu_fill(const knn_cpu *cpu, int q0, int nr, int c0, int nc)
  * with arithmetic the compiler vectorises, without touching the pools. */
 #define KNN_BLOCK 16
 
-/* Fast scores (smaller is closer) of one block from its tile values g:
- * base + add[j] - 2 g[j] for distances (base, add: squared norms of the two
- * nodes), -g or -|g| for correlations, g itself for Manhattan keys. */
-static inline void knn_block_scores(knn_metric m, double base,
+/* Fast scores (smaller is closer) of one block from its tile values g, as
+ * knn_score_kind defines them (base, add: squared norms of the two nodes
+ * for distances). */
+static inline void knn_block_scores(knn_score_kind kind, double base,
                                     const double *add, const double *g,
                                     int n, double *s)
 {
-    switch (m) {
-    case KNN_MANHATTAN:
+    switch (kind) {
+    case KNN_SCORE_IDENT:
         for (int j = 0; j < n; j++) s[j] = g[j];
         break;
-    case KNN_ABSPEARSON:
+    case KNN_SCORE_NEGABS:
         for (int j = 0; j < n; j++) s[j] = -fabs(g[j]);
         break;
-    case KNN_PEARSON:
-    case KNN_COSINE:
-    case KNN_SPEARMAN:
+    case KNN_SCORE_NEG:
         for (int j = 0; j < n; j++) s[j] = -g[j];
         break;
-    default:
+    case KNN_SCORE_DIST:
         for (int j = 0; j < n; j++) s[j] = base + add[j] - 2.0 * g[j];
     }
 }
@@ -224,7 +222,7 @@ static int knn_cpu_offer_row(const knn_cpu *cpu, int q0, int i, int c0,
     for (int j0 = 0; j0 < nc; j0 += KNN_BLOCK) {
         int n = nc - j0 < KNN_BLOCK ? nc - j0 : KNN_BLOCK;
         double s[KNN_BLOCK];
-        knn_block_scores(cpu->space.metric, base,
+        knn_block_scores(knn_score_of(cpu->space.metric), base,
                          knn_cpu_norms(&cpu->ref, c0 + j0), row + j0, n, s);
         if (!knn_block_hits(s, n, pool->bound)) continue;
         for (int j = 0; j < n; j++) {
@@ -251,7 +249,8 @@ static int knn_cpu_offer_columns(const knn_cpu *cpu, int q0, int nr, int c0,
     int failed = 0;
     for (int i = 0; i < nr; i++) {
         double s[KNN_BLOCK];
-        knn_block_scores(cpu->space.metric, knn_cpu_norm(&cpu->ref, q0 + i),
+        knn_block_scores(knn_score_of(cpu->space.metric),
+                         knn_cpu_norm(&cpu->ref, q0 + i),
                          add, cpu->scores + (size_t)i * nc + j0, n, s);
         int hit = 0;
         for (int j = 0; j < n; j++) hit |= s[j] <= bound[j];

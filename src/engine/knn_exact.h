@@ -32,12 +32,6 @@
 #include <math.h>
 #include "knn.h"
 
-#if defined(__CUDACC__)
-#define KNN_HD __host__ __device__
-#else
-#define KNN_HD
-#endif
-
 #if defined(__CUDA_ARCH__)
 #define KNN_ADD(a, b) __dadd_rn((a), (b))
 #define KNN_SUB(a, b) __dsub_rn((a), (b))
@@ -56,24 +50,6 @@
 
 /* Integer-valued nodes below this magnitude take the exact integer shift. */
 #define KNN_EXACT_INT_LIMIT 2147483648.0
-
-KNN_HD static inline int knn_is_correlation(knn_metric m)
-{
-    return m == KNN_PEARSON || m == KNN_COSINE || m == KNN_SPEARMAN ||
-           m == KNN_ABSPEARSON;
-}
-
-/* Pearson, Spearman and |Pearson| centre nodes; cosine does not. */
-KNN_HD static inline int knn_is_centred(knn_metric m)
-{
-    return m == KNN_PEARSON || m == KNN_SPEARMAN || m == KNN_ABSPEARSON;
-}
-
-/* Metrics whose candidates come from a matrix product. */
-KNN_HD static inline int knn_uses_product(knn_metric m)
-{
-    return m != KNN_MANHATTAN;
-}
 
 /* Exponent e with |v| / 2^e in [0.5, 1); 0 for v == 0. */
 KNN_HD static inline int knn_exponent(double v)
@@ -164,6 +140,25 @@ KNN_HD static inline void knn_canon_corr(knn_metric m, const double *x, int p,
         *sum = 0.0;
         *css = uu;
     }
+}
+
+/* The fast vector of a correlation node from its canonical form (u, sum,
+ * css): f = (u - mean) * scale, so that f_i . f_j = r (cosine: mean 0).
+ * Both backends form it so (in float64 here, float32 on the GPU). */
+KNN_HD static inline void knn_fast_corr_form(knn_metric m, int p, double sum,
+                                             double css, double *mean,
+                                             double *scale)
+{
+    *mean = knn_is_centred(m) ? sum / p : 0.0;
+    *scale = knn_is_centred(m) ? 1.0 / sqrt(css / p) : 1.0 / sqrt(css);
+}
+
+/* A correlation node's cancellation p * sum(u^2) / css (1 for cosine,
+ * which does not centre), the kappa of knn_margin_corr. */
+KNN_HD static inline double knn_corr_kappa(knn_metric m, const double *u,
+                                           int p, double css)
+{
+    return knn_is_centred(m) ? p * knn_dot(u, u, p) / css : 1.0;
 }
 
 /* Canonical key of a pair of correlation-metric nodes. */

@@ -121,12 +121,11 @@ static double knn_prepare_corr(knn_nodes *nodes, const knn_space *space,
         xj = rank2;
     }
     knn_canon_corr(space->metric, xj, p, u, &nodes->sum[j], &nodes->css[j]);
-    double mean = knn_is_centred(space->metric) ? nodes->sum[j] / p : 0.0;
-    double scale = knn_is_centred(space->metric)
-        ? 1.0 / sqrt(nodes->css[j] / p) : 1.0 / sqrt(nodes->css[j]);
+    double mean, scale;
+    knn_fast_corr_form(space->metric, p, nodes->sum[j], nodes->css[j], &mean,
+                       &scale);
     for (int f = 0; f < p; f++) fast[f] = (u[f] - mean) * scale;
-    if (!knn_is_centred(space->metric)) return 1.0;
-    return p * knn_dot(u, u, p) / nodes->css[j];
+    return knn_corr_kappa(space->metric, u, p, nodes->css[j]);
 }
 
 /* Distance node j: scaled canonical node and its column-centred fast form.
