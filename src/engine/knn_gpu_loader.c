@@ -49,7 +49,8 @@ static void knn_cuda_open(void)
     *(void **)&entry = dlsym(handle, KNN_GPU_BACKEND_SYMBOL);
     if (!entry) {
         snprintf(knn_cuda_missing, sizeof knn_cuda_missing,
-                 "%s has no %s", knn_cuda_path, KNN_GPU_BACKEND_SYMBOL);
+                 "the CUDA backend has no %s: a knngpu_cuda.so of another "
+                 "version?", KNN_GPU_BACKEND_SYMBOL);
         return;
     }
     knn_cuda = entry();
