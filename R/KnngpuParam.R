@@ -26,7 +26,10 @@
 #'   \code{last} (the last columns), \code{subset} (rows to search for, by
 #'   number, name or logical), \code{transposed} (points in columns),
 #'   \code{BPPARAM} (blocks of rows searched by BiocParallel workers, with
-#'   the same result as one search), \code{raw.index} (knngpu does not
+#'   the same result as one search; for \code{device = "gpu"} take workers
+#'   started fresh, such as \code{SnowParam()}: a forked worker of
+#'   \code{MulticoreParam()} cannot use the CUDA its parent started, and
+#'   says so), \code{raw.index} (knngpu does not
 #'   reorder the points, so raw and original indices are the same) and
 #'   \code{warn.ties} (knngpu breaks ties by the smaller index, always the
 #'   same way, so it never warns). BiocNeighbors 2.x (Bioconductor 3.20 on)
