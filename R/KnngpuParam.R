@@ -152,8 +152,8 @@ assign(".packageName", "knngpu", envir = .bnEnv)
 
 ## A KnngpuIndex of X (points in rows, or in columns when transposed).
 .bnBuild <- function(X, BNPARAM, transposed = FALSE, ...) {
-    nodes <- .asNodes(X, if (isTRUE(transposed)) "columns" else "rows",
-                      arg = "X")
+    transposed <- .checkFlag(transposed, "transposed")
+    nodes <- .asNodes(X, if (transposed) "columns" else "rows", arg = "X")
     names <- if (is.character(nodes$labels)) nodes$labels else NULL
     methods::new(.bnClass("KnngpuIndex"), data = nodes$values, NAMES = names,
                  distance = BNPARAM@distance, param = BNPARAM)
@@ -173,7 +173,10 @@ assign(".packageName", "knngpu", envir = .bnEnv)
     rows <- seq_len(n)
     names(rows) <- names
     picked <- tryCatch(rows[subset], error = function(e) NA_integer_)
-    if (anyNA(picked) || (is.numeric(subset) && any(subset < 1))) {
+    wrong <- anyNA(picked) || !length(picked) ||
+        (is.numeric(subset) && any(subset < 1 | subset != round(subset))) ||
+        (is.logical(subset) && length(subset) != n)
+    if (wrong) {
         stop("'subset' must pick existing rows (numbers from 1 to ", n,
              ", names or logicals)", call. = FALSE)
     }
@@ -187,8 +190,9 @@ assign(".packageName", "knngpu", envir = .bnEnv)
     n <- ncol(nodes$values)
     if (n < 2L) stop("'X' needs at least 2 points to search", call. = FALSE)
     k <- .checkK(k, n - 1L)
+    workers <- .bnCheckArgs(last, get.index, get.distance, BPPARAM)
     rows <- .bnRows(subset, n, index@NAMES)
-    res <- if (is.null(subset) && .bnWorkers(BPPARAM) == 1L) {
+    res <- if (is.null(subset) && workers == 1L) {
         .bnSearch(index, nodes, NULL, k)
     } else {
         .bnBlocks(rows, BPPARAM, function(block) {
@@ -203,7 +207,8 @@ assign(".packageName", "knngpu", envir = .bnEnv)
                      subset = NULL, warn.ties = TRUE, raw.index = FALSE,
                      ...) {
     nodes <- .bnNodes(index)
-    q <- .asNodes(query, if (isTRUE(transposed)) "columns" else "rows",
+    transposed <- .checkFlag(transposed, "transposed")
+    q <- .asNodes(query, if (transposed) "columns" else "rows",
                   arg = "query")
     if (nrow(q$values) != nrow(nodes$values)) {
         stop(sprintf(paste("'query' has %d dimensions but 'X' has %d; both",
@@ -211,6 +216,7 @@ assign(".packageName", "knngpu", envir = .bnEnv)
                      nrow(nodes$values)), call. = FALSE)
     }
     k <- .checkK(k, ncol(nodes$values))
+    .bnCheckArgs(last, get.index, get.distance, BPPARAM)
     rows <- .bnRows(subset, ncol(q$values), colnames(q$values))
     res <- .bnBlocks(rows, BPPARAM, function(block) {
         .bnSearch(index, nodes, .nodesSubset(q, block), k)
@@ -251,10 +257,22 @@ assign(".packageName", "knngpu", envir = .bnEnv)
     nodes
 }
 
+## Checks a search's BiocNeighbors arguments before anything runs;
+## returns the number of workers.
+.bnCheckArgs <- function(last, get.index, get.distance, BPPARAM) {
+    .checkFlag(get.index, "get.index")
+    .checkFlag(get.distance, "get.distance")
+    if (!.isWholeNumber(last) || last < 1) {
+        stop("'last' must be a whole number from 1 to 'k'", call. = FALSE)
+    }
+    .bnWorkers(BPPARAM)
+}
+
 .bnWorkers <- function(BPPARAM) {
     if (is.null(BPPARAM)) return(1L)
-    if (!requireNamespace("BiocParallel", quietly = TRUE)) {
-        stop("'BPPARAM' needs the BiocParallel package", call. = FALSE)
+    if (!methods::is(BPPARAM, "BiocParallelParam")) {
+        stop("'BPPARAM' must be NULL or a BiocParallelParam (e.g. ",
+             "BiocParallel::SerialParam())", call. = FALSE)
     }
     BiocParallel::bpnworkers(BPPARAM)
 }
@@ -274,15 +292,12 @@ assign(".packageName", "knngpu", envir = .bnEnv)
 ## BiocNeighbors' result: the last `last` columns of what was asked for,
 ## distances as BiocNeighbors defines them.
 .bnResult <- function(res, distance, k, last, get.index, get.distance) {
-    if (!.isWholeNumber(last) || last < 1) {
-        stop("'last' must be a whole number from 1 to 'k'", call. = FALSE)
-    }
     cols <- seq.int(k - min(last, k) + 1L, k)
     out <- list()
-    if (isTRUE(get.index)) {
+    if (get.index) {
         out$index <- res$index[, cols, drop = FALSE]
     }
-    if (isTRUE(get.distance)) {
+    if (get.distance) {
         d <- res$distance[, cols, drop = FALSE]
         ## BiocNeighbors' cosine distance: Euclidean between unit rows.
         if (distance == "Cosine") d[] <- sqrt(2 * d)

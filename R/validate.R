@@ -109,9 +109,10 @@
                      arg), call. = FALSE)
     }
     available <- SingleCellExperiment::reducedDimNames(x)
-    if (!(is.character(use.dimred) || is.numeric(use.dimred)) ||
-        length(use.dimred) != 1L ||
-        (is.character(use.dimred) && !use.dimred %in% available)) {
+    known <- if (is.character(use.dimred)) use.dimred %in% available
+        else .isWholeNumber(use.dimred) && use.dimred >= 1 &&
+            use.dimred <= length(available)
+    if (length(use.dimred) != 1L || !isTRUE(known)) {
         stop(sprintf("'use.dimred' must name one of the reducedDims of '%s':",
                      arg), " ", paste0('"', available, '"', collapse = ", "),
              call. = FALSE)

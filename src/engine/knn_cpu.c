@@ -38,6 +38,7 @@ typedef struct {
     knn_nodes ref, query_nodes;
     const knn_nodes *query;  /* &ref for a self search */
     int self;
+    knn_score_kind score;    /* how tile values become fast scores */
     int symmetric;           /* self search sharing each score both ways */
     int n_query;
     int threads;
@@ -88,6 +89,7 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
     cpu->self = req->query == NULL;
     cpu->n_query = cpu->self ? req->n_ref : req->n_query;
     cpu->threads = knn_threads(req->threads);
+    cpu->score = knn_score_of(req->metric);
     knn_status st = knn_space_init(&cpu->space, req);
     if (st == KNN_OK)
         st = knn_nodes_prepare(&cpu->ref, &cpu->space, req->ref, req->n_ref,
@@ -222,7 +224,7 @@ static int knn_cpu_offer_row(const knn_cpu *cpu, int q0, int i, int c0,
     for (int j0 = 0; j0 < nc; j0 += KNN_BLOCK) {
         int n = nc - j0 < KNN_BLOCK ? nc - j0 : KNN_BLOCK;
         double s[KNN_BLOCK];
-        knn_block_scores(knn_score_of(cpu->space.metric), base,
+        knn_block_scores(cpu->score, base,
                          knn_cpu_norms(&cpu->ref, c0 + j0), row + j0, n, s);
         if (!knn_block_hits(s, n, pool->bound)) continue;
         for (int j = 0; j < n; j++) {
@@ -249,8 +251,7 @@ static int knn_cpu_offer_columns(const knn_cpu *cpu, int q0, int nr, int c0,
     int failed = 0;
     for (int i = 0; i < nr; i++) {
         double s[KNN_BLOCK];
-        knn_block_scores(knn_score_of(cpu->space.metric),
-                         knn_cpu_norm(&cpu->ref, q0 + i),
+        knn_block_scores(cpu->score, knn_cpu_norm(&cpu->ref, q0 + i),
                          add, cpu->scores + (size_t)i * nc + j0, n, s);
         int hit = 0;
         for (int j = 0; j < n; j++) hit |= s[j] <= bound[j];

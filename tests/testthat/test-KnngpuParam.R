@@ -93,6 +93,17 @@ test_that("bad input through the class gets knnSearch()'s errors", {
                  "'query' has 3 dimensions but 'X' has 5")
     expect_error(BiocNeighbors::findKNN(x, k = 3, subset = 101,
                                         BNPARAM = mine), "'subset' must pick")
+    for (args in list(list(get.index = NA), list(get.distance = "yes"),
+                      list(last = 0), list(last = NA), list(BPPARAM = 2),
+                      list(subset = 1.5), list(subset = c(TRUE, FALSE)))) {
+        arg <- names(args)
+        expect_error(do.call(BiocNeighbors::findKNN,
+                             c(list(x, k = 3, BNPARAM = mine), args)),
+                     sprintf("'%s' must", arg), label = arg)
+    }
+    expect_error(BiocNeighbors::queryKNN(x, x, k = 3, transposed = NA,
+                                         BNPARAM = mine),
+                 "'transposed' must be TRUE or FALSE")
     expect_error(KnngpuParam("pearson"), "'metric' must be one of")
     expect_error(KnngpuParam(threads = 1e6), "'threads' must be")
 })
@@ -137,6 +148,10 @@ test_that("SingleCellExperiment: reducedDim cells, and scran's SNN graph", {
     expect_identical(edges$from[1], "cell1")
     expect_error(knnGraph(sce, use.dimred = "UMAP"),
                  "'use.dimred' must name one of the reducedDims of 'x': \"PCA")
+    for (bad in list(2, NA, c("PCA", "PCA"), 1.5)) {
+        expect_error(knnGraph(sce, use.dimred = bad),
+                     "'use.dimred' must name one of the reducedDims")
+    }
     expect_error(knnGraph(pcs, use.dimred = "PCA"),
                  "'use.dimred' needs 'x' to be a SingleCellExperiment")
     expect_error(knnGraph(sce, use.dimred = "PCA", by = "columns"),
