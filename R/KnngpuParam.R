@@ -190,15 +190,10 @@ assign(".packageName", "knngpu", envir = .bnEnv)
     n <- ncol(nodes$values)
     if (n < 2L) stop("'X' needs at least 2 points to search", call. = FALSE)
     k <- .checkK(k, n - 1L)
-    workers <- .bnCheckArgs(last, get.index, get.distance, BPPARAM)
+    BPPARAM <- .bnCheckArgs(last, get.index, get.distance, BPPARAM)
     rows <- .bnRows(subset, n, index@NAMES)
-    res <- if (is.null(subset) && workers == 1L) {
-        .bnSearch(index, nodes, NULL, k)
-    } else {
-        .bnBlocks(rows, BPPARAM, function(block) {
-            .bnSelfRows(index, nodes, block, k)
-        })
-    }
+    res <- .searchBlocks(.layoutSource(nodes), NULL, rows, k,
+                         .bnRunner(index), BPPARAM)
     .bnResult(res, index@distance, k, last, get.index, get.distance)
 }
 
@@ -208,85 +203,37 @@ assign(".packageName", "knngpu", envir = .bnEnv)
                      ...) {
     nodes <- .bnNodes(index)
     transposed <- .checkFlag(transposed, "transposed")
-    q <- .asNodes(query, if (transposed) "columns" else "rows",
-                  arg = "query")
-    if (nrow(q$values) != nrow(nodes$values)) {
+    q <- .nodeSource(query, if (transposed) "columns" else "rows",
+                     arg = "query")
+    if (q$p != nrow(nodes$values)) {
         stop(sprintf(paste("'query' has %d dimensions but 'X' has %d; both",
-                           "need the same"), nrow(q$values),
-                     nrow(nodes$values)), call. = FALSE)
+                           "need the same"), q$p, nrow(nodes$values)),
+             call. = FALSE)
     }
     k <- .checkK(k, ncol(nodes$values))
-    .bnCheckArgs(last, get.index, get.distance, BPPARAM)
-    rows <- .bnRows(subset, ncol(q$values), colnames(q$values))
-    res <- .bnBlocks(rows, BPPARAM, function(block) {
-        .bnSearch(index, nodes, .nodesSubset(q, block), k)
-    })
+    BPPARAM <- .bnCheckArgs(last, get.index, get.distance, BPPARAM)
+    rows <- .bnRows(subset, q$n, if (is.character(q$labels)) q$labels)
+    res <- .searchBlocks(.layoutSource(nodes), q, rows, k, .bnRunner(index),
+                         BPPARAM)
     .bnResult(res, index@distance, k, last, get.index, get.distance)
 }
 
-## knnSearch()'s engine run for the index's parameters.
-.bnSearch <- function(index, nodes, query, k) {
+## The engine run for the index's parameters.
+.bnRunner <- function(index) {
     p <- index@param
-    res <- .runEngine(nodes, query, k, .bnMetric(index@distance), p@device,
-                      p@threads, FALSE, FALSE,
-                      if (length(p@devices)) p@devices else NULL)
-    list(index = res$index, distance = res$distance)
-}
-
-## The self-search neighbours of the index's points `rows`: a query search
-## of those points for k + 1 neighbours, each point then dropped from its
-## own row (or, where it is not among them, the last one: k + 1 others
-## then all rank before it). Equal to the rows of the whole self search,
-## since both rank by the same exact keys.
-.bnSelfRows <- function(index, nodes, rows, k) {
-    res <- .bnSearch(index, nodes, .nodesSubset(nodes, rows), k + 1L)
-    own <- res$index == rows
-    drop <- ifelse(rowSums(own) > 0L, max.col(own, ties.method = "first"),
-                   k + 1L)
-    keep <- cbind(rep(seq_along(rows), each = k),
-                  as.vector(vapply(drop, function(d) {
-                      setdiff(seq_len(k + 1L), d)
-                  }, integer(k))))
-    list(index = matrix(res$index[keep], ncol = k, byrow = TRUE),
-         distance = matrix(res$distance[keep], ncol = k, byrow = TRUE))
-}
-
-.nodesSubset <- function(nodes, rows) {
-    nodes$values <- nodes$values[, rows, drop = FALSE]
-    nodes$labels <- nodes$labels[rows]
-    nodes
+    .engineRunner(.bnMetric(index@distance), p@device, p@threads,
+                  if (length(p@devices)) p@devices else NULL)
 }
 
 ## Checks a search's BiocNeighbors arguments before anything runs;
-## returns the number of workers.
+## returns BPPARAM as .checkBPPARAM() does.
 .bnCheckArgs <- function(last, get.index, get.distance, BPPARAM) {
     .checkFlag(get.index, "get.index")
     .checkFlag(get.distance, "get.distance")
     if (!.isWholeNumber(last) || last < 1) {
         stop("'last' must be a whole number from 1 to 'k'", call. = FALSE)
     }
-    .bnWorkers(BPPARAM)
-}
-
-.bnWorkers <- function(BPPARAM) {
-    if (is.null(BPPARAM)) return(1L)
-    if (!methods::is(BPPARAM, "BiocParallelParam")) {
-        stop("'BPPARAM' must be NULL or a BiocParallelParam (e.g. ",
-             "BiocParallel::SerialParam())", call. = FALSE)
-    }
-    BiocParallel::bpnworkers(BPPARAM)
-}
-
-## Runs search(block) for one block of rows per worker and binds the
-## results in row order.
-.bnBlocks <- function(rows, BPPARAM, search) {
-    workers <- .bnWorkers(BPPARAM)
-    if (workers == 1L) return(search(rows))
-    blocks <- split(rows, cut(seq_along(rows), min(workers, length(rows)),
-                              labels = FALSE))
-    parts <- BiocParallel::bplapply(blocks, search, BPPARAM = BPPARAM)
-    list(index = do.call(rbind, lapply(parts, `[[`, "index")),
-         distance = do.call(rbind, lapply(parts, `[[`, "distance")))
+    .checkBPPARAM(BPPARAM)
 }
 
 ## BiocNeighbors' result: the last `last` columns of what was asked for,

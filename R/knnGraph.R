@@ -63,7 +63,8 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
                      symmetrize = c("none", "union", "mutual"), snn = NULL,
                      device = c("auto", "cpu", "gpu"), threads = NULL,
                      progress = interactive(), verbose = FALSE, assay = 1L,
-                     devices = NULL, use.dimred = NULL) {
+                     devices = NULL, use.dimred = NULL,
+                     BPPARAM = BiocParallel::SerialParam()) {
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
     metric <- .checkMetric(metric)
     symmetrize <- .checkChoice(symmetrize[1L], c("none", "union", "mutual"),
@@ -75,19 +76,25 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
                  "graphs are undirected already", call. = FALSE)
         }
     }
-    nodes <- .asNodes(x, by, assay, "x", use.dimred)
-    if (ncol(nodes$values) < 2L) {
+    source <- .nodeSource(x, by, assay, "x", use.dimred)
+    if (source$n < 2L) {
         stop("'x' needs at least 2 nodes to build a graph", call. = FALSE)
     }
-    k <- .checkK(k, ncol(nodes$values) - 1L)
-    res <- .runEngine(nodes, NULL, k, metric, device[1L], threads, progress,
-                      verbose, devices, edges = is.null(snn))
+    k <- .checkK(k, source$n - 1L)
+    BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM)
+    res <- if (is.null(BPPARAM)) {
+        .runEngine(.readNodes(source), NULL, k, metric, device[1L], threads,
+                   progress, verbose, devices, edges = is.null(snn))
+    } else {
+        .edgeList(.searchInBlocks(source, NULL, k, metric, device[1L],
+                                  threads, verbose, devices, BPPARAM))
+    }
     edges <- if (is.null(snn)) {
-        .symmetrize(.directedEdges(res), symmetrize, ncol(nodes$values))
+        .symmetrize(.directedEdges(res), symmetrize, source$n)
     } else {
         .snnEdges(res$index, snn)
     }
-    .labelEdges(edges, nodes$labels, list(
+    .labelEdges(edges, source$labels, list(
         metric = metric, k = k, by = by, symmetrize = symmetrize, snn = snn,
         backend = res$info$backend, device = res$info$device,
         precision = res$info$precision, elapsed = res$info$elapsed,
@@ -98,6 +105,18 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
 ## engine wrote them in this order.
 .directedEdges <- function(res) {
     list2DF(res[c("from", "to", "weight", "distance", "rank")])
+}
+
+## A self search's n x k results as the engine's directed edge list
+## (edges = TRUE), its matrices kept for .snnEdges().
+.edgeList <- function(res) {
+    n <- nrow(res$index)
+    k <- ncol(res$index)
+    list(index = res$index, info = res$info,
+         from = rep(seq_len(n), each = k),
+         to = as.vector(t(res$index)), weight = as.vector(t(res$weight)),
+         distance = as.vector(t(res$distance)),
+         rank = rep(seq_len(k), times = n))
 }
 
 ## Undirected edges: each pair once (from < to), keeping its better rank;

@@ -11,8 +11,10 @@
 #' @param x A numeric matrix (genes in rows, samples in columns, as
 #'   expression matrices are stored), a data.frame of numeric columns, a
 #'   \code{SummarizedExperiment} (a \code{SingleCellExperiment} with
-#'   \code{use.dimred}) or an \code{ExpressionSet}. These are the
-#'   reference nodes.
+#'   \code{use.dimred}) or an \code{ExpressionSet}; sparse
+#'   (\code{Matrix}) and \code{DelayedArray} matrices, such as
+#'   \code{HDF5Array}s on disk, also inside those containers, are read in
+#'   blocks (see Details). These are the reference nodes.
 #' @param query \code{NULL} to search \code{x} against itself (a node is
 #'   never its own neighbour, but a duplicate of it is, at distance 0), or
 #'   nodes of the same kind as \code{x} with the same features.
@@ -40,6 +42,13 @@
 #'   named by the cells), as scran and bluster do it.
 #' @param devices GPU ids (0-based, as \code{gpuInfo()} lists them) to split
 #'   the work across; \code{NULL} uses every visible GPU.
+#' @param BPPARAM A \code{BiocParallelParam} (BiocParallel) whose workers
+#'   search blocks of the query nodes (of \code{x} itself without
+#'   \code{query}), each against every reference node, on the worker's GPU
+#'   where it has one (\code{device = "auto"}), else its CPUs. The default,
+#'   \code{SerialParam()}, searches in this process. The result is the
+#'   same, bit for bit, for any workers and block count (one block per
+#'   worker, or \code{bptasks()} blocks when more).
 #'
 #' @return A list with \code{index} (1-based node numbers) and
 #'   \code{distance}, each an n-by-\code{k} matrix whose row i holds node
@@ -78,6 +87,26 @@
 #'   with a message: NA and empty names become the node's number, repeats
 #'   get \code{make.unique()}'s suffixes.
 #'
+#'   Large data: a \code{DelayedArray} (e.g. an \code{HDF5Array}) or
+#'   sparse matrix is read block by block (DelayedArray's
+#'   \code{rowAutoGrid()}/\code{colAutoGrid()}, sized by
+#'   \code{getAutoBlockSize()}) straight into the engine's dense float64
+#'   layout, features x nodes, so no other dense copy of the whole matrix
+#'   is made; when R cannot allocate that layout, the error says how much
+#'   memory it needs. With \code{BPPARAM}, the data reaches each worker
+#'   once, not once per block: an HDF5-backed matrix as its file name
+#'   (the workers read the file), anything else saved once to
+#'   \code{getOption("knngpu.transfer.dir", tempdir())} (on a cluster, set
+#'   it to a directory every node sees); a worker keeps the reference
+#'   between its blocks. A worker's failure stops the search with an
+#'   error naming the block, its first and last nodes, and the worker's
+#'   message; no partial result is returned. For a cluster, take
+#'   \code{BiocParallel::BatchtoolsParam()} with a scheduler template (see
+#'   the vignette). On the GPU, a reference (or query) larger than the
+#'   device memory, or than \code{getOption("knngpu.gpu.memory")}, streams
+#'   through the device in blocks of nodes whose results are merged on the
+#'   host; the bits are the same.
+#'
 #'   Ctrl-C stops a search within a second on the CPU and the GPU; memory
 #'   is released first, then R's own interrupt is signalled, so
 #'   \code{tryCatch(..., interrupt = )} sees it as an interrupt.
@@ -96,27 +125,34 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
                       by = c("rows", "columns"), device = c("auto", "cpu",
                       "gpu"), threads = NULL, progress = interactive(),
                       verbose = FALSE, assay = 1L, devices = NULL,
-                      use.dimred = NULL) {
+                      use.dimred = NULL,
+                      BPPARAM = BiocParallel::SerialParam()) {
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
     metric <- .checkMetric(metric)
-    ref <- .asNodes(x, by, assay, "x", use.dimred)
+    ref <- .nodeSource(x, by, assay, "x", use.dimred)
     q <- NULL
     if (!is.null(query)) {
-        q <- .asNodes(query, by, assay, "query", use.dimred)
-        if (nrow(q$values) != nrow(ref$values)) {
+        q <- .nodeSource(query, by, assay, "query", use.dimred)
+        if (q$p != ref$p) {
             stop(sprintf(paste("'query' has %d features but 'x' has %d;",
-                               "both need the same features"),
-                         nrow(q$values), nrow(ref$values)), call. = FALSE)
+                               "both need the same features"), q$p, ref$p),
+                 call. = FALSE)
         }
     }
-    available <- ncol(ref$values) - is.null(query)
+    available <- ref$n - is.null(query)
     if (available < 1L) {
         stop("'x' needs at least 2 nodes to search against itself",
              call. = FALSE)
     }
     k <- .checkK(k, available)
-    res <- .runEngine(ref, q, k, metric, device[1L], threads, progress,
-                      verbose, devices)
+    BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM)
+    res <- if (is.null(BPPARAM)) {
+        .runEngine(.readNodes(ref), if (!is.null(q)) .readNodes(q), k,
+                   metric, device[1L], threads, progress, verbose, devices)
+    } else {
+        .searchInBlocks(ref, q, k, metric, device[1L], threads, verbose,
+                        devices, BPPARAM)
+    }
     out <- list(index = res$index, distance = res$distance)
     attr(out, "backend") <- res$info$backend
     attr(out, "device") <- res$info$device

@@ -5,6 +5,7 @@
 .wallSeconds <- function() as.numeric(Sys.time())
 
 .reportRun <- function(info) {
+    if (!is.null(info$blocks)) return(.reportBlocks(info))
     gpu <- info$backend == "gpu"
     message(sprintf(paste0("knngpu: %d nodes x %d features, %s, k = %d on %s",
                            " [%s]\n"), info$nodes, info$features, info$metric,
@@ -18,4 +19,13 @@
             sprintf(paste0("total %.3f s; %.1f candidates per node; ",
                            "tiles %d x %d"), info$elapsed, info$candidates,
                     info$row_tile, info$col_tile))
+}
+
+## A search in blocks (BPPARAM): where the blocks ran and the wall time;
+## each block's phases are the worker's.
+.reportBlocks <- function(info) {
+    message(sprintf(paste0("knngpu: %d nodes x %d features, %s, k = %d in ",
+                           "%d blocks on %s [%s]; total %.3f s"),
+                    info$nodes, info$features, info$metric, info$k,
+                    info$blocks, info$device, info$precision, info$elapsed))
 }

@@ -1,0 +1,212 @@
+## Internal: from what users hand in (matrices, data frames, sparse and
+## DelayedArray/HDF5Array matrices, SummarizedExperiments, ExpressionSets,
+## reduced dimensions) to the engine's layout, a features x nodes double
+## matrix (src/engine/knn.h).
+
+## The matrix inside the supported containers, with samples in columns;
+## with use.dimred, the reduced dimensions of a SingleCellExperiment's
+## cells, cells in rows, named by the cells. Sparse (Matrix) and
+## DelayedArray matrices stay as they are: .readNodes() reads them in
+## blocks.
+.extractMatrix <- function(x, assay, arg, use.dimred = NULL) {
+    if (!is.null(use.dimred)) return(.reducedDims(x, use.dimred, arg))
+    ## A plain matrix, the usual case, skips the S4 class lookups.
+    if (is.matrix(x) && !isS4(x)) return(x)
+    if (methods::is(x, "SummarizedExperiment")) {
+        if (!requireNamespace("SummarizedExperiment", quietly = TRUE)) {
+            stop(sprintf("'%s' is a SummarizedExperiment but the package ",
+                         arg), "SummarizedExperiment is not installed",
+                 call. = FALSE)
+        }
+        return(SummarizedExperiment::assay(x, assay, withDimnames = TRUE))
+    }
+    if (methods::is(x, "ExpressionSet")) {
+        if (!requireNamespace("Biobase", quietly = TRUE)) {
+            stop(sprintf("'%s' is an ExpressionSet but Biobase is not ", arg),
+                 "installed", call. = FALSE)
+        }
+        return(Biobase::exprs(x))
+    }
+    if (is.data.frame(x)) {
+        numeric <- vapply(x, is.numeric, logical(1))
+        if (!all(numeric)) {
+            stop(sprintf("'%s' has non-numeric columns: %s", arg,
+                         .nameNodes(names(x)[!numeric])), call. = FALSE)
+        }
+        return(as.matrix(x))
+    }
+    x
+}
+
+.reducedDims <- function(x, use.dimred, arg) {
+    if (!methods::is(x, "SingleCellExperiment")) {
+        stop(sprintf("'use.dimred' needs '%s' to be a SingleCellExperiment",
+                     arg), call. = FALSE)
+    }
+    available <- SingleCellExperiment::reducedDimNames(x)
+    known <- if (is.character(use.dimred)) use.dimred %in% available
+        else .isWholeNumber(use.dimred) && use.dimred >= 1 &&
+            use.dimred <= length(available)
+    if (length(use.dimred) != 1L || !isTRUE(known)) {
+        stop(sprintf("'use.dimred' must name one of the reducedDims of '%s':",
+                     arg), " ", paste0('"', available, '"', collapse = ", "),
+             call. = FALSE)
+    }
+    m <- SingleCellExperiment::reducedDim(x, use.dimred)
+    if (is.null(rownames(m))) rownames(m) <- colnames(x)
+    m
+}
+
+## Which kind of matrix m is, for .readNodes(): "dense" (an R matrix),
+## "sparse" (a Matrix package matrix of doubles), "delayed" (a DelayedArray matrix,
+## e.g. HDF5-backed), or NA for anything else.
+.matrixKind <- function(m) {
+    if (is.matrix(m) && !isS4(m)) {
+        return(if (is.numeric(m)) "dense" else NA_character_)
+    }
+    if (methods::is(m, "dMatrix")) return("sparse")
+    if (methods::is(m, "DelayedMatrix")) {
+        type <- DelayedArray::type(m)
+        return(if (type %in% c("double", "integer")) "delayed"
+               else NA_character_)
+    }
+    NA_character_
+}
+
+## Node labels: the row (or column) names, else 1-based numbers. Names
+## that igraph would refuse as vertex names (NA, empty, repeated) are made
+## unique with a message: NA and empty names become the node's number,
+## then make.unique() appends ".1", ".2", ... to repeats.
+.nodeLabels <- function(m, by, arg) {
+    labels <- if (by == "rows") rownames(m) else colnames(m)
+    if (is.null(labels)) {
+        return(seq_len(if (by == "rows") nrow(m) else ncol(m)))
+    }
+    missing <- is.na(labels) | !nzchar(labels)
+    repeated <- duplicated(labels) & !missing
+    if (!any(missing | repeated)) return(labels)
+    bad <- which(missing | labels %in% labels[repeated])
+    labels[missing] <- as.character(which(missing))
+    fixed <- make.unique(labels)
+    message(sprintf(paste("knngpu: '%s' has %d NA, empty or repeated %s",
+                          "names (%s); using %s instead"), arg, length(bad),
+                    if (by == "rows") "row" else "column",
+                    .nameNodes(bad), .nameNodes(fixed[bad])))
+    fixed
+}
+
+## Where the nodes of x are, before any value is read: the matrix (plain,
+## sparse or DelayedArray), which of its margins are the nodes, the node
+## labels, and the argument's name and what its nodes are, for messages.
+.nodeSource <- function(x, by, assay = 1L, arg = "x", use.dimred = NULL) {
+    if (!is.null(use.dimred) && by != "rows") {
+        stop("'by' must be \"rows\" with 'use.dimred': the cells are the ",
+             "rows of reducedDim()", call. = FALSE)
+    }
+    m <- .extractMatrix(x, assay, arg, use.dimred)
+    kind <- .matrixKind(m)
+    if (is.na(kind)) {
+        stop(sprintf(paste("'%s' must be a numeric matrix, a data.frame of",
+                           "numeric columns, a sparse (Matrix) or",
+                           "DelayedArray/HDF5Array matrix, a",
+                           "SummarizedExperiment or an ExpressionSet"), arg),
+             call. = FALSE)
+    }
+    what <- if (by == "rows") "rows" else "columns"
+    shape <- if (by == "rows") dim(m) else rev(dim(m))  # nodes, features
+    if (shape[1L] < 1L) {
+        stop(sprintf("'%s' has no %s (nodes)", arg, what), call. = FALSE)
+    }
+    if (shape[2L] < 1L) {
+        stop(sprintf("'%s' has zero features: its %s are empty", arg, what),
+             call. = FALSE)
+    }
+    list(matrix = m, kind = kind, by = by, labels = .nodeLabels(m, by, arg),
+         what = what, arg = arg, n = shape[1L], p = shape[2L])
+}
+
+## The nodes `rows` (all when NULL) of a source in the engine's layout, as
+## .asNodes() returns them. Non-finite values and nodes the metric cannot
+## use are left to the engine, which finds them as it reads the values
+## anyway (.stopBadNodes names them).
+.readNodes <- function(source, rows = NULL) {
+    m <- source$matrix
+    labels <- source$labels
+    ## A worker that unserialised an HDF5Matrix has not loaded the package
+    ## of its methods, without which `[` refuses it.
+    if (source$kind == "delayed") loadNamespace(attr(class(m), "package"))
+    if (!is.null(rows)) {
+        m <- if (source$by == "rows") m[rows, , drop = FALSE]
+             else m[, rows, drop = FALSE]
+        labels <- labels[rows]
+    }
+    values <- if (source$kind == "dense") {
+        .Call(C_knn_nodes, m, source$by == "rows")
+    } else {
+        .readBlocks(m, source)
+    }
+    list(values = values, labels = labels, what = source$what,
+         arg = source$arg)
+}
+
+## A sparse or DelayedArray matrix in the engine's layout, read one block
+## of nodes at a time, so no dense copy but the layout itself and one
+## block exists. DelayedArray's grid (rowAutoGrid / colAutoGrid, sized by
+## getAutoBlockSize()) sets the blocks of a DelayedArray; a sparse matrix
+## is transposed first when its rows are the nodes (cheap while sparse),
+## so its blocks are column slices.
+.readBlocks <- function(m, source) {
+    if (source$kind == "sparse" && source$by == "rows") m <- Matrix::t(m)
+    by_rows <- source$kind == "delayed" && source$by == "rows"
+    n <- if (by_rows) nrow(m) else ncol(m)
+    values <- .allocLayout(source, n)
+    for (block in .nodeBlocks(m, source$kind, by_rows)) {
+        dense <- if (by_rows) m[block, , drop = FALSE]
+                 else m[, block, drop = FALSE]
+        dense <- as.matrix(dense)
+        values[, block] <- .Call(C_knn_nodes, dense, by_rows)
+    }
+    values
+}
+
+## Consecutive blocks of node numbers, as ranges: DelayedArray's automatic
+## grid for a DelayedArray, blocks of about 16 MB of dense values for a
+## sparse matrix.
+.nodeBlocks <- function(m, kind, by_rows) {
+    n <- if (by_rows) nrow(m) else ncol(m)
+    size <- if (kind == "delayed") {
+        grid <- if (by_rows) DelayedArray::rowAutoGrid(m)
+                else DelayedArray::colAutoGrid(m)
+        dims <- dim(grid[[1L]])
+        if (by_rows) dims[1L] else dims[2L]
+    } else {
+        max(1L, floor(2^21 / nrow(m)))
+    }
+    starts <- seq.int(1L, n, by = size)
+    lapply(starts, function(s) seq.int(s, min(n, s + size - 1L)))
+}
+
+## The p x n double matrix of the layout, or an error that says how much
+## memory it needs: the engine works on dense float64 values.
+.allocLayout <- function(source, n) {
+    tryCatch(matrix(0, source$p, n), error = function(e) {
+        stop(sprintf(paste("'%s' needs %s of memory as the engine's dense",
+                           "float64 layout (%d features x %d nodes), more",
+                           "than R could allocate: %s"), source$arg,
+                     .formatBytes(8 * as.double(source$p) * n), source$p,
+                     n, conditionMessage(e)), call. = FALSE)
+    })
+}
+
+.formatBytes <- function(bytes) {
+    units <- c("bytes", "KB", "MB", "GB", "TB")
+    power <- min(length(units) - 1L, max(0L, floor(log(bytes, 1024))))
+    sprintf("%.1f %s", bytes / 1024^power, units[power + 1L])
+}
+
+## Converts x to what the engine takes: a double matrix with one column per
+## node (features x nodes), plus the node labels and the argument's name
+## for messages.
+.asNodes <- function(x, by, assay = 1L, arg = "x", use.dimred = NULL) {
+    .readNodes(.nodeSource(x, by, assay, arg, use.dimred))
+}
