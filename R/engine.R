@@ -21,7 +21,8 @@
                          progress = progress, edges = edges,
                          algorithm = algorithm,
                          select = .envChoice("KNNGPU_SELECT", .gpuSelects),
-                         gemm = .envChoice("KNNGPU_GEMM", .gpuGemms))
+                         gemm = .envChoice("KNNGPU_GEMM", .gpuGemms),
+                         block = .blockNodes())
     if (!is.null(res$problem)) .stopProblem(res$problem, ref, query, metric)
     res$info$elapsed <- .wallSeconds() - start
     res$info$backend <- backend
@@ -31,6 +32,19 @@
     res$info$features <- nrow(ref$values)
     if (verbose) .reportRun(res$info)
     res
+}
+
+## Nodes per block of a search streamed in blocks (src/engine/knn_stream.c),
+## getOption("knngpu.block.nodes"): 0, the default, streams only what the
+## GPU cannot hold; a positive number forces blocks of that many nodes on
+## either device (the bits are the same; for tests and tuning).
+.blockNodes <- function() {
+    nodes <- getOption("knngpu.block.nodes", 0L)
+    if (!.isWholeNumber(nodes) || nodes < 0 || nodes > .Machine$integer.max) {
+        stop("option 'knngpu.block.nodes' must be 0 or a number of nodes",
+             call. = FALSE)
+    }
+    as.integer(nodes)
 }
 
 ## How the CPU searches (src/engine/knn.h, knn_algorithm, in this order):
@@ -58,9 +72,10 @@
                           threads = 0L, memory = 0, devices = integer(),
                           progress = FALSE, edges = FALSE,
                           algorithm = "auto", select = "auto",
-                          gemm = "auto") {
-    controls <- c(match(algorithm, .algorithms), match(select, .gpuSelects),
-                  match(gemm, .gpuGemms)) - 1L
+                          gemm = "auto", block = 0L) {
+    controls <- c(match(algorithm, .algorithms) - 1L,
+                  match(select, .gpuSelects) - 1L,
+                  match(gemm, .gpuGemms) - 1L, as.integer(block))
     .Call(C_knn_search, ref, query, as.integer(k), .metricCode(metric),
           as.integer(gpu), as.integer(threads), as.double(memory),
           as.integer(devices), progress, edges, controls)

@@ -245,7 +245,7 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
     knn_gpu_shared shared;
     shared.stop = 0;
     shared.rows_done = 0;
-    double qmax = knn_query_max_abs(req, n_dev);
+    double qmax = fmax(knn_query_max_abs(req, n_dev), req->max_abs);
     int copy_threads = knn_copy_threads(req, n_dev);
 
     std::vector<knn_gpu_dev> devs(n_dev);

@@ -98,7 +98,15 @@ typedef struct {
     knn_algorithm algorithm; /* CPU backend: see knn_algorithm */
     knn_select_force select; /* GPU backend: see knn_select_force */
     knn_gemm_force gemm;     /* GPU backend: see knn_gemm_force */
-    double memory_bytes;  /* budget for tiles; <= 0: backend default */
+    double memory_bytes;  /* budget for tiles; <= 0: backend default. On
+                             the GPU, nodes past half of it stream through
+                             the device in blocks (knn_stream.c) */
+    double max_abs;       /* the distance metrics' power-of-two scale covers
+                             at least this |value| (besides the nodes'): a
+                             block of a larger search takes its scale; 0 */
+    int block_nodes;      /* > 0: nodes per side of a streamed search's
+                             blocks, on either backend (tests, tuning); 0:
+                             stream only what the GPU cannot hold */
     int n_devices;        /* GPU backend: devices to use; 0: all visible */
     int devices[KNN_MAX_DEVICES];
     knn_callbacks cb;

@@ -21,6 +21,18 @@ extern "C" {
 knn_status knn_cpu_search(const knn_request *req, knn_result *out,
                           knn_report *report);
 
+/* The search on one backend as it is (the GPU, the CPU's k-d tree where
+ * it suits, else its scan of products); knn_search.c. */
+knn_status knn_search_on(const knn_request *req, knn_backend backend,
+                         knn_result *out, knn_report *report);
+
+/* The search on one backend, streamed in blocks where its nodes do not fit
+ * (knn_stream.c): always for req->block_nodes > 0; on the GPU when they
+ * pass half of req->memory_bytes, or when the whole search ran out of
+ * device memory. Same contract and bits as knn_search_on. */
+knn_status knn_search_blocks(const knn_request *req, knn_backend backend,
+                             knn_result *out, knn_report *report);
+
 /* Implemented in src/cuda/ when built with CUDA, else in knn_gpu_none.c. */
 knn_status knn_gpu_search(const knn_request *req, knn_result *out,
                           knn_report *report);

@@ -53,6 +53,7 @@ knn_status knn_space_init(knn_space *space, const knn_request *req)
     double amax = knn_nodes_max_abs(req->ref, p, req->n_ref);
     if (req->query)
         amax = fmax(amax, knn_nodes_max_abs(req->query, p, req->n_query));
+    amax = fmax(amax, req->max_abs);
     space->scale_exp = knn_exponent(amax);
     if (!knn_uses_product(req->metric)) return KNN_OK;
 

@@ -1,6 +1,7 @@
 /*
  * knn_search.c: the engine's front door. Checks a request once, so that
- * backends can trust it, then hands it to the chosen backend.
+ * backends can trust it, then hands it to the chosen backend (in blocks,
+ * knn_stream.c, where its nodes do not fit).
  */
 #include <math.h>
 #include <stdio.h>
@@ -63,6 +64,12 @@ knn_status knn_search(const knn_request *req, knn_backend backend,
                  "a node is constant (or all zero, for cosine)");
         return KNN_E_DEGENERATE;
     }
+    return knn_search_blocks(req, backend, out, report);
+}
+
+knn_status knn_search_on(const knn_request *req, knn_backend backend,
+                         knn_result *out, knn_report *report)
+{
     if (backend == KNN_BACKEND_GPU) return knn_gpu_search(req, out, report);
     if (knn_kdtree_suits(req)) return knn_kdtree_search(req, out, report);
     return knn_cpu_search(req, out, report);
