@@ -58,15 +58,19 @@
 }
 
 ## Which kind of matrix m is, for .readNodes(): "dense" (an R matrix),
-## "sparse" (a Matrix package matrix of doubles), "delayed" (a DelayedArray matrix,
-## e.g. HDF5-backed), or NA for anything else.
-.matrixKind <- function(m) {
+## "sparse" (a Matrix package matrix of doubles), "delayed" (a DelayedArray
+## matrix, e.g. HDF5-backed), or NA for anything else. A DelayedArray whose file
+## is gone is an error naming the argument `arg`.
+.matrixKind <- function(m, arg) {
     if (is.matrix(m) && !isS4(m)) {
         return(if (is.numeric(m)) "dense" else NA_character_)
     }
     if (methods::is(m, "dMatrix")) return("sparse")
     if (methods::is(m, "DelayedMatrix")) {
-        type <- DelayedArray::type(m)
+        type <- tryCatch(DelayedArray::type(m), error = function(e) {
+            stop(sprintf("could not read '%s': %s", arg,
+                         conditionMessage(e)), call. = FALSE)
+        })
         return(if (type %in% c("double", "integer")) "delayed"
                else NA_character_)
     }
@@ -104,7 +108,7 @@
              "rows of reducedDim()", call. = FALSE)
     }
     m <- .extractMatrix(x, assay, arg, use.dimred)
-    kind <- .matrixKind(m)
+    kind <- .matrixKind(m, arg)
     if (is.na(kind)) {
         stop(sprintf(paste("'%s' must be a numeric matrix, a data.frame of",
                            "numeric columns, a sparse (Matrix) or",
@@ -161,12 +165,22 @@
     n <- if (by_rows) nrow(m) else ncol(m)
     values <- .allocLayout(source, n)
     for (block in .nodeBlocks(m, source$kind, by_rows)) {
-        dense <- if (by_rows) m[block, , drop = FALSE]
-                 else m[, block, drop = FALSE]
-        dense <- as.matrix(dense)
+        dense <- .readBlock(m, block, by_rows, source)
         values[, block] <- .Call(C_knn_nodes, dense, by_rows)
     }
     values
+}
+
+## Nodes `block` of m as a dense matrix, or an error naming the argument
+## and the nodes that could not be read (a moved HDF5 file, a bad seed).
+.readBlock <- function(m, block, by_rows, source) {
+    tryCatch(as.matrix(if (by_rows) m[block, , drop = FALSE]
+                       else m[, block, drop = FALSE]),
+             error = function(e) {
+                 stop(sprintf("could not read %s %d to %d of '%s': %s",
+                              source$what, block[1L], block[length(block)],
+                              source$arg, conditionMessage(e)), call. = FALSE)
+             })
 }
 
 ## Consecutive blocks of node numbers, as ranges: DelayedArray's automatic

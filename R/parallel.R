@@ -90,7 +90,7 @@
     handle <- .shareSources(ref, query)
     on.exit({
         unlink(handle$path)
-        .state$shared <- NULL
+        .workerForget()
     })
     parts <- BiocParallel::bptry(BiocParallel::bplapply(
         blocks, .blockTask(handle, k, search), BPPARAM = BPPARAM))
@@ -181,6 +181,10 @@
     .state$shared <- kept
     kept
 }
+
+## Drops what .workerShared() kept (the master runs blocks itself with
+## SerialParam-like params, and must not keep a reference after a search).
+.workerForget <- function() .state$shared <- NULL
 
 ## Stops naming the first block whose worker failed (with its first and
 ## last query node) and the worker's error; nothing of the others is

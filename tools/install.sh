@@ -17,7 +17,7 @@ $SUDO apt-get install -y -qq --no-install-recommends \
     r-cran-wgcna r-bioc-biocneighbors r-bioc-bluster r-bioc-biocparallel \
     r-bioc-summarizedexperiment r-bioc-biobase r-bioc-biocstyle r-bioc-all \
     r-bioc-singlecellexperiment r-bioc-scran r-bioc-hdf5array \
-    r-bioc-delayedarray r-cran-batchtools \
+    r-bioc-delayedarray r-cran-batchtools r-cran-withr \
     >/dev/null
 
 # --clean removes the build's objects, so the tree stays as checked out.
