@@ -60,13 +60,26 @@
 .searchInBlocks <- function(ref, query, k, metric, device, threads, verbose,
                             devices, BPPARAM) {
     device <- .checkChoice(device, c("auto", "cpu", "gpu"), "device")
-    threads <- .checkThreads(threads)
+    threads <- .workerThreads(.checkThreads(threads), BPPARAM)
     verbose <- .checkFlag(verbose, "verbose")
     res <- .searchBlocks(ref, query, NULL, k,
                          .engineRunner(metric, device, threads, devices),
                          BPPARAM)
     if (verbose) .reportRun(res$info)
     res
+}
+
+## CPU threads of each worker: as asked; else, for workers on this machine
+## (SnowParam, MulticoreParam), the cores shared among them, since each
+## engine would otherwise start a thread per core; else (a cluster's
+## workers, each on its own node) all of the worker's cores.
+.workerThreads <- function(threads, BPPARAM) {
+    local <- methods::is(BPPARAM, "SnowParam") ||
+        methods::is(BPPARAM, "MulticoreParam")
+    if (threads > 0L || !local) return(threads)
+    cores <- parallel::detectCores()
+    if (is.na(cores)) return(0L)
+    max(1L, as.integer(cores %/% BiocParallel::bpnworkers(BPPARAM)))
 }
 
 ## Searches the query nodes `rows` (all when NULL) among the nodes of

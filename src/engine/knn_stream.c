@@ -217,6 +217,9 @@ static knn_status knn_stream_pair(const knn_request *req, knn_backend backend,
     sub.n_query = nq;
     sub.k = kb;
     sub.block_nodes = 0;
+    /* The budget covers the block's nodes (at most half of it) and its
+     * tiles together. */
+    sub.memory_bytes = 0.5 * req->memory_bytes;
     /* Progress is the stream's to report: a block's rows mean nothing to
      * the caller. */
     sub.cb.progress = NULL;

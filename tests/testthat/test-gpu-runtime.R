@@ -208,3 +208,36 @@ test_that("the CUDA backend is opened on first GPU use, not at load", {
     expect_true(any(grepl("knngpu_cuda", maps)))
     expect_true(any(grepl("libcublas", maps)))
 })
+
+test_that("nodes beyond the memory budget stream through the GPU", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## 20000 x 50 values are 8 MB in float64 (12 MB on the device with
+    ## their float32 copy); a 2 MB budget takes them in blocks of a few
+    ## hundred nodes per side.
+    x <- randomMatrix(20000, 50, 26)
+    q <- randomMatrix(3000, 50, 27)
+    for (metric in c("euclidean", "pearson", "cosine")) {
+        whole <- knnSearch(x, k = 15, metric = metric, device = "gpu")
+        near <- knnSearch(x, q, k = 15, metric = metric, device = "gpu")
+        withOptions(list(knngpu.gpu.memory = 2e6), {
+            streamed <- knnSearch(x, k = 15, metric = metric, device = "gpu")
+            nearStreamed <- knnSearch(x, q, k = 15, metric = metric,
+                                      device = "gpu")
+        })
+        expect_lt(attr(streamed, "timings")$col_tile, 2000L)
+        expect_identical(streamed$index, whole$index)
+        expect_identical(streamed$distance, whole$distance)
+        expect_identical(nearStreamed$index, near$index)
+        expect_identical(nearStreamed$distance, near$distance)
+        cpu <- knnSearch(x, k = 15, metric = metric, device = "cpu")
+        expect_identical(streamed$index, cpu$index)
+        expect_identical(streamed$distance, cpu$distance)
+    }
+    ## Forced blocks on the GPU, a self graph's edges included.
+    withOptions(list(knngpu.block.nodes = 3001L), {
+        edges <- knnGraph(x, k = 10, metric = "euclidean", device = "gpu")
+    })
+    expect_identical(lapply(c(edges), identity),
+                     lapply(c(knnGraph(x, k = 10, metric = "euclidean",
+                                       device = "cpu")), identity))
+})
