@@ -158,6 +158,41 @@ answerCase("a dgCMatrix", paste(
     "x <- base(); x[abs(x) < 0.8] <- 0;",
     "got <- knnSearch(Matrix::Matrix(x, sparse = TRUE), k = 4,",
     "metric = 'euclidean', device = dev); want <- refKnn(x, 4, 'euclidean')"))
+## Data on disk (HDF5Array), read in blocks; split across workers.
+for (by in c("rows", "columns")) {
+    answerCase(sprintf("an HDF5Array, by %s", by), sprintf(paste(
+        "needs('HDF5Array'); y <- base(); x <- if ('%s' == 'rows') y",
+        "else t(y); h <- HDF5Array::writeHDF5Array(x,",
+        "tempfile(fileext = '.h5'), 'x'); got <- knnSearch(h, k = 4,",
+        "by = '%s', metric = 'cosine', device = dev);",
+        "want <- refKnn(y, 4, 'cosine')"), by, by))
+}
+errorCase("an HDF5Array with an NA row", paste(
+    "needs('HDF5Array'); x <- base(); x[12, ] <- NA;",
+    "h <- HDF5Array::writeHDF5Array(x, tempfile(fileext = '.h5'), 'x');",
+    "knnGraph(h, k = 3, device = dev)"),
+    "'x' has NA, NaN or Inf values in rows: 12$")
+errorCase("an HDF5Array whose file is gone", paste(
+    "needs('HDF5Array'); path <- tempfile(fileext = '.h5');",
+    "h <- HDF5Array::writeHDF5Array(base(), path, 'x'); unlink(path);",
+    "knnGraph(h, k = 3, device = dev)"), "could not read 'x'")
+errorCase("a logical HDF5Array", paste(
+    "needs('HDF5Array'); h <- HDF5Array::writeHDF5Array(base() > 0,",
+    "tempfile(fileext = '.h5'), 'x'); knnGraph(h, k = 3, device = dev)"),
+    "'x' must be a numeric matrix")
+answerCase("BPPARAM with two workers", paste(
+    "needs('BiocParallel'); x <- base();",
+    "got <- knnSearch(x, k = 5, metric = 'pearson', device = dev,",
+    "BPPARAM = BiocParallel::SnowParam(2, tasks = 3));",
+    "want <- refKnn(x, 5, 'pearson')"))
+errorCase("BPPARAM with a worker error", paste(
+    "needs('BiocParallel'); x <- base(); x[40, 2] <- NaN;",
+    "knnGraph(x, k = 3, device = dev, BPPARAM =",
+    "BiocParallel::SnowParam(2))"),
+    "worker failed on block 1 of 2 .*'x' has NA, NaN or Inf values in rows: 40$")
+errorCase("BPPARAM not a BiocParallelParam", paste(
+    "knnGraph(base(), k = 3, device = dev, BPPARAM = list(workers = 2))"),
+    "'BPPARAM' must be NULL or a BiocParallelParam")
 errorCase("a SummarizedExperiment without the assay", paste(
     "needs('SummarizedExperiment');",
     "se <- SummarizedExperiment::SummarizedExperiment(list(counts =",
