@@ -1,0 +1,167 @@
+## No cliffs: knngpu against FAISS flat search (float32, approximate) on the
+## data shapes where exact methods fall off cliffs, in the same run, with the
+## rows each gets wrong against a float64 reference.
+##
+## Usage, from the repository root, with knngpu installed in R_LIBS and
+## python3 with faiss (pip install faiss-cpu; faiss-gpu on the GPU machine,
+## ../shared/peers/faiss-gpu) on the PATH:
+##   Rscript inst/bench/shapes.R [--device=cpu|gpu] [--n=N] [--check=R]
+##                               [--kinds=a,b] [--out=FILE]
+##   --device  knngpu's device, and FAISS's (IndexFlat or GpuIndexFlat)
+##   --n       nodes per data kind (default 20000)
+##   --check   rows checked against the float64 reference (default 500)
+##   --kinds   data kinds below (default all)
+##   --out     append the markdown table to FILE
+##
+## Data kinds (generated here, set.seed(20261123)):
+##   normal     N(0,1), 50 features
+##   levels     genes at lognormal levels (linear scale, meanlog 6, sdlog
+##              1.5: from about 10 to 40000) times 1 + 3 shared factors
+##              (loadings N(0, 0.2)) plus 5% noise, 100 features
+##   logcounts  log1p of Poisson counts, 500 features, rates from 8 cell
+##              types (most near 0.2: about 80% zeros), 10% of the rows
+##              duplicated
+##   neardup    N(0,1) rows, 50 features, each repeated 4 times with noise
+##              of sd 1e-7 (clusters of near-duplicates)
+## Metrics: pearson, cosine, euclidean; k = 10 (15 for logcounts). Times
+## are seconds, end to end from the float64 matrix on the host to the
+## neighbour indices on the host, one run after a warm-up; FAISS's exclude
+## the Python start and the file read. A row is wrong when a returned
+## neighbour's float64 distance exceeds the row's exact k-th distance (by
+## more than 1e-12 relative), so exact ties in either order count as right.
+
+suppressPackageStartupMessages(library(knngpu))
+source("tools/args.R")
+
+device <- argValue("device", "cpu")
+n <- as.integer(argValue("n", "20000"))
+checkRows <- as.integer(argValue("check", "500"))
+kinds <- strsplit(argValue("kinds", "normal,levels,logcounts,neardup"),
+                  ",")[[1L]]
+out <- argValue("out", "")
+peer <- file.path("inst", "bench", "peers", "faiss_knn.py")
+
+makeData <- function(kind, n) {
+    set.seed(20261123)
+    switch(kind,
+        normal = matrix(rnorm(n * 50), n),
+        levels = {
+            p <- 100
+            level <- rlnorm(n, meanlog = 6, sdlog = 1.5)
+            factors <- matrix(rnorm(3 * p), 3)
+            loadings <- matrix(rnorm(n * 3, sd = 0.2), n)
+            level * (1 + loadings %*% factors +
+                     matrix(rnorm(n * p, sd = 0.05), n))
+        },
+        logcounts = {
+            p <- 500
+            type <- sample(8, n, replace = TRUE)
+            rate <- matrix(0.2, 8, p)
+            for (t in 1:8) rate[t, sample(p, 60)] <- runif(60, 1, 20)
+            x <- log1p(matrix(rpois(n * p, rate[type, ]), n))
+            copies <- sample(n, n %/% 10)
+            x[copies, ] <- x[sample(n, length(copies)), ]
+            x
+        },
+        neardup = {
+            base <- matrix(rnorm(n %/% 4 * 50), n %/% 4)
+            base[rep(seq_len(nrow(base)), each = 4), ] +
+                matrix(rnorm(n %/% 4 * 4 * 50, sd = 1e-7), n %/% 4 * 4)
+        })
+}
+
+## float64 distances of node i to every node (R's own arithmetic).
+exactDistances <- function(x, i, metric) {
+    if (metric == "euclidean") return(sqrt(colSums((t(x) - x[i, ])^2)))
+    y <- if (metric == "pearson") x - rowMeans(x) else x
+    y <- y / sqrt(rowSums(y^2))
+    1 - as.vector(y %*% y[i, ])
+}
+
+## Rows (of those checked) whose neighbours are not a k nearest set.
+wrongRows <- function(x, index, metric, rows) {
+    k <- ncol(index)
+    sum(vapply(rows, function(i) {
+        d <- exactDistances(x, i, metric)
+        d[i] <- Inf
+        kth <- sort(d, partial = k)[k]
+        got <- index[i, ]
+        anyDuplicated(got) > 0 || any(got == i) ||
+            any(d[got] > kth + 1e-12 * max(1, abs(kth)))
+    }, logical(1)))
+}
+
+## The library path of the Python child: R puts its own (and the system's
+## libpython) first, which a Python built elsewhere (pyenv) then loads in
+## place of its own, losing its site-packages. KNNGPU_PEER_LD_LIBRARY_PATH
+## sets the child's (on the GPU machine, FAISS's: see
+## ../shared/peers/faiss-gpu/README.md); else it has none.
+peerLibraryPath <- function() {
+    path <- Sys.getenv("KNNGPU_PEER_LD_LIBRARY_PATH")
+    if (nzchar(path)) paste0("LD_LIBRARY_PATH=", path)
+    else c("-u", "LD_LIBRARY_PATH")
+}
+
+faiss <- function(file, x, k, metric) {
+    result <- tempfile()
+    line <- system2("env", c(peerLibraryPath(), "python3", peer, file,
+                             nrow(x), ncol(x), k, metric, device, result),
+                    stdout = TRUE)
+    seconds <- as.numeric(sub("^faiss total ([0-9.]+) .*$", "\\1",
+                              line[length(line)]))
+    index <- matrix(readBin(result, "integer", nrow(x) * k), ncol = k,
+                    byrow = TRUE) + 1L
+    unlink(result)
+    list(index = index, seconds = seconds)
+}
+
+rows <- list()
+for (kind in kinds) {
+    x <- makeData(kind, n)
+    file <- tempfile(fileext = ".f64")
+    writeBin(as.vector(t(x)), file)
+    k <- if (kind == "logcounts") 15L else 10L
+    set.seed(1)
+    checked <- sort(sample(nrow(x), min(checkRows, nrow(x))))
+    for (metric in c("pearson", "cosine", "euclidean")) {
+        invisible(knnSearch(x[1:2000, ], k = k, metric = metric,
+                            device = device, progress = FALSE))
+        start <- Sys.time()
+        mine <- knnSearch(x, k = k, metric = metric, device = device,
+                          progress = FALSE)
+        seconds <- as.numeric(Sys.time()) - as.numeric(start)
+        invisible(faiss(file, x[1:2000, ], k, metric))
+        theirs <- faiss(file, x, k, metric)
+        rows[[length(rows) + 1L]] <- data.frame(
+            data = kind, metric = metric,
+            shape = sprintf("%d x %d", nrow(x), ncol(x)), k = k,
+            knngpu = signif(seconds, 3), faiss = signif(theirs$seconds, 3),
+            ratio = signif(seconds / theirs$seconds, 3),
+            knngpu_wrong = wrongRows(x, mine$index, metric, checked),
+            faiss_wrong = wrongRows(x, theirs$index, metric, checked),
+            precision = attr(mine, "precision"))
+        cat(sprintf("%s %s: knngpu %.3f s, faiss %.3f s\n", kind, metric,
+                    seconds, theirs$seconds))
+    }
+    unlink(file)
+}
+
+table <- do.call(rbind, rows)
+about <- if (device == "gpu") gpuInfo()$devices$name[1L] else
+    sprintf("CPU, %d cores", parallel::detectCores())
+lines <- c(sprintf("### %s, %s, %s (rows checked: %d per case)",
+                   format(Sys.time(), "%Y-%m-%d %H:%M UTC", tz = "UTC"),
+                   about, paste(c("Rscript inst/bench/shapes.R",
+                                  commandArgs(TRUE)), collapse = " "),
+                   checkRows), "",
+           paste("| data | metric | n x d | k | knngpu s | FAISS s |",
+                 "knngpu / FAISS | knngpu rows wrong | FAISS rows wrong |",
+                 "knngpu precision |"),
+           "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
+           sprintf("| %s | %s | %s | %d | %s | %s | %s | %d | %d | %s |",
+                   table$data, table$metric, table$shape, table$k,
+                   table$knngpu, table$faiss, table$ratio,
+                   table$knngpu_wrong, table$faiss_wrong, table$precision),
+           "")
+writeLines(lines)
+if (nzchar(out)) cat(lines, file = out, sep = "\n", append = TRUE)
