@@ -70,25 +70,30 @@ makeData <- function(kind, n) {
         })
 }
 
-## float64 distances of node i to every node (R's own arithmetic).
-exactDistances <- function(x, i, metric) {
-    if (metric == "euclidean") return(sqrt(colSums((t(x) - x[i, ])^2)))
-    y <- if (metric == "pearson") x - rowMeans(x) else x
-    y <- y / sqrt(rowSums(y^2))
-    1 - as.vector(y %*% y[i, ])
+## float64 distances of node i to every node (R's own arithmetic); tx is
+## t(x), the nodes in columns.
+exactDistances <- function(tx, i, metric) {
+    if (metric == "euclidean") return(sqrt(colSums((tx - tx[, i])^2)))
+    y <- if (metric == "pearson") t(t(tx) - colMeans(tx)) else tx
+    y <- t(t(y) / sqrt(colSums(y^2)))
+    1 - as.vector(crossprod(y, y[, i]))
 }
 
-## Rows (of those checked) whose neighbours are not a k nearest set.
-wrongRows <- function(x, index, metric, rows) {
-    k <- ncol(index)
-    sum(vapply(rows, function(i) {
-        d <- exactDistances(x, i, metric)
+## For each index matrix of `found`, the rows (of those checked) whose
+## neighbours are not a k nearest set.
+wrongRows <- function(tx, found, metric, rows) {
+    k <- ncol(found[[1L]])
+    wrong <- vapply(rows, function(i) {
+        d <- exactDistances(tx, i, metric)
         d[i] <- Inf
         kth <- sort(d, partial = k)[k]
-        got <- index[i, ]
-        anyDuplicated(got) > 0 || any(got == i) ||
-            any(d[got] > kth + 1e-12 * max(1, abs(kth)))
-    }, logical(1)))
+        vapply(found, function(index) {
+            got <- index[i, ]
+            anyDuplicated(got) > 0 || any(got == i) ||
+                any(d[got] > kth + 1e-12 * max(1, abs(kth)))
+        }, logical(1))
+    }, logical(length(found)))
+    rowSums(matrix(wrong, nrow = length(found)))
 }
 
 ## The library path of the Python child: R puts its own (and the system's
@@ -123,6 +128,7 @@ for (kind in kinds) {
     k <- if (kind == "logcounts") 15L else 10L
     set.seed(1)
     checked <- sort(sample(nrow(x), min(checkRows, nrow(x))))
+    tx <- t(x)
     for (metric in c("pearson", "cosine", "euclidean")) {
         invisible(knnSearch(x[1:2000, ], k = k, metric = metric,
                             device = device, progress = FALSE))
@@ -132,13 +138,14 @@ for (kind in kinds) {
         seconds <- as.numeric(Sys.time()) - as.numeric(start)
         invisible(faiss(file, x[1:2000, ], k, metric))
         theirs <- faiss(file, x, k, metric)
+        wrong <- wrongRows(tx, list(mine$index, theirs$index), metric,
+                           checked)
         rows[[length(rows) + 1L]] <- data.frame(
             data = kind, metric = metric,
             shape = sprintf("%d x %d", nrow(x), ncol(x)), k = k,
             knngpu = signif(seconds, 3), faiss = signif(theirs$seconds, 3),
             ratio = signif(seconds / theirs$seconds, 3),
-            knngpu_wrong = wrongRows(x, mine$index, metric, checked),
-            faiss_wrong = wrongRows(x, theirs$index, metric, checked),
+            knngpu_wrong = wrong[1L], faiss_wrong = wrong[2L],
             precision = attr(mine, "precision"))
         cat(sprintf("%s %s: knngpu %.3f s, faiss %.3f s\n", kind, metric,
                     seconds, theirs$seconds))
