@@ -63,8 +63,9 @@
 #'   \code{getOption("knngpu.cpu.memory")} (bytes, default 128 MB) or
 #'   \code{getOption("knngpu.gpu.memory")} (bytes of device memory for the
 #'   nodes and the tiles together; by default what the GPU has free); the
-#'   n-by-n distance matrix is never stored. Candidates may come from faster arithmetic, but every
-#'   reported neighbour is re-ranked in float64 with a proven error margin.
+#'   n-by-n distance matrix is never stored. Candidates may come from
+#'   faster arithmetic, but every reported neighbour is re-ranked in
+#'   float64 with a proven error margin.
 #'
 #'   Ties: the order is that of the distances as reported, then of the node
 #'   index, so a user (or BiocNeighbors) who checks "ties go to the smaller

@@ -189,7 +189,8 @@ errorCase("BPPARAM with a worker error", paste(
     "needs('BiocParallel'); x <- base(); x[40, 2] <- NaN;",
     "knnGraph(x, k = 3, device = dev, BPPARAM =",
     "BiocParallel::SnowParam(2))"),
-    "worker failed on block 1 of 2 .*'x' has NA, NaN or Inf values in rows: 40$")
+    paste0("worker failed on block 1 of 2 .*'x' has NA, NaN or Inf ",
+           "values in rows: 40$"))
 errorCase("BPPARAM not a BiocParallelParam", paste(
     "knnGraph(base(), k = 3, device = dev, BPPARAM = list(workers = 2))"),
     "'BPPARAM' must be NULL or a BiocParallelParam")

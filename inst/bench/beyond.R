@@ -87,7 +87,8 @@ table <- do.call(rbind, rows)
 header <- sprintf("%s, %s, %s", Sys.Date(), Sys.info()[["nodename"]],
                   if (gpu) gpuInfo()$devices$name[1L] else "CPU only")
 lines <- c(paste("###", header), "",
-           "| case | variant | seconds | ratio to one piece | identical | block (nodes) |",
+           paste("| case | variant | seconds | ratio to one piece |",
+                 "identical | block (nodes) |"),
            "|---|---|---:|---:|---|---:|",
            sprintf("| %s | %s | %s | %s | %s | %s |", table$case,
                    table$variant, table$seconds, table$ratio,

@@ -120,7 +120,23 @@ faiss <- function(file, x, k, metric) {
     list(index = index, seconds = seconds)
 }
 
-rows <- list()
+## The table is written row by row, so that a run cut short (the device
+## tool's ten minutes) keeps the cases it finished.
+about <- if (device == "gpu") gpuInfo()$devices$name[1L] else
+    sprintf("CPU, %d cores", parallel::detectCores())
+emit <- function(lines) {
+    writeLines(lines)
+    if (nzchar(out)) cat(lines, file = out, sep = "\n", append = TRUE)
+}
+emit(c(sprintf("### %s, %s, %s (rows checked: %d per case)",
+               format(Sys.time(), "%Y-%m-%d %H:%M UTC", tz = "UTC"), about,
+               paste(c("Rscript inst/bench/shapes.R", commandArgs(TRUE)),
+                     collapse = " "), checkRows), "",
+       paste("| data | metric | n x d | k | knngpu s | FAISS s |",
+             "knngpu / FAISS | knngpu rows wrong | FAISS rows wrong |",
+             "knngpu precision |"),
+       "|---|---|---|---:|---:|---:|---:|---:|---:|---|"))
+
 for (kind in kinds) {
     x <- makeData(kind, n)
     file <- tempfile(fileext = ".f64")
@@ -140,35 +156,13 @@ for (kind in kinds) {
         theirs <- faiss(file, x, k, metric)
         wrong <- wrongRows(tx, list(mine$index, theirs$index), metric,
                            checked)
-        rows[[length(rows) + 1L]] <- data.frame(
-            data = kind, metric = metric,
-            shape = sprintf("%d x %d", nrow(x), ncol(x)), k = k,
-            knngpu = signif(seconds, 3), faiss = signif(theirs$seconds, 3),
-            ratio = signif(seconds / theirs$seconds, 3),
-            knngpu_wrong = wrong[1L], faiss_wrong = wrong[2L],
-            precision = attr(mine, "precision"))
-        cat(sprintf("%s %s: knngpu %.3f s, faiss %.3f s\n", kind, metric,
-                    seconds, theirs$seconds))
+        emit(sprintf(paste("| %s | %s | %d x %d | %d | %s | %s | %s |",
+                           "%d | %d | %s |"), kind, metric, nrow(x),
+                     ncol(x), k, signif(seconds, 3),
+                     signif(theirs$seconds, 3),
+                     signif(seconds / theirs$seconds, 3), wrong[1L],
+                     wrong[2L], attr(mine, "precision")))
     }
     unlink(file)
 }
-
-table <- do.call(rbind, rows)
-about <- if (device == "gpu") gpuInfo()$devices$name[1L] else
-    sprintf("CPU, %d cores", parallel::detectCores())
-lines <- c(sprintf("### %s, %s, %s (rows checked: %d per case)",
-                   format(Sys.time(), "%Y-%m-%d %H:%M UTC", tz = "UTC"),
-                   about, paste(c("Rscript inst/bench/shapes.R",
-                                  commandArgs(TRUE)), collapse = " "),
-                   checkRows), "",
-           paste("| data | metric | n x d | k | knngpu s | FAISS s |",
-                 "knngpu / FAISS | knngpu rows wrong | FAISS rows wrong |",
-                 "knngpu precision |"),
-           "|---|---|---|---:|---:|---:|---:|---:|---:|---|",
-           sprintf("| %s | %s | %s | %d | %s | %s | %s | %d | %d | %s |",
-                   table$data, table$metric, table$shape, table$k,
-                   table$knngpu, table$faiss, table$ratio,
-                   table$knngpu_wrong, table$faiss_wrong, table$precision),
-           "")
-writeLines(lines)
-if (nzchar(out)) cat(lines, file = out, sep = "\n", append = TRUE)
+emit("")
