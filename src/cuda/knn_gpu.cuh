@@ -157,6 +157,9 @@ typedef struct {
     const float *col_sqnorm; /* KNN_SCORE_DIST: |f_j|^2 of ref nodes */
     const float *row_sqnorm; /* KNN_SCORE_DIST: |f_i|^2 of the tile rows */
     const double *row_margin2;
+    const double *row_norm;  /* KNN_SCORE_DIST: |f_i| of the tile rows, for
+                                knn_dist_row_bound; else NULL */
+    double margin_unit;      /* knn_margin_dist_unit of the tile's GEMM */
     knn_metric metric;       /* with scale_exp: knn_candidate_bound */
     int scale_exp;
     const int *offsets;      /* rows + 1: row r's slots [offsets[r],

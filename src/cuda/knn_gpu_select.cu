@@ -97,6 +97,7 @@ struct knn_row {
     int self;
     float sq;
     double margin2;
+    double norm;  /* distances: the row's fast norm, else 0 */
     int begin, slots;
 };
 
@@ -107,16 +108,23 @@ __device__ __forceinline__ knn_row knn_row_of(const knn_select_args &a, int r)
     w.self = a.self_first >= 0 ? a.self_first + r : -1;
     w.sq = a.kind == KNN_SCORE_DIST ? a.row_sqnorm[r] : 0.0f;
     w.margin2 = a.row_margin2[r];
+    w.norm = a.row_norm ? a.row_norm[r] : 0.0;
     w.begin = a.offsets[r];
     w.slots = a.offsets[r + 1] - w.begin;
     return w;
 }
 
-/* The row's candidate bound from its k-th best fast score. */
+/* The row's candidate bound from its k-th best fast score: the smaller of
+ * two proven bounds, from the largest norm (knn_candidate_bound) and, for
+ * distances, from the row's own neighbourhood (knn_dist_row_bound), which
+ * keeps rows of small norm among nodes of large ones near k candidates. */
 __device__ __forceinline__ double knn_row_bound(const knn_select_args &a,
                                                 const knn_row &w, double kth)
 {
-    return knn_candidate_bound(a.metric, kth, w.margin2, a.scale_exp);
+    double bound = knn_candidate_bound(a.metric, kth, w.margin2, a.scale_exp);
+    if (!a.row_norm) return bound;
+    return fmin(bound, knn_dist_row_bound(a.metric, kth, w.norm,
+                                          a.margin_unit, a.scale_exp));
 }
 
 __device__ __forceinline__ void knn_row_done(const knn_select_args &a, int r,

@@ -302,6 +302,10 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
     sa.col_sqnorm = nd->sqnorm;
     sa.row_sqnorm = nd->sqnorm ? nd->sqnorm + node0 : NULL;
     sa.row_margin2 = nd->margin2 + node0;
+    sa.row_norm = d->score_kind == KNN_SCORE_DIST && nd->norm
+                      ? nd->norm + node0 : NULL;
+    sa.margin_unit = knn_margin_dist_unit(p, knn_gemm_unit_in(sl->gemm),
+                                          KNN_U32);
     sa.metric = req->metric;
     sa.scale_exp = nd->scale_exp;
     sa.offsets = offsets;

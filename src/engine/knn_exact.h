@@ -285,4 +285,51 @@ KNN_HD static inline double knn_margin_dist(int p, double unit_in,
     return 2.0 * (fast + canon) * reach;
 }
 
+/* The factor M of knn_margin_dist as a function of the pair's norms:
+ * knn_margin_dist(p, unit_in, unit_acc, a, b) = M (a + b)^2. */
+KNN_HD static inline double knn_margin_dist_unit(int p, double unit_in,
+                                                 double unit_acc)
+{
+    return knn_margin_dist(p, unit_in, unit_acc, 0.5, 0.5);
+}
+
+/*
+ * A distance row's candidate bound from its own neighbourhood instead of
+ * the largest norm (knn_margin_dist with norm_max), for rows whose
+ * neighbours have norms far below the largest (nodes at very different
+ * levels). kth: an upper bound of the row's k-th smallest fast score;
+ * norm_i: the row's fast norm; unit: knn_margin_dist_unit. Returns a bound
+ * every node of the exact top k (ties in the reported distance included)
+ * meets, or INFINITY where none is found here (the caller keeps its own).
+ *
+ * Why it holds: with e = 1e-6 (far above the float64 rounding of the fast
+ * vectors' centring and of the canonical keys), a node l's fast norm is at
+ * most (n_i + sqrt(key_il)) (1 + e) (triangle inequality), and
+ * |s_il - key_il| <= unit (n_i + n_l)^2. The k nodes whose fast scores are
+ * at most kth therefore have x = sqrt(key) with
+ * x^2 <= kth + a (2 n_i + x)^2, a = unit (1 + e)^2, so x <= X, the root of
+ * that quadratic, and the exact k-th key is at most X^2. Nodes of the
+ * exact top k have keys at most top = knn_key_tie_top(X^2), hence norms at
+ * most r = (n_i + sqrt(top)) (1 + e), and fast scores at most
+ * top + unit (n_i + r)^2. Each step is rounded up by a relative 2^-40.
+ */
+KNN_HD static inline double knn_dist_row_bound(knn_metric m, double kth,
+                                               double norm_i, double unit,
+                                               int scale_exp)
+{
+    const double e = 1e-6, up = 1.0 + 0x1p-40;
+    double a = unit * (1.0 + e) * (1.0 + e);
+    if (!(a < 0.25) || !(kth < INFINITY) || !(norm_i < INFINITY))
+        return INFINITY;
+    double s = kth > 0.0 ? kth : 0.0;
+    double x = (2.0 * a * norm_i +
+                sqrt(4.0 * a * a * norm_i * norm_i +
+                     (1.0 - a) * (s + 4.0 * a * norm_i * norm_i) * up)) /
+               (1.0 - a) * up * up;
+    double top = knn_key_tie_top(m, x * x * up, scale_exp);
+    if (!(top < INFINITY)) return INFINITY;
+    double r = (norm_i + sqrt(top) * up) * (1.0 + e) * up;
+    return (top + unit * (norm_i + r) * (norm_i + r) * up) * up;
+}
+
 #endif
