@@ -241,3 +241,24 @@ test_that("nodes beyond the memory budget stream through the GPU", {
                      lapply(c(knnGraph(x, k = 10, metric = "euclidean",
                                        device = "cpu")), identity))
 })
+
+test_that("rows of small norm among large ones keep their candidates few", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## Genes at lognormal levels (about 10 to 40000): a bound from the
+    ## largest norm made every low-level row a candidate of every other;
+    ## the row's own bound (knn_dist_row_bound) keeps them near k.
+    set.seed(32)
+    level <- rlnorm(4000, meanlog = 6, sdlog = 1.5)
+    x <- level * (1 + matrix(rnorm(4000 * 30, sd = 0.05), 4000))
+    for (gemm in c("tf32", "fp32")) {
+        withr::with_envvar(c(KNNGPU_GEMM = gemm), {
+            for (metric in c("euclidean", "sqeuclidean")) {
+                got <- expectGpuIdentical(x, 10, metric,
+                                          label = paste("levels", gemm))
+                if (gemm == "fp32") {
+                    expect_lt(attr(got$gpu, "timings")$candidates, 40)
+                }
+            }
+        })
+    }
+})
