@@ -9,6 +9,30 @@
 #' Start with \code{\link{knnGraph}} and the vignette:
 #' \code{vignette("knngpu", package = "knngpu")}.
 #'
+#' @section Options:
+#' \describe{
+#'   \item{\code{knngpu.threads}}{CPU threads when \code{threads = NULL}
+#'     (default: all cores).}
+#'   \item{\code{knngpu.cpu.memory}}{Bytes for the CPU's tiles and
+#'     candidate pools (default 128 MB).}
+#'   \item{\code{knngpu.gpu.memory}}{Bytes of device memory a GPU search
+#'     may use for its nodes and tiles (default: what the GPU has free);
+#'     nodes past half of it stream through the device in blocks.}
+#'   \item{\code{knngpu.algorithm}}{\code{"auto"}, \code{"products"} or
+#'     \code{"tree"}: how the CPU searches (the bits are the same).}
+#'   \item{\code{knngpu.block.nodes}}{Nodes per block of a search streamed
+#'     in blocks; 0 (the default) streams only what a GPU cannot hold, a
+#'     positive number forces blocks on either device (the bits are the
+#'     same; for tests and tuning).}
+#'   \item{\code{knngpu.transfer.dir}}{Where a search with \code{BPPARAM}
+#'     saves an in-memory matrix once for its workers (default
+#'     \code{tempdir()}; on a cluster, a directory every node sees).}
+#' }
+#' The environment variables \code{KNNGPU_GEMM} (\code{"tf32"},
+#' \code{"fp32"}) and \code{KNNGPU_SELECT} (\code{"warp"},
+#' \code{"radix"}) force the GPU's candidate arithmetic and selection
+#' kernel, for measurements; the bits are the same.
+#'
 #' @useDynLib knngpu, .registration = TRUE
 #' @importFrom cli cli_progress_bar
 #' @keywords internal
