@@ -73,11 +73,7 @@ KnngpuParam <- function(metric = c("euclidean", "manhattan", "cosine"),
     metric <- .checkChoice(metric[1L], names(.bnDistances), "metric")
     device <- .checkChoice(device[1L], c("auto", "cpu", "gpu"), "device")
     threads <- .checkThreads(threads)
-    if (!is.null(devices) && !(is.numeric(devices) && length(devices) &&
-                               all(!is.na(devices)))) {
-        stop("'devices' must be NULL or GPU ids (see gpuInfo())",
-             call. = FALSE)
-    }
+    devices <- .checkDeviceIds(devices)
     if (!requireNamespace("BiocNeighbors", quietly = TRUE)) {
         stop("KnngpuParam() needs the BiocNeighbors package", call. = FALSE)
     }

@@ -35,6 +35,23 @@
     .state$gpu
 }
 
+## GPU ids as a user gives them, checked where the GPUs cannot be counted
+## (a BiocParallel worker or a KnngpuParam may run elsewhere): NULL, or
+## distinct whole numbers from 0. .checkDevices() checks them against this
+## machine's GPUs when the search runs.
+.checkDeviceIds <- function(devices) {
+    if (is.null(devices)) return(NULL)
+    ok <- is.numeric(devices) && length(devices) >= 1L &&
+        length(devices) <= 1024L && !anyNA(devices) &&
+        all(is.finite(devices)) && all(devices == round(devices)) &&
+        all(devices >= 0) && !anyDuplicated(devices)
+    if (!ok) {
+        stop("'devices' must be NULL or GPU ids (see gpuInfo()): distinct ",
+             "whole numbers from 0", call. = FALSE)
+    }
+    as.integer(devices)
+}
+
 .checkDevices <- function(devices, backend) {
     if (is.null(devices) || backend == "cpu") return(integer())
     count <- .gpuStatus()$count

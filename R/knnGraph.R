@@ -87,7 +87,8 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
                    progress, verbose, devices, edges = is.null(snn))
     } else {
         .edgeList(.searchInBlocks(source, NULL, k, metric, device[1L],
-                                  threads, verbose, devices, BPPARAM))
+                                  threads, progress, verbose, devices,
+                                  BPPARAM))
     }
     edges <- if (is.null(snn)) {
         .symmetrize(.directedEdges(res), symmetrize, source$n)

@@ -152,8 +152,8 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
         .runEngine(.readNodes(ref), if (!is.null(q)) .readNodes(q), k,
                    metric, device[1L], threads, progress, verbose, devices)
     } else {
-        .searchInBlocks(ref, q, k, metric, device[1L], threads, verbose,
-                        devices, BPPARAM)
+        .searchInBlocks(ref, q, k, metric, device[1L], threads, progress,
+                        verbose, devices, BPPARAM)
     }
     out <- list(index = res$index, distance = res$distance)
     attr(out, "backend") <- res$info$backend

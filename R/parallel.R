@@ -57,11 +57,14 @@
 ## knnSearch()'s and knnGraph()'s search with BPPARAM: the arguments that
 ## every worker would check checked once here (a GPU, which only a worker
 ## may have, is the worker's to find), then .searchBlocks().
-.searchInBlocks <- function(ref, query, k, metric, device, threads, verbose,
-                            devices, BPPARAM) {
+.searchInBlocks <- function(ref, query, k, metric, device, threads,
+                            progress, verbose, devices, BPPARAM) {
     device <- .checkChoice(device, c("auto", "cpu", "gpu"), "device")
     threads <- .workerThreads(.checkThreads(threads), BPPARAM)
+    .checkFlag(progress, "progress")
     verbose <- .checkFlag(verbose, "verbose")
+    devices <- .checkDeviceIds(devices)
+    .transferDir()
     res <- .searchBlocks(ref, query, NULL, k,
                          .engineRunner(metric, device, threads, devices),
                          BPPARAM)
@@ -117,7 +120,7 @@
     if (!is.null(query)) {
         return(search(refNodes, .readNodes(query, rows), k))
     }
-    if (length(rows) == ncol(refNodes$values)) {
+    if (identical(as.integer(rows), seq_len(ncol(refNodes$values)))) {
         return(search(refNodes, NULL, k))
     }
     .dropSelf(search(refNodes, .nodesSubset(refNodes, rows), k + 1L),
@@ -137,12 +140,11 @@
     own <- res$index == rows
     drop <- ifelse(rowSums(own) > 0L, max.col(own, ties.method = "first"),
                    k + 1L)
-    keep <- cbind(rep(seq_along(rows), each = k),
-                  as.vector(vapply(drop, function(d) {
-                      setdiff(seq_len(k + 1L), d)
-                  }, integer(k))))
+    keep <- matrix(TRUE, length(rows), k + 1L)
+    keep[cbind(seq_along(rows), drop)] <- FALSE
     for (field in c("index", "distance", "weight")) {
-        res[[field]] <- matrix(res[[field]][keep], ncol = k, byrow = TRUE)
+        res[[field]] <- matrix(t(res[[field]])[t(keep)], ncol = k,
+                               byrow = TRUE)
     }
     res
 }
@@ -155,10 +157,21 @@
     if (all(vapply(sources, .fileBacked, logical(1)))) {
         return(list(token = token, sources = sources, path = character()))
     }
-    dir <- getOption("knngpu.transfer.dir", tempdir())
-    path <- file.path(dir, paste0(token, ".rds"))
+    path <- file.path(.transferDir(), paste0(token, ".rds"))
     saveRDS(sources, path, compress = FALSE)
     list(token = token, sources = NULL, path = path)
+}
+
+## getOption("knngpu.transfer.dir", tempdir()), checked: one existing
+## directory.
+.transferDir <- function() {
+    dir <- getOption("knngpu.transfer.dir", tempdir())
+    if (!is.character(dir) || length(dir) != 1L || is.na(dir) ||
+        !dir.exists(dir)) {
+        stop("option 'knngpu.transfer.dir' must name an existing directory",
+             call. = FALSE)
+    }
+    dir
 }
 
 ## Whether a source (or NULL) names its data by file: a DelayedArray whose

@@ -268,7 +268,8 @@ static knn_status knn_stream_run(const knn_request *req, knn_backend backend,
                                  report, searches++ == 0);
             if (st == KNN_OK && req->cb.progress)
                 req->cb.progress(req->cb.ctx,
-                                 q0 + (double)nq * (r0 + r_block) /
+                                 q0 + (double)nq *
+                                 fmin(r0 + r_block, req->n_ref) /
                                  req->n_ref, n_q);
         }
         if (st == KNN_OK) knn_merge_write(&m, q0, nq, n_q, out);
