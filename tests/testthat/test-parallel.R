@@ -159,3 +159,13 @@ test_that("a streamed search (blocks of nodes) gives the same bits", {
     expect_error(inBlocks(-1, knnSearch(x, k = 3)),
                  "option 'knngpu.block.nodes' must")
 })
+
+test_that("every row in another order is a subset, not the whole search", {
+    skip_if_not_installed("BiocNeighbors")
+    x <- tiedMatrix(150, 6, 48)
+    whole <- knnSearch(x, k = 4, metric = "euclidean", device = "cpu")
+    got <- BiocNeighbors::findKNN(x, k = 4, subset = 150:1,
+                                  BNPARAM = KnngpuParam(device = "cpu"))
+    expect_identical(got$index, whole$index[150:1, ])
+    expect_identical(got$distance, whole$distance[150:1, ])
+})
