@@ -6,8 +6,9 @@
 ## list(from, to, weight, distance, rank, info); info is extended with the
 ## metric, sizes and elapsed seconds.
 .runEngine <- function(ref, query, k, metric, device, threads, progress,
-                       verbose, devices, edges = FALSE) {
+                       verbose, devices, edges = FALSE, precision = "auto") {
     backend <- .resolveDevice(device)
+    precision <- .checkPrecision(precision, backend)
     devices <- .checkDevices(devices, backend)
     threads <- .checkThreads(threads)
     progress <- .checkFlag(progress, "progress")
@@ -21,7 +22,7 @@
                          progress = progress, edges = edges,
                          algorithm = algorithm,
                          select = .envChoice("KNNGPU_SELECT", .gpuSelects),
-                         gemm = .envChoice("KNNGPU_GEMM", .gpuGemms),
+                         precision = precision,
                          block = .blockNodes())
     if (!is.null(res$problem)) .stopProblem(res$problem, ref, query, metric)
     res$info$elapsed <- .wallSeconds() - start
@@ -52,10 +53,13 @@
 ## matrix products; "tree" uses a k-d tree (distance metrics only).
 .algorithms <- c("auto", "products", "tree")
 
-## The GPU's selection kernel and product arithmetic, chosen by measured
-## cost ("auto") or forced (knn_select_force, knn_gemm_force, in order).
+## The GPU's selection kernel, chosen by measured cost ("auto") or forced
+## (knn_select_force, in order).
 .gpuSelects <- c("auto", "warp", "radix")
-.gpuGemms <- c("auto", "tf32", "fp32")
+
+## The rungs of the candidate arithmetic (knn_precision, in order): "auto"
+## climbs from the cheapest as the data asks; the others force one.
+.precisions <- c("auto", "tf32", "fp32", "fp64")
 
 ## What an environment variable forces among `choices`; "auto" when unset
 ## or unknown. Read once per search, never by the engine.
@@ -72,10 +76,10 @@
                           threads = 0L, memory = 0, devices = integer(),
                           progress = FALSE, edges = FALSE,
                           algorithm = "auto", select = "auto",
-                          gemm = "auto", block = 0L) {
+                          precision = "auto", block = 0L) {
     controls <- c(match(algorithm, .algorithms) - 1L,
                   match(select, .gpuSelects) - 1L,
-                  match(gemm, .gpuGemms) - 1L, as.integer(block))
+                  match(precision, .precisions) - 1L, as.integer(block))
     .Call(C_knn_search, ref, query, as.integer(k), .metricCode(metric),
           as.integer(gpu), as.integer(threads), as.double(memory),
           as.integer(devices), progress, edges, controls)

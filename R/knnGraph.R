@@ -63,7 +63,9 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
                      symmetrize = c("none", "union", "mutual"), snn = NULL,
                      device = c("auto", "cpu", "gpu"), threads = NULL,
                      progress = interactive(), verbose = FALSE, assay = 1L,
-                     devices = NULL, use.dimred = NULL,
+                     devices = NULL,
+                     precision = c("auto", "tf32", "fp32", "fp64"),
+                     use.dimred = NULL,
                      BPPARAM = BiocParallel::SerialParam()) {
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
     metric <- .checkMetric(metric)
@@ -84,11 +86,12 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
     BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM)
     res <- if (is.null(BPPARAM)) {
         .runEngine(.readNodes(source), NULL, k, metric, device[1L], threads,
-                   progress, verbose, devices, edges = is.null(snn))
+                   progress, verbose, devices, edges = is.null(snn),
+                   precision = precision[1L])
     } else {
         .edgeList(.searchInBlocks(source, NULL, k, metric, device[1L],
                                   threads, progress, verbose, devices,
-                                  BPPARAM))
+                                  BPPARAM, precision[1L]))
     }
     edges <- if (is.null(snn)) {
         .symmetrize(.directedEdges(res), symmetrize, source$n)

@@ -42,6 +42,15 @@
 #'   named by the cells), as scran and bluster do it.
 #' @param devices GPU ids (0-based, as \code{gpuInfo()} lists them) to split
 #'   the work across; \code{NULL} uses every visible GPU.
+#' @param precision The arithmetic that finds candidates before the exact
+#'   float64 re-rank; the result is the same bits on every choice, only
+#'   the time differs. \code{"auto"} (the default) starts on the cheapest
+#'   (TF32 tensor cores on the GPU, float32 BLAS on the CPU) and goes on in
+#'   the next (float32 on the GPU, float64 BLAS on the CPU) once the data
+#'   show its proven margin lets too many candidates through, e.g. nodes
+#'   whose neighbours are nearly equidistant. \code{"tf32"} (GPU only),
+#'   \code{"fp32"} (both) and \code{"fp64"} (CPU only) force one; the
+#'   result's \code{precision} attribute says which ran.
 #' @param BPPARAM A \code{BiocParallelParam} (BiocParallel) whose workers
 #'   search blocks of the query nodes (of \code{x} itself without
 #'   \code{query}), each against every reference node, on the worker's GPU
@@ -127,6 +136,7 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
                       by = c("rows", "columns"), device = c("auto", "cpu",
                       "gpu"), threads = NULL, progress = interactive(),
                       verbose = FALSE, assay = 1L, devices = NULL,
+                      precision = c("auto", "tf32", "fp32", "fp64"),
                       use.dimred = NULL,
                       BPPARAM = BiocParallel::SerialParam()) {
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
@@ -150,10 +160,11 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
     BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM)
     res <- if (is.null(BPPARAM)) {
         .runEngine(.readNodes(ref), if (!is.null(q)) .readNodes(q), k,
-                   metric, device[1L], threads, progress, verbose, devices)
+                   metric, device[1L], threads, progress, verbose, devices,
+                   precision = precision[1L])
     } else {
         .searchInBlocks(ref, q, k, metric, device[1L], threads, progress,
-                        verbose, devices, BPPARAM)
+                        verbose, devices, BPPARAM, precision[1L])
     }
     out <- list(index = res$index, distance = res$distance)
     attr(out, "backend") <- res$info$backend

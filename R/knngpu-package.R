@@ -28,10 +28,10 @@
 #'     saves an in-memory matrix once for its workers (default
 #'     \code{tempdir()}; on a cluster, a directory every node sees).}
 #' }
-#' The environment variables \code{KNNGPU_GEMM} (\code{"tf32"},
-#' \code{"fp32"}) and \code{KNNGPU_SELECT} (\code{"warp"},
-#' \code{"radix"}) force the GPU's candidate arithmetic and selection
-#' kernel, for measurements; the bits are the same.
+#' The environment variable \code{KNNGPU_SELECT} (\code{"warp"},
+#' \code{"radix"}) forces the GPU's selection kernel, for measurements;
+#' the candidate arithmetic is the verbs' \code{precision} argument. The
+#' bits are the same.
 #'
 #' @useDynLib knngpu, .registration = TRUE
 #' @importFrom cli cli_progress_bar

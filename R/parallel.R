@@ -46,11 +46,12 @@
 ## What a block search needs besides the nodes: runs the engine on
 ## (ref, query, k) with these settings. Made here so that the function
 ## carries nothing but them to the workers.
-.engineRunner <- function(metric, device, threads, devices) {
-    force(list(metric, device, threads, devices))
+.engineRunner <- function(metric, device, threads, devices,
+                          precision = "auto") {
+    force(list(metric, device, threads, devices, precision))
     function(ref, query, k) {
         .runEngine(ref, query, k, metric, device, threads, FALSE, FALSE,
-                   devices)
+                   devices, precision = precision)
     }
 }
 
@@ -58,15 +59,19 @@
 ## every worker would check checked once here (a GPU, which only a worker
 ## may have, is the worker's to find), then .searchBlocks().
 .searchInBlocks <- function(ref, query, k, metric, device, threads,
-                            progress, verbose, devices, BPPARAM) {
+                            progress, verbose, devices, BPPARAM,
+                            precision = "auto") {
     device <- .checkChoice(device, c("auto", "cpu", "gpu"), "device")
+    precision <- .checkPrecision(precision,
+                                 if (device != "auto") device)
     threads <- .workerThreads(.checkThreads(threads), BPPARAM)
     .checkFlag(progress, "progress")
     verbose <- .checkFlag(verbose, "verbose")
     devices <- .checkDeviceIds(devices)
     .transferDir()
     res <- .searchBlocks(ref, query, NULL, k,
-                         .engineRunner(metric, device, threads, devices),
+                         .engineRunner(metric, device, threads, devices,
+                                       precision),
                          BPPARAM)
     if (verbose) .reportRun(res$info)
     res

@@ -50,6 +50,22 @@
     as.integer(threads)
 }
 
+## 'precision' as a choice; with the backend known, also a rung that
+## backend has (TF32 is the GPU's tensor-core arithmetic, float64 BLAS
+## the CPU's).
+.checkPrecision <- function(precision, backend = NULL) {
+    precision <- .checkChoice(precision[1L], .precisions, "precision")
+    lacks <- c(cpu = "tf32", gpu = "fp64")
+    if (!is.null(backend) && identical(precision, lacks[[backend]])) {
+        stop(sprintf(paste("'precision = \"%s\"' is not a rung of the %s;",
+                           "it has %s (or \"auto\")"), precision,
+                     toupper(backend),
+                     paste0('"', setdiff(.precisions[-1L], precision), '"',
+                            collapse = " and ")), call. = FALSE)
+    }
+    precision
+}
+
 .checkFlag <- function(value, arg) {
     if (!is.logical(value) || length(value) != 1L || is.na(value)) {
         stop(sprintf("'%s' must be TRUE or FALSE", arg), call. = FALSE)

@@ -126,7 +126,8 @@ static SEXP knn_problem(knn_status st, const knn_report *report,
 /* ref, query: p x n double matrices (query may be NULL); devices: 0-based
  * integer vector, empty for all; edges: TRUE for a self search's directed
  * edge list; controls: the codes of knn_algorithm, knn_select_force and
- * knn_gemm_force, then block_nodes (knn_request). R/engine.R's .engineSearch() is the one caller. Returns
+ * knn_precision, then block_nodes (knn_request). R/engine.R's
+ * .engineSearch() is the one caller. Returns
  * list(index, distance, weight, info) with n x k matrices, or
  * list(from, to, weight, distance, rank, info) with one element per edge,
  * grouped by `from`, ranks ascending. Nodes are 1-based.
@@ -150,7 +151,7 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
     req.threads = asInteger(threads);
     req.algorithm = (knn_algorithm)INTEGER(controls)[0];
     req.select = (knn_select_force)INTEGER(controls)[1];
-    req.gemm = (knn_gemm_force)INTEGER(controls)[2];
+    req.precision = (knn_precision)INTEGER(controls)[2];
     req.block_nodes = INTEGER(controls)[3];
     req.memory_bytes = asReal(memory);
     knn_request_devices(&req, devices);

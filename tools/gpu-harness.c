@@ -168,7 +168,7 @@ static void no_progress(void *ctx, double done, double total)
 
 /* What the next requests force (check_case and check_metric set them). */
 static knn_select_force force_select = KNN_SELECT_CHOOSE;
-static knn_gemm_force force_gemm = KNN_GEMM_CHOOSE;
+static knn_precision force_gemm = KNN_PRECISION_AUTO;
 
 static knn_request make_request(knn_metric m, const double *ref, int n_ref,
                                 const double *query, int n_query, int p,
@@ -189,7 +189,7 @@ static knn_request make_request(knn_metric m, const double *ref, int n_ref,
     for (int i = 0; i < n_dev; i++) req.devices[i] = devs[i];
     req.cb.progress = no_progress;
     req.select = force_select;
-    req.gemm = force_gemm;
+    req.precision = force_gemm;
     return req;
 }
 
@@ -261,8 +261,8 @@ static void check_case(const char *data, knn_metric m, const double *ref,
     }
     int pass = st == KNN_OK && bad == 0;
     pass ? n_pass++ : n_fail++;
-    const char *gemm = force_gemm == KNN_GEMM_FORCE_FP32 ? "fp32"
-                     : force_gemm == KNN_GEMM_FORCE_TF32 ? "tf32" : NULL;
+    const char *gemm = force_gemm == KNN_PRECISION_FP32 ? "fp32"
+                     : force_gemm == KNN_PRECISION_TF32 ? "tf32" : NULL;
     printf("%s %-6s %-11s %s k=%-5d n=%d p=%d budget=%.0f dev=%d sel=%s "
            "gemm=%s out=%s tile=%d cand=%.1f %.3fs [%.6s%s]",
            pass ? "PASS" : "FAIL", data, metric_name[m],
@@ -314,17 +314,15 @@ static void check_metric(const char *data, knn_metric m, const double *ref,
                        NULL, 1, ri, rd, rw);
             check_case(data, m, ref, n_ref, query, n_query, p, k, 3e6, 2,
                        dev0, NULL, 1, ri, rd, rw);
-            /* Forced arithmetic: float32 for every metric, and TF32
-             * without the distances' fall-back to float32. */
-            force_gemm = KNN_GEMM_FORCE_FP32;
+            /* Forced arithmetic: float32, and TF32 without the
+             * fall-back to float32, for every metric. */
+            force_gemm = KNN_PRECISION_FP32;
             check_case(data, m, ref, n_ref, query, n_query, p, k, 0, 0, NULL,
                        NULL, 0, ri, rd, rw);
-            if (!knn_is_correlation(m)) {
-                force_gemm = KNN_GEMM_FORCE_TF32;
-                check_case(data, m, ref, n_ref, query, n_query, p, k, 2e6, 0,
-                           NULL, NULL, 0, ri, rd, rw);
-            }
-            force_gemm = KNN_GEMM_CHOOSE;
+            force_gemm = KNN_PRECISION_TF32;
+            check_case(data, m, ref, n_ref, query, n_query, p, k, 2e6, 0,
+                       NULL, NULL, 0, ri, rd, rw);
+            force_gemm = KNN_PRECISION_AUTO;
         }
     }
     free(ri);

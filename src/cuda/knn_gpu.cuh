@@ -143,6 +143,8 @@ typedef struct {
     double *margin2;  /* per node: twice its candidate margin */
     double *norm;     /* distances: |node - means| (float64), and the */
     double *norm_max; /* largest over the ref nodes: the margins' inputs */
+    double *kappa_max; /* correlations: the largest cancellation (>= 1),
+                          the margins' input */
     int scale_exp;    /* distances: e of the 2^-e scaling */
 } knn_gpu_nodes;
 
@@ -190,17 +192,20 @@ knn_status knn_select_candidates(const knn_select_args *a,
  * absolute 0.008 or so in r and costs a few candidates. For the distances
  * the margin scales with (|f_i| + |f_max|)^2; where neighbours lie close
  * against those norms (genes of an expression matrix at different levels)
- * TF32 would admit far more than k candidates per row, so a distance
- * search starts in TF32 and goes on in float32 after a tile that shows it
- * (knn_gemm_adaptive; knn_gpu_tiles.cu). The request's `gemm` can force one
- * arithmetic for the whole search (tests, benchmarks). */
+ * TF32 would admit far more than k candidates per row; for correlations,
+ * so would nodes whose neighbours' r are all within that 0.008 (positive
+ * data at different levels under cosine, log-counts full of near
+ * duplicates). So a product search starts in TF32 and goes on in float32
+ * after a tile that shows it (knn_gemm_adaptive, knn_rung_too_wide;
+ * knn_gpu_tiles.cu). The request's `precision` can force one arithmetic
+ * for the whole search. */
 typedef enum { KNN_GEMM_FP32 = 0, KNN_GEMM_TF32 } knn_gemm_mode;
 
 /* The arithmetic a search starts with: TF32 unless forced. */
-knn_gemm_mode knn_gemm_choose(knn_gemm_force force);
+knn_gemm_mode knn_gemm_choose(knn_precision force);
 /* Whether the search may give TF32 up for float32 (not forced, a product
- * distance). */
-int knn_gemm_adaptive(knn_gemm_force force, knn_metric metric);
+ * metric). */
+int knn_gemm_adaptive(knn_precision force, knn_metric metric);
 /* unit_in of knn_margin_*: TF32 keeps 10 mantissa bits, so rounding or
  * truncating an input errs by less than 2^-10 relative. */
 double knn_gemm_unit_in(knn_gemm_mode mode);
@@ -258,9 +263,9 @@ knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
                              knn_gpu_nodes *nodes, char *message,
                              cudaStream_t stream);
 void knn_nodes_free(knn_gpu_nodes *nodes);
-/* Product distances: recomputes the margins for another unit_in (the
- * search changed its GEMM arithmetic), on the stream after the work
- * already queued there. */
+/* Product metrics: recomputes the margins for another unit_in (the search
+ * changed its GEMM arithmetic), on the stream after the work already
+ * queued there. */
 knn_status knn_nodes_remargin(knn_metric metric, knn_gpu_nodes *nodes,
                               double unit_in, char *message,
                               cudaStream_t stream);

@@ -210,11 +210,8 @@ static knn_status knn_prepare_corr(knn_metric m, double *x, knn_gpu_nodes *nd,
                        stream>>>(m, nd->exact, nd->p, nd->n_nodes, nd->sum,
                                  nd->css, nd->fast, nd->ldf, sc->scalar);
     KNN_LAUNCH_TRY(message, "knn_canon_kernel");
-    knn_margin_corr_kernel<<<knn_blocks(nd->n_nodes), KNN_PREP_THREADS, 0,
-                             stream>>>(nd->margin2, nd->n_nodes, nd->p,
-                                       unit_in, sc->scalar, m == KNN_COSINE);
-    KNN_LAUNCH_TRY(message, "knn_margin_corr_kernel");
-    return KNN_OK;
+    nd->kappa_max = sc->scalar;
+    return knn_nodes_remargin(m, nd, unit_in, message, stream);
 }
 
 static knn_status knn_prepare_dist(knn_metric m, double *x, knn_gpu_nodes *nd,
@@ -264,10 +261,18 @@ knn_status knn_nodes_remargin(knn_metric metric, knn_gpu_nodes *nodes,
                               double unit_in, char *message,
                               cudaStream_t stream)
 {
-    if (knn_is_correlation(metric) || !knn_uses_product(metric))
+    if (!knn_uses_product(metric))
         return knn_gpu_fail(message, KNN_E_INVALID, "knn_nodes_remargin",
-                            "only the product distances have per-node "
-                            "margins to recompute", __FILE__, __LINE__);
+                            "only the product metrics have margins to "
+                            "recompute", __FILE__, __LINE__);
+    if (knn_is_correlation(metric)) {
+        knn_margin_corr_kernel<<<knn_blocks(nodes->n_nodes),
+                                 KNN_PREP_THREADS, 0, stream>>>(
+            nodes->margin2, nodes->n_nodes, nodes->p, unit_in,
+            nodes->kappa_max, metric == KNN_COSINE);
+        KNN_LAUNCH_TRY(message, "knn_margin_corr_kernel");
+        return KNN_OK;
+    }
     knn_margin_dist_kernel<<<knn_blocks(nodes->n_nodes), KNN_PREP_THREADS, 0,
                              stream>>>(nodes->margin2, nodes->n_nodes,
                                        nodes->p, unit_in, nodes->norm,
@@ -316,6 +321,6 @@ void knn_nodes_free(knn_gpu_nodes *nodes)
     cudaFree(nodes->block);
     nodes->exact = nodes->sum = nodes->css = nodes->margin2 = NULL;
     nodes->fast = nodes->sqnorm = NULL;
-    nodes->norm = nodes->norm_max = NULL;
+    nodes->norm = nodes->norm_max = nodes->kappa_max = NULL;
     nodes->block = NULL;
 }

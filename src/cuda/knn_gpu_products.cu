@@ -23,15 +23,14 @@
 #define KNN_MH_PER (KNN_MH_TILE / KNN_MH_SIDE)
 #define KNN_MH_FEAT 16   /* features staged per step */
 
-knn_gemm_mode knn_gemm_choose(knn_gemm_force force)
+knn_gemm_mode knn_gemm_choose(knn_precision force)
 {
-    return force == KNN_GEMM_FORCE_FP32 ? KNN_GEMM_FP32 : KNN_GEMM_TF32;
+    return force == KNN_PRECISION_FP32 ? KNN_GEMM_FP32 : KNN_GEMM_TF32;
 }
 
-int knn_gemm_adaptive(knn_gemm_force force, knn_metric metric)
+int knn_gemm_adaptive(knn_precision force, knn_metric metric)
 {
-    return force == KNN_GEMM_CHOOSE && knn_uses_product(metric) &&
-           !knn_is_correlation(metric);
+    return force == KNN_PRECISION_AUTO && knn_uses_product(metric);
 }
 
 double knn_gemm_unit_in(knn_gemm_mode mode)

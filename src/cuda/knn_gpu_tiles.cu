@@ -496,17 +496,18 @@ static knn_status knn_tile_rerun(knn_gpu_dev *d, int s)
     return KNN_OK;
 }
 
-/* A distance search starts in TF32 (knn_gpu.cuh) and goes on in float32,
- * its margins recomputed, once a tile's rows average more than 4k + 64
- * candidates or one overflows its slots: the re-rank of the extra
- * candidates, or the tile's redo, would cost more than the faster
+/* A product search starts in TF32 (knn_gpu.cuh) and goes on in float32,
+ * its margins recomputed, once a tile's rows average more candidates than
+ * knn_rung_too_wide allows or one overflows its slots: the re-rank of the
+ * extra candidates, or the tile's redo, would cost more than the faster
  * products save. Tiles already queued keep their TF32 margins: the new
  * ones are computed on the stream after them. */
 static knn_status knn_dev_gemm_check(knn_gpu_dev *d, double found, int rows,
                                      int overflow)
 {
     if (!d->gemm_adaptive) return KNN_OK;
-    if (!overflow && found <= rows * (4.0 * d->req->k + 64.0)) return KNN_OK;
+    if (!overflow && !knn_rung_too_wide(found, rows, d->req->k))
+        return KNN_OK;
     d->gemm = KNN_GEMM_FP32;
     d->gemm_adaptive = 0;
     d->gemm_switched = 1;

@@ -56,22 +56,40 @@ typedef enum {
     KNN_ALGO_TREE
 } knn_algorithm;
 
-/* The GPU backend's candidate selection kernel and product arithmetic:
- * CHOOSE picks by measured cost (and, for the arithmetic, switches from
- * TF32 to float32 when TF32 finds too many candidates); the others force
- * one, for measurement scripts and tests. The bits are the same. Order
- * matches the R layer's names (R/engine.R). */
+/* The GPU backend's candidate selection kernel: CHOOSE picks by measured
+ * cost; the others force one, for measurement scripts and tests. The bits
+ * are the same. Order matches the R layer's names (R/engine.R). */
 typedef enum {
     KNN_SELECT_CHOOSE = 0,
     KNN_SELECT_FORCE_WARP,
     KNN_SELECT_FORCE_RADIX
 } knn_select_force;
 
+/* The arithmetic that finds candidates (the rungs of the precision
+ * policy); every rung is followed by the float64 re-rank, so the bits are
+ * the same on every rung, only the time differs. AUTO starts on the
+ * cheapest rung of the backend (the GPU's TF32, the CPU's float32 BLAS)
+ * and climbs to the next (float32, float64 BLAS) for the rest of the
+ * search once a tile's rows average more candidates than the re-rank can
+ * afford (knn_rung_too_wide). TF32 exists on the GPU only and FP64 on the
+ * CPU only: forcing a rung the backend lacks is KNN_E_INVALID. Order
+ * matches the R layer's names (R/engine.R). */
 typedef enum {
-    KNN_GEMM_CHOOSE = 0,
-    KNN_GEMM_FORCE_TF32,
-    KNN_GEMM_FORCE_FP32
-} knn_gemm_force;
+    KNN_PRECISION_AUTO = 0,
+    KNN_PRECISION_TF32,
+    KNN_PRECISION_FP32,
+    KNN_PRECISION_FP64
+} knn_precision;
+
+/* Whether rows that found `candidates` candidates in all, `rows` of them
+ * searching for k each, are too many for the rung they ran on: past
+ * 4k + 64 per row the re-rank of the extra ones (or, on the GPU, a tile
+ * redone for overflowing slots) costs more than the cheaper products save;
+ * the switch is measured in inst/bench/RESULTS.md ("No cliffs"). */
+static inline int knn_rung_too_wide(double candidates, int rows, int k)
+{
+    return candidates > rows * (4.0 * k + 64.0);
+}
 
 /* Host callbacks, always called from the thread that called the engine, and
  * never from inside a parallel region. */
@@ -97,7 +115,7 @@ typedef struct {
     int threads;          /* CPU threads; <= 0: the OpenMP default */
     knn_algorithm algorithm; /* CPU backend: see knn_algorithm */
     knn_select_force select; /* GPU backend: see knn_select_force */
-    knn_gemm_force gemm;     /* GPU backend: see knn_gemm_force */
+    knn_precision precision; /* candidate arithmetic: see knn_precision */
     double memory_bytes;  /* budget for tiles; <= 0: backend default. On
                              the GPU, nodes past half of it stream through
                              the device in blocks (knn_stream.c) */

@@ -1,5 +1,5 @@
 /*
- * knn_blas.h: the one BLAS routine the CPU backend uses, declared here so the
+ * knn_blas.h: the BLAS routines the CPU backend uses, declared here so the
  * engine needs no R header. The trailing lengths are the hidden character
  * arguments of the Fortran ABI (gfortran); C BLAS libraries ignore them.
  */
@@ -14,6 +14,12 @@ void dgemm_(const char *transa, const char *transb, const int *m,
             const double *beta, double *c, const int *ldc, size_t la,
             size_t lb);
 
+void sgemm_(const char *transa, const char *transb, const int *m,
+            const int *n, const int *k, const float *alpha, const float *a,
+            const int *lda, const float *b, const int *ldb,
+            const float *beta, float *c, const int *ldc, size_t la,
+            size_t lb);
+
 /* c (m x n) = t(a) %*% b, where a is p x m and b is p x n (column-major,
  * node-contiguous): the dot products of every pair of nodes. */
 static inline void knn_gemm_tn(int m, int n, int p, const double *a,
@@ -21,6 +27,16 @@ static inline void knn_gemm_tn(int m, int n, int p, const double *a,
 {
     const double one = 1.0, zero = 0.0;
     dgemm_("T", "N", &m, &n, &p, &one, a, &p, b, &p, &zero, c, &m, 1, 1);
+}
+
+/* The same in float32 (inputs rounded, sums in float32: the margins of
+ * knn_exact.h with unit_in = unit_acc = 2^-24 cover it, whatever order
+ * or fused operations the BLAS uses). */
+static inline void knn_sgemm_tn(int m, int n, int p, const float *a,
+                                const float *b, float *c)
+{
+    const float one = 1.0f, zero = 0.0f;
+    sgemm_("T", "N", &m, &n, &p, &one, a, &p, b, &p, &zero, c, &m, 1, 1);
 }
 
 #endif

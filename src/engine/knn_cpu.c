@@ -6,6 +6,13 @@
  *   nodes' candidate pools (knn_pool.c) in parallel; when a query tile has
  *   seen every reference, its pools are re-ranked with the canonical keys of
  *   knn_exact.h and written out.
+ * Products run on the cheapest rung of the precision policy first (float32
+ * BLAS, whose proven margins cover its rounding), and climb to float64 BLAS
+ * for the rest of the search once a row tile's candidates show the margin
+ * is too wide for the data (knn_rung_too_wide); the request can force
+ * either. Distance pools also bound their candidates by their own node's
+ * neighbourhood (knn_dist_row_bound), so nodes at very different levels
+ * do not widen each other's margins.
  * A self search uses the symmetry of the metric: a row tile only meets the
  * columns from its own first node on, and each score also goes to the pool
  * of the column node, which halves the arithmetic. That needs a pool for
@@ -39,12 +46,18 @@ typedef struct {
     const knn_nodes *query;  /* &ref for a self search */
     int self;
     knn_score_kind score;    /* how tile values become fast scores */
+    knn_precision rung;      /* products of the next tile: FP32 or FP64 */
+    int adaptive;            /* may still climb from FP32 to FP64 */
+    int climbed;             /* did */
+    int tile_fp32;           /* the tile holds float32 products */
     int symmetric;           /* self search sharing each score both ways */
     int n_query;
     int threads;
     int row_tile, col_tile;
-    double *scores;          /* col_tile x row_tile */
+    void *tile;              /* col_tile x row_tile values: double, or
+                                float where tile_fp32 */
     knn_pool *pools;         /* one per node when symmetric, else per row */
+    double *column_bound;    /* symmetric: col_tile pool bounds, scratch */
     int n_pools;
     double seconds_rerank;   /* spent in knn_cpu_finish, all row tiles */
 } knn_cpu;
@@ -77,10 +90,24 @@ static void knn_cpu_free(knn_cpu *cpu)
     if (cpu->pools)
         for (int i = 0; i < cpu->n_pools; i++) knn_pool_free(&cpu->pools[i]);
     free(cpu->pools);
-    free(cpu->scores);
+    free(cpu->tile);
+    free(cpu->column_bound);
     knn_nodes_free(&cpu->ref);
     knn_nodes_free(&cpu->query_nodes);
     knn_space_free(&cpu->space);
+}
+
+/* The rung a search starts on and which fast forms its nodes need: a
+ * forced rung alone, or float32 with float64 kept for the climb. */
+static int knn_cpu_choose_rung(knn_cpu *cpu, knn_precision precision)
+{
+    if (!knn_uses_product(cpu->req->metric)) return 0;
+    cpu->rung = precision == KNN_PRECISION_FP64 ? KNN_PRECISION_FP64
+                                                : KNN_PRECISION_FP32;
+    cpu->adaptive = precision == KNN_PRECISION_AUTO;
+    if (cpu->adaptive) return KNN_FORM_FAST32 | KNN_FORM_FAST64;
+    return cpu->rung == KNN_PRECISION_FP32 ? KNN_FORM_FAST32
+                                           : KNN_FORM_FAST64;
 }
 
 static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
@@ -90,13 +117,14 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
     cpu->n_query = cpu->self ? req->n_ref : req->n_query;
     cpu->threads = knn_threads(req->threads);
     cpu->score = knn_score_of(req->metric);
+    int forms = knn_cpu_choose_rung(cpu, req->precision);
     knn_status st = knn_space_init(&cpu->space, req);
     if (st == KNN_OK)
         st = knn_nodes_prepare(&cpu->ref, &cpu->space, req->ref, req->n_ref,
-                               1, 0, cpu->threads);
+                               1, forms, cpu->threads);
     if (st == KNN_OK && !cpu->self)
         st = knn_nodes_prepare(&cpu->query_nodes, &cpu->space, req->query,
-                               req->n_query, 0, 0, cpu->threads);
+                               req->n_query, 0, forms, cpu->threads);
     if (st != KNN_OK) return st;
     cpu->query = cpu->self ? &cpu->ref : &cpu->query_nodes;
 
@@ -108,8 +136,22 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
                           cpu->space.scale_exp) != 0)
             return KNN_E_NOMEM;
     size_t cells = (size_t)cpu->row_tile * cpu->col_tile;
-    cpu->scores = malloc(cells * sizeof(double));
-    return cpu->scores ? KNN_OK : KNN_E_NOMEM;
+    cpu->tile = malloc(cells * sizeof(double));
+    if (cpu->symmetric)
+        cpu->column_bound = malloc((size_t)cpu->col_tile * sizeof(double));
+    return cpu->tile && (!cpu->symmetric || cpu->column_bound)
+               ? KNN_OK : KNN_E_NOMEM;
+}
+
+/* Rounding units of the current rung's inputs and sums (knn_exact.h). */
+static double knn_cpu_unit_in(const knn_cpu *cpu)
+{
+    return cpu->rung == KNN_PRECISION_FP32 ? KNN_U32 : 0.0;
+}
+
+static double knn_cpu_unit_acc(const knn_cpu *cpu)
+{
+    return cpu->rung == KNN_PRECISION_FP32 ? KNN_U32 : KNN_U64;
 }
 
 /* Bound on |fast score - canonical key| for query node qi, in score units. */
@@ -117,9 +159,10 @@ static double knn_cpu_margin(const knn_cpu *cpu, int qi)
 {
     const knn_space *sp = &cpu->space;
     if (!knn_uses_product(sp->metric)) return 0.0;
+    double unit_in = knn_cpu_unit_in(cpu), unit_acc = knn_cpu_unit_acc(cpu);
     if (knn_is_correlation(sp->metric))
-        return knn_margin_corr(sp->p, 0.0, KNN_U64, sp->kappa);
-    return knn_margin_dist(sp->p, 0.0, KNN_U64,
+        return knn_margin_corr(sp->p, unit_in, unit_acc, sp->kappa);
+    return knn_margin_dist(sp->p, unit_in, unit_acc,
                            sqrt(cpu->query->norm2[qi]), sp->norm_max);
 }
 
@@ -140,6 +183,11 @@ static void knn_cpu_reset_pool(const knn_cpu *cpu, knn_pool *pool, int qi)
 {
     knn_pool_reset(pool, qi, knn_cpu_margin(cpu, qi), knn_cpu_order_value,
                    cpu);
+    if (cpu->score == KNN_SCORE_DIST)
+        knn_pool_bound_by_row(pool, sqrt(cpu->query->norm2[qi]),
+                              knn_margin_dist_unit(cpu->space.p,
+                                                   knn_cpu_unit_in(cpu),
+                                                   knn_cpu_unit_acc(cpu)));
 }
 
 static knn_pool *knn_cpu_pool(const knn_cpu *cpu, int node, int q0)
@@ -147,36 +195,67 @@ static knn_pool *knn_cpu_pool(const knn_cpu *cpu, int node, int q0)
     return &cpu->pools[cpu->symmetric ? node : node - q0];
 }
 
-/* Fills the tile's scores for query nodes [q0, q0 + nr) against reference
- * nodes [c0, c0 + nc): dot products of fast vectors, or canonical keys for
- * Manhattan. Layout nc x nr: query i's scores are contiguous. */
-static void knn_cpu_fill(const knn_cpu *cpu, int q0, int nr, int c0, int nc)
+/* Fills the tile for query nodes [q0, q0 + nr) against reference nodes
+ * [c0, c0 + nc): dot products of fast vectors on the current rung, or
+ * canonical keys for Manhattan. Layout nc x nr: query i's values are
+ * contiguous. */
+static void knn_cpu_fill(knn_cpu *cpu, int q0, int nr, int c0, int nc)
 {
     int p = cpu->space.p;
+    cpu->tile_fp32 = knn_uses_product(cpu->space.metric) &&
+                     cpu->rung == KNN_PRECISION_FP32;
+    if (cpu->tile_fp32) {
+        knn_sgemm_tn(nc, nr, p, cpu->ref.fast32 + (size_t)c0 * p,
+                     cpu->query->fast32 + (size_t)q0 * p, cpu->tile);
+        return;
+    }
+    double *tile = cpu->tile;
     if (knn_uses_product(cpu->space.metric)) {
         knn_gemm_tn(nc, nr, p, cpu->ref.fast + (size_t)c0 * p,
-                    cpu->query->fast + (size_t)q0 * p, cpu->scores);
+                    cpu->query->fast + (size_t)q0 * p, tile);
         return;
     }
     #pragma omp parallel for num_threads(cpu->threads) schedule(static)
     for (int i = 0; i < nr; i++)
         for (int j = 0; j < nc; j++)
-            cpu->scores[(size_t)i * nc + j] =
+            tile[(size_t)i * nc + j] =
                 knn_nodes_key(&cpu->space, cpu->query, q0 + i, &cpu->ref,
                               c0 + j);
 }
 
 /* Tiles are scanned in blocks of this many scores: a block that cannot
  * beat any pool bound (the common case once pools have filled) is rejected
- * with arithmetic the compiler vectorises, without touching the pools. */
+ * with arithmetic the compiler vectorises, without touching the pools.
+ * Whole blocks go through code inlined with this constant length, which
+ * is what lets the compiler vectorise it; only a row's last block is
+ * shorter. */
 #define KNN_BLOCK 16
+
+#if defined(__GNUC__)
+#define KNN_INLINE static inline __attribute__((always_inline))
+#else
+#define KNN_INLINE static inline
+#endif
+
+/* The tile's values [at, at + n) as float64. */
+KNN_INLINE void knn_tile_values(const knn_cpu *cpu, size_t at, int n,
+                                double *g)
+{
+    if (cpu->tile_fp32) {
+        const float *t = (const float *)cpu->tile + at;
+        for (int j = 0; j < n; j++) g[j] = t[j];
+    } else {
+        const double *t = (const double *)cpu->tile + at;
+        for (int j = 0; j < n; j++) g[j] = t[j];
+    }
+}
 
 /* Fast scores (smaller is closer) of one block from its tile values g, as
  * knn_score_kind defines them (base, add: squared norms of the two nodes
  * for distances). */
-static inline void knn_block_scores(knn_score_kind kind, double base,
-                                    const double *add, const double *g,
-                                    int n, double *s)
+KNN_INLINE void knn_block_scores(knn_score_kind kind, double base,
+                                 const double *add, const double *g, int n,
+                                 double *s)
 {
     switch (kind) {
     case KNN_SCORE_IDENT:
@@ -193,7 +272,7 @@ static inline void knn_block_scores(knn_score_kind kind, double base,
     }
 }
 
-static inline int knn_block_hits(const double *s, int n, double bound)
+KNN_INLINE int knn_block_hits(const double *s, int n, double bound)
 {
     int hit = 0;
     for (int j = 0; j < n; j++) hit |= s[j] <= bound;
@@ -211,56 +290,88 @@ static double knn_cpu_norm(const knn_nodes *nodes, int node)
     return nodes->norm2 ? nodes->norm2[node] : 0.0;
 }
 
+/* Offers one block of a row, reference nodes [c, c + n) at tile offset
+ * `at`, to the row's pool, skipping `itself`. */
+KNN_INLINE int knn_cpu_offer_block(const knn_cpu *cpu, knn_pool *pool,
+                                   double base, int itself, size_t at, int c,
+                                   int n)
+{
+    double g[KNN_BLOCK], s[KNN_BLOCK];
+    knn_tile_values(cpu, at, n, g);
+    knn_block_scores(cpu->score, base, knn_cpu_norms(&cpu->ref, c), g, n, s);
+    if (!knn_block_hits(s, n, pool->bound)) return 0;
+    int failed = 0;
+    for (int j = 0; j < n; j++)
+        if (s[j] <= pool->bound && c + j != itself)
+            failed |= knn_pool_offer(pool, s[j], c + j);
+    return failed;
+}
+
 /* Offers query node q0 + i the tile's references, itself excluded. */
 static int knn_cpu_offer_row(const knn_cpu *cpu, int q0, int i, int c0,
                              int nc)
 {
     int qi = q0 + i;
     knn_pool *pool = knn_cpu_pool(cpu, qi, q0);
-    const double *row = cpu->scores + (size_t)i * nc;
+    size_t row = (size_t)i * nc;
     double base = knn_cpu_norm(cpu->query, qi);
     int itself = cpu->self ? qi : -1;
+    int failed = 0, j0 = 0;
+    for (; j0 + KNN_BLOCK <= nc; j0 += KNN_BLOCK)
+        failed |= knn_cpu_offer_block(cpu, pool, base, itself, row + j0,
+                                      c0 + j0, KNN_BLOCK);
+    if (j0 < nc)
+        failed |= knn_cpu_offer_block(cpu, pool, base, itself, row + j0,
+                                      c0 + j0, nc - j0);
+    return failed;
+}
+
+/* Symmetric mode: offers one block of row node qi's tile values, column
+ * nodes [c, c + n) at tile offset `at`, to those columns' pools, whose
+ * bounds the caller keeps in bound[0..n) (read once, refreshed on each
+ * offer). */
+KNN_INLINE int knn_cpu_offer_to_columns(const knn_cpu *cpu, double base,
+                                        size_t at, int c, int qi,
+                                        double *bound, int n)
+{
+    double g[KNN_BLOCK], s[KNN_BLOCK];
+    knn_tile_values(cpu, at, n, g);
+    knn_block_scores(cpu->score, base, knn_cpu_norms(&cpu->ref, c), g, n, s);
+    int hit = 0;
+    for (int j = 0; j < n; j++) hit |= s[j] <= bound[j];
+    if (!hit) return 0;
     int failed = 0;
-    for (int j0 = 0; j0 < nc; j0 += KNN_BLOCK) {
-        int n = nc - j0 < KNN_BLOCK ? nc - j0 : KNN_BLOCK;
-        double s[KNN_BLOCK];
-        knn_block_scores(cpu->score, base,
-                         knn_cpu_norms(&cpu->ref, c0 + j0), row + j0, n, s);
-        if (!knn_block_hits(s, n, pool->bound)) continue;
-        for (int j = 0; j < n; j++) {
-            int rj = c0 + j0 + j;
-            if (s[j] <= pool->bound && rj != itself)
-                failed |= knn_pool_offer(pool, s[j], rj);
-        }
+    for (int j = 0; j < n; j++) {
+        if (!(s[j] <= bound[j])) continue;
+        knn_pool *pool = &cpu->pools[c + j];
+        failed |= knn_pool_offer(pool, s[j], qi);
+        bound[j] = pool->bound;
     }
     return failed;
 }
 
-/* Symmetric mode: offers the column nodes [c0 + j0, c0 + j0 + n) of the
- * tile its row nodes, reading the tile row by row. */
-static int knn_cpu_offer_columns(const knn_cpu *cpu, int q0, int nr, int c0,
-                                 int nc, int j0, int n)
+/* Symmetric mode: offers the column nodes [c0 + a, c0 + b) of the tile
+ * their row nodes. The tile is read row by row, each row's stretch
+ * contiguous, so memory streams as in the row pass; `bound` is b - a
+ * scratch values. */
+static int knn_cpu_offer_column_range(const knn_cpu *cpu, int q0, int nr,
+                                      int c0, int nc, int a, int b,
+                                      double *bound)
 {
-    knn_pool *pools[KNN_BLOCK];
-    double bound[KNN_BLOCK];
-    for (int j = 0; j < n; j++) {
-        pools[j] = &cpu->pools[c0 + j0 + j];
-        bound[j] = pools[j]->bound;
-    }
-    const double *add = knn_cpu_norms(&cpu->ref, c0 + j0);
+    for (int j = a; j < b; j++) bound[j - a] = cpu->pools[c0 + j].bound;
     int failed = 0;
     for (int i = 0; i < nr; i++) {
-        double s[KNN_BLOCK];
-        knn_block_scores(cpu->score, knn_cpu_norm(&cpu->ref, q0 + i),
-                         add, cpu->scores + (size_t)i * nc + j0, n, s);
-        int hit = 0;
-        for (int j = 0; j < n; j++) hit |= s[j] <= bound[j];
-        if (!hit) continue;
-        for (int j = 0; j < n; j++) {
-            if (!(s[j] <= bound[j])) continue;
-            failed |= knn_pool_offer(pools[j], s[j], q0 + i);
-            bound[j] = pools[j]->bound;
-        }
+        double base = knn_cpu_norm(&cpu->ref, q0 + i);
+        size_t row = (size_t)i * nc;
+        int j0 = a;
+        for (; j0 + KNN_BLOCK <= b; j0 += KNN_BLOCK)
+            failed |= knn_cpu_offer_to_columns(cpu, base, row + j0, c0 + j0,
+                                               q0 + i, bound + (j0 - a),
+                                               KNN_BLOCK);
+        if (j0 < b)
+            failed |= knn_cpu_offer_to_columns(cpu, base, row + j0, c0 + j0,
+                                               q0 + i, bound + (j0 - a),
+                                               b - j0);
     }
     return failed;
 }
@@ -274,13 +385,20 @@ static knn_status knn_cpu_offer_tile(const knn_cpu *cpu, int q0, int nr,
     for (int i = 0; i < nr; i++)
         failed |= knn_cpu_offer_row(cpu, q0, i, c0, nc);
     if (cpu->symmetric) {
-        /* Columns inside the row tile already got their scores as rows. */
+        /* Columns inside the row tile already got their scores as rows.
+         * Each thread owns a stretch of the other columns (whole blocks),
+         * so no two threads offer to one pool. */
         int first = q0 + nr - c0 > 0 ? q0 + nr - c0 : 0;
+        int blocks = (nc - first + KNN_BLOCK - 1) / KNN_BLOCK;
+        int parts = cpu->threads < blocks ? cpu->threads : blocks;
         #pragma omp parallel for num_threads(cpu->threads) \
-            schedule(dynamic, 4) reduction(| : failed)
-        for (int j0 = first; j0 < nc; j0 += KNN_BLOCK) {
-            int n = nc - j0 < KNN_BLOCK ? nc - j0 : KNN_BLOCK;
-            failed |= knn_cpu_offer_columns(cpu, q0, nr, c0, nc, j0, n);
+            schedule(static, 1) reduction(| : failed)
+        for (int t = 0; t < parts; t++) {
+            int a = first + (int)((long)blocks * t / parts) * KNN_BLOCK;
+            int b = first + (int)((long)blocks * (t + 1) / parts) * KNN_BLOCK;
+            if (b > nc) b = nc;
+            failed |= knn_cpu_offer_column_range(cpu, q0, nr, c0, nc, a, b,
+                                                 cpu->column_bound + a);
         }
     }
     return failed ? KNN_E_NOMEM : KNN_OK;
@@ -314,6 +432,19 @@ static int knn_cpu_interrupted(const knn_request *req)
     return req->cb.interrupted && req->cb.interrupted(req->cb.ctx);
 }
 
+/* Goes on in float64 products once the float32 rung's candidates, `found`
+ * over `rows` finished rows, are too many for the data. Pools already
+ * open keep their float32 margins: the float64 scores they go on to
+ * receive are closer to their keys than those margins. */
+static void knn_cpu_climb(knn_cpu *cpu, double found, int rows)
+{
+    if (!cpu->adaptive || !knn_rung_too_wide(found, rows, cpu->req->k))
+        return;
+    cpu->rung = KNN_PRECISION_FP64;
+    cpu->adaptive = 0;
+    cpu->climbed = 1;
+}
+
 /* Processes query nodes [q0, q0 + nr) against every reference tile they
  * need, then writes their neighbours. Adds their pool sizes to *pooled. */
 static knn_status knn_cpu_row_tile(knn_cpu *cpu, int q0, int nr,
@@ -340,10 +471,11 @@ static knn_status knn_cpu_row_tile(knn_cpu *cpu, int q0, int nr,
     for (int i = 0; i < nr; i++) {
         knn_pool *pool = knn_cpu_pool(cpu, q0 + i, q0);
         knn_cpu_finish(cpu, pool, q0 + i, out);
-        sizes += pool->size;
+        sizes += pool->size + pool->compacted;
     }
     cpu->seconds_rerank += knn_seconds() - t0;
     *pooled += sizes;
+    knn_cpu_climb(cpu, sizes, nr);
     return KNN_OK;
 }
 
@@ -351,10 +483,14 @@ static void knn_cpu_describe(const knn_cpu *cpu, knn_report *report)
 {
     snprintf(report->device, sizeof report->device, "cpu (%d threads)",
              cpu->threads);
-    snprintf(report->precision, sizeof report->precision, "%s",
-             knn_uses_product(cpu->space.metric)
-                 ? "fp64 BLAS candidates + fp64 exact re-rank"
-                 : "fp64 exact direct");
+    const char *rung = cpu->climbed ? "fp32, then fp64"
+                       : cpu->rung == KNN_PRECISION_FP32 ? "fp32" : "fp64";
+    if (knn_uses_product(cpu->space.metric))
+        snprintf(report->precision, sizeof report->precision,
+                 "%s BLAS candidates + fp64 exact re-rank", rung);
+    else
+        snprintf(report->precision, sizeof report->precision,
+                 "fp64 exact direct");
     report->row_tile = cpu->row_tile;
     report->col_tile = cpu->col_tile;
 }

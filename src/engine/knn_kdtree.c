@@ -486,11 +486,11 @@ knn_status knn_kdtree_search(const knn_request *req, knn_result *out,
     knn_kd_tree tree = {0};
     knn_status st = knn_space_init(&space, req);
     if (st == KNN_OK)
-        st = knn_nodes_prepare(&ref, &space, req->ref, req->n_ref, 1, 1,
+        st = knn_nodes_prepare(&ref, &space, req->ref, req->n_ref, 1, 0,
                                threads);
     if (st == KNN_OK && !self)
         st = knn_nodes_prepare(&query_nodes, &space, req->query,
-                               req->n_query, 0, 1, threads);
+                               req->n_query, 0, 0, threads);
     if (st == KNN_OK) st = knn_kd_build(&tree, &ref, req->p);
     const knn_nodes *query = self ? &ref : &query_nodes;
     double t1 = knn_seconds();

@@ -34,9 +34,17 @@ void knn_pool_reset(knn_pool *pool, int node, double margin, knn_key_fn key,
     pool->size = 0;
     pool->bound = INFINITY;
     pool->margin2 = 2.0 * margin;
+    pool->row_unit = 0.0;
+    pool->compacted = 0.0;
     pool->node = node;
     pool->key = key;
     pool->key_ctx = key_ctx;
+}
+
+void knn_pool_bound_by_row(knn_pool *pool, double norm, double unit)
+{
+    pool->row_norm = norm;
+    pool->row_unit = unit;
 }
 
 static void knn_cand_swap(knn_cand *a, knn_cand *b)
@@ -71,9 +79,14 @@ void knn_pool_prune(knn_pool *pool)
     int k = pool->k;
     if (pool->size <= k) return;
     knn_select_rank(pool->items, pool->size, k - 1);
-    double bound = knn_candidate_bound(pool->metric,
-                                       pool->items[k - 1].score,
-                                       pool->margin2, pool->scale_exp);
+    double kth = pool->items[k - 1].score;
+    double bound = knn_candidate_bound(pool->metric, kth, pool->margin2,
+                                       pool->scale_exp);
+    if (pool->row_unit > 0.0)
+        bound = fmin(bound, knn_dist_row_bound(pool->metric, kth,
+                                               pool->row_norm,
+                                               pool->row_unit,
+                                               pool->scale_exp));
     if (bound < pool->bound) pool->bound = bound;
     int kept = k;
     for (int i = k; i < pool->size; i++)
@@ -108,6 +121,7 @@ static int knn_pool_compact(knn_pool *pool)
     }
     qsort(keyed, (size_t)pool->size, sizeof *keyed, knn_keyed_cmp);
     for (int c = 0; c < pool->k; c++) pool->items[c] = keyed[c].cand;
+    pool->compacted += pool->size - pool->k;
     pool->size = pool->k;
     free(keyed);
     return 0;

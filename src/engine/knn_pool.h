@@ -28,6 +28,8 @@ typedef struct {
     knn_cand *items;
     int size;
     int cap;
+    double compacted; /* entries dropped by compaction since the reset:
+                         candidates too, whose keys were computed */
     int k;
     double bound;    /* offers above this cannot be in the top k */
     double margin2;  /* twice the margin of the fast scores */
@@ -36,6 +38,9 @@ typedef struct {
     const void *key_ctx;
     knn_metric metric;  /* for knn_candidate_bound */
     int scale_exp;
+    double row_norm;    /* distance metrics: the node's fast norm and */
+    double row_unit;    /* knn_margin_dist_unit, for knn_dist_row_bound;
+                           row_unit 0: that bound is not used */
 } knn_pool;
 
 /* Allocates a pool for k neighbours under a metric whose distance-metric
@@ -48,6 +53,12 @@ void knn_pool_free(knn_pool *pool);
  * order value used to compact ties. */
 void knn_pool_reset(knn_pool *pool, int node, double margin, knn_key_fn key,
                     const void *key_ctx);
+
+/* Lets the pool of a distance-metric node also bound its candidates by
+ * its own neighbourhood (knn_dist_row_bound): `norm` is the node's fast
+ * norm, `unit` knn_margin_dist_unit of the arithmetic its scores come
+ * from. Call after knn_pool_reset, which turns it off. */
+void knn_pool_bound_by_row(knn_pool *pool, double norm, double unit);
 
 /* Offers a candidate. Returns 0, or -1 when out of memory (pool intact). */
 int knn_pool_offer(knn_pool *pool, double score, int index);

@@ -79,44 +79,71 @@ void knn_nodes_free(knn_nodes *nodes)
     free(nodes->sum);
     free(nodes->css);
     free(nodes->fast);
+    free(nodes->fast32);
     free(nodes->norm2);
     memset(nodes, 0, sizeof *nodes);
 }
 
 static knn_status knn_nodes_alloc(knn_nodes *nodes, const knn_space *space,
-                                  int n, int canon_only)
+                                  int n, int forms)
 {
     size_t pn = (size_t)space->p * n;
     int corr = knn_is_correlation(space->metric);
-    int product = knn_uses_product(space->metric) && !(canon_only && !corr);
+    if (!knn_uses_product(space->metric)) forms = 0;
     memset(nodes, 0, sizeof *nodes);
     nodes->n = n;
     nodes->canon = malloc(pn * sizeof(double));
+    int failed = !nodes->canon;
     if (corr) {
         nodes->sum = malloc((size_t)n * sizeof(double));
         nodes->css = malloc((size_t)n * sizeof(double));
+        failed |= !nodes->sum || !nodes->css;
     }
-    if (product) nodes->fast = malloc(pn * sizeof(double));
-    if (product && !corr) nodes->norm2 = malloc((size_t)n * sizeof(double));
-    if (!nodes->canon || (corr && (!nodes->sum || !nodes->css)) ||
-        (product && !nodes->fast) ||
-        (product && !corr && !nodes->norm2)) {
+    if (forms & KNN_FORM_FAST64) {
+        nodes->fast = malloc(pn * sizeof(double));
+        failed |= !nodes->fast;
+    }
+    if (forms & KNN_FORM_FAST32) {
+        nodes->fast32 = malloc(pn * sizeof(float));
+        failed |= !nodes->fast32;
+    }
+    if (forms && !corr) {
+        nodes->norm2 = malloc((size_t)n * sizeof(double));
+        failed |= !nodes->norm2;
+    }
+    if (failed) {
         knn_nodes_free(nodes);
         return KNN_E_NOMEM;
     }
     return KNN_OK;
 }
 
+/* Where node j's float64 fast vector goes: the nodes' array when they keep
+ * one, else the thread's scratch (only its float32 rounding is kept). */
+static double *knn_fast_target(const knn_nodes *nodes, int p, int j,
+                               double *scratch)
+{
+    return nodes->fast ? nodes->fast + (size_t)j * p : scratch;
+}
+
+/* Keeps the float32 rounding of node j's fast vector v, where asked. */
+static void knn_keep_fast32(knn_nodes *nodes, int p, int j, const double *v)
+{
+    if (!nodes->fast32) return;
+    float *w = nodes->fast32 + (size_t)j * p;
+    for (int f = 0; f < p; f++) w[f] = (float)v[f];
+}
+
 /* Correlation node j: canonical u, then the unit-norm centred fast vector.
  * Returns the node's cancellation p * sum(u^2) / css. */
 static double knn_prepare_corr(knn_nodes *nodes, const knn_space *space,
                                const double *x, int j, double *rank2,
-                               knn_ranked *scratch)
+                               knn_ranked *scratch, double *fast_scratch)
 {
     int p = space->p;
     const double *xj = x + (size_t)j * p;
     double *u = nodes->canon + (size_t)j * p;
-    double *fast = nodes->fast + (size_t)j * p;
+    double *fast = knn_fast_target(nodes, p, j, fast_scratch);
     if (space->metric == KNN_SPEARMAN) {
         knn_rank2_sorted(xj, p, scratch, rank2);
         xj = rank2;
@@ -126,32 +153,34 @@ static double knn_prepare_corr(knn_nodes *nodes, const knn_space *space,
     knn_fast_corr_form(space->metric, p, nodes->sum[j], nodes->css[j], &mean,
                        &scale);
     for (int f = 0; f < p; f++) fast[f] = (u[f] - mean) * scale;
+    knn_keep_fast32(nodes, p, j, fast);
     return knn_corr_kappa(space->metric, u, p, nodes->css[j]);
 }
 
 /* Distance node j: scaled canonical node and its column-centred fast form.
  * Returns |fast|. */
 static double knn_prepare_dist(knn_nodes *nodes, const knn_space *space,
-                               const double *x, int j)
+                               const double *x, int j, double *fast_scratch)
 {
     int p = space->p;
     const double *xj = x + (size_t)j * p;
     double *c = nodes->canon + (size_t)j * p;
     for (int f = 0; f < p; f++) c[f] = ldexp(xj[f], -space->scale_exp);
-    if (!nodes->fast) return 0.0;
-    double *v = nodes->fast + (size_t)j * p;
+    if (!nodes->norm2) return 0.0;
+    double *v = knn_fast_target(nodes, p, j, fast_scratch);
     for (int f = 0; f < p; f++) v[f] = c[f] - space->colmean[f];
+    knn_keep_fast32(nodes, p, j, v);
     nodes->norm2[j] = knn_dot(v, v, p);
     return sqrt(nodes->norm2[j]);
 }
 
 knn_status knn_nodes_prepare(knn_nodes *nodes, knn_space *space,
-                             const double *x, int n, int is_ref,
-                             int canon_only, int threads)
+                             const double *x, int n, int is_ref, int forms,
+                             int threads)
 {
     int p = space->p;
     int corr = knn_is_correlation(space->metric);
-    knn_status st = knn_nodes_alloc(nodes, space, n, canon_only);
+    knn_status st = knn_nodes_alloc(nodes, space, n, forms);
     if (st != KNN_OK) return st;
 
     double kappa = space->kappa, norm_max = space->norm_max;
@@ -160,20 +189,22 @@ knn_status knn_nodes_prepare(knn_nodes *nodes, knn_space *space,
         reduction(max : kappa, norm_max) reduction(| : failed)
     {
         double *rank2 = malloc((size_t)p * sizeof(double));
+        double *fast = malloc((size_t)p * sizeof(double));
         knn_ranked *scratch = malloc((size_t)p * sizeof(knn_ranked));
-        if (!rank2 || !scratch) failed = 1;
+        if (!rank2 || !fast || !scratch) failed = 1;
         #pragma omp for schedule(static)
         for (int j = 0; j < n; j++) {
             if (failed) continue;
             if (corr) {
                 kappa = fmax(kappa, knn_prepare_corr(nodes, space, x, j,
-                                                     rank2, scratch));
+                                                     rank2, scratch, fast));
             } else {
-                double norm = knn_prepare_dist(nodes, space, x, j);
+                double norm = knn_prepare_dist(nodes, space, x, j, fast);
                 if (is_ref) norm_max = fmax(norm_max, norm);
             }
         }
         free(rank2);
+        free(fast);
         free(scratch);
     }
     if (failed) {

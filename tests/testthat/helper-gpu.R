@@ -1,11 +1,15 @@
 ## Helpers of the GPU tests (test-gpu-*.R): the CPU engine is the reference,
 ## and the GPU must give the same bits.
 
-gpuSearchBoth <- function(x, k, metric, by = "rows", query = NULL, ...) {
+## gpuPrecision: the GPU's rung ("tf32" exists there only); the CPU's is
+## its default.
+gpuSearchBoth <- function(x, k, metric, by = "rows", query = NULL, ...,
+                          gpuPrecision = "auto") {
     args <- list(x = x, query = query, k = k, metric = metric, by = by,
                  progress = FALSE, ...)
     list(cpu = do.call(knnSearch, c(args, device = "cpu")),
-         gpu = do.call(knnSearch, c(args, device = "gpu")))
+         gpu = do.call(knnSearch, c(args, device = "gpu",
+                                    precision = gpuPrecision)))
 }
 
 expectGpuIdentical <- function(x, k, metric, by = "rows", query = NULL,

@@ -251,14 +251,43 @@ test_that("rows of small norm among large ones keep their candidates few", {
     level <- rlnorm(4000, meanlog = 6, sdlog = 1.5)
     x <- level * (1 + matrix(rnorm(4000 * 30, sd = 0.05), 4000))
     for (gemm in c("tf32", "fp32")) {
-        withr::with_envvar(c(KNNGPU_GEMM = gemm), {
-            for (metric in c("euclidean", "sqeuclidean")) {
+        for (metric in c("euclidean", "sqeuclidean")) {
+            got <- expectGpuIdentical(x, 10, metric,
+                                      label = paste("levels", gemm),
+                                      gpuPrecision = gemm)
+            if (gemm == "fp32") {
+                expect_lt(attr(got$gpu, "timings")$candidates, 40)
+            }
+        }
+    }
+})
+
+test_that("every GPU rung gives the CPU's bits on hard data", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    for (kind in hardKinds) {
+        x <- hardMatrix(kind, 3000, 45)
+        for (metric in c("pearson", "cosine", "euclidean", "abspearson")) {
+            for (rung in c("auto", "tf32", "fp32")) {
                 got <- expectGpuIdentical(x, 10, metric,
-                                          label = paste("levels", gemm))
-                if (gemm == "fp32") {
-                    expect_lt(attr(got$gpu, "timings")$candidates, 40)
+                                          label = paste(kind, rung),
+                                          gpuPrecision = rung)
+                if (rung != "auto") {
+                    expect_match(attr(got$gpu, "precision"),
+                                 paste0("^", rung, " GEMM"))
                 }
             }
-        })
+        }
     }
+    expect_error(knnSearch(hardMatrix("levels", 50, 46), k = 3,
+                           device = "gpu", precision = "fp64"),
+                 "is not a rung of the GPU")
+})
+
+test_that("correlations give TF32 up for float32 where candidates explode", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## Positive data at very different levels: under cosine every r is
+    ## within TF32's margin of 1, so auto goes on in float32.
+    x <- hardMatrix("levels", 20000, 47)
+    got <- expectGpuIdentical(x, 10, "cosine", label = "levels auto")
+    expect_match(attr(got$gpu, "precision"), "^tf32, then fp32")
 })

@@ -104,7 +104,7 @@ test_that("the result says which device and precision produced it", {
     got <- knnSearch(randomMatrix(50, 5, 9), k = 3, device = "cpu")
     expect_identical(attr(got, "backend"), "cpu")
     expect_match(attr(got, "device"), "^cpu")
-    expect_match(attr(got, "precision"), "fp64")
+    expect_match(attr(got, "precision"), "fp64 exact direct|BLAS candidates")
     expect_true(attr(got, "elapsed") >= 0)
     phases <- attr(got, "timings")[c("seconds_prepare", "seconds_search",
                                      "seconds_rerank")]
@@ -273,4 +273,65 @@ test_that("few features: the k-d tree gives the bits of the product scan", {
     expect_error(withOptions(list(knngpu.algorithm = "kd"),
                              knnSearch(x, k = 5, device = "cpu")),
                  "'knngpu.algorithm' must be one of")
+})
+
+test_that("every CPU rung gives the float64 reference on hard data", {
+    ## Near-duplicates differ by about 1e-14 in r, below the reference's
+    ## rounding to 10 decimals, which ties them: there the distances are
+    ## compared, and the order is that of the fp64 rung.
+    for (kind in hardKinds) {
+        x <- hardMatrix(kind, 400, 41)
+        for (metric in c("pearson", "cosine", "euclidean", "sqeuclidean",
+                         "abspearson", "spearman")) {
+            ref <- refKnn(x, 10, metric)
+            got <- lapply(c(auto = "auto", fp32 = "fp32", fp64 = "fp64"),
+                          function(precision) {
+                knnSearch(x, k = 10, metric = metric, device = "cpu",
+                          precision = precision, progress = FALSE)
+            })
+            for (rung in names(got)) {
+                label <- paste(kind, metric, rung)
+                if (kind != "neardup") {
+                    expect_identical(got[[rung]]$index, ref$index,
+                                     label = label)
+                }
+                expect_equal(got[[rung]]$distance, ref$distance,
+                             tolerance = 1e-9, label = label)
+                expect_identical(got[[rung]]$index, got$fp64$index,
+                                 label = label)
+                expect_identical(got[[rung]]$distance, got$fp64$distance,
+                                 label = label)
+            }
+            expect_match(attr(got$fp32, "precision"), "^fp32 BLAS")
+            expect_match(attr(got$fp64, "precision"), "^fp64 BLAS")
+        }
+    }
+})
+
+test_that("the float32 rung climbs to float64 where candidates explode", {
+    ## Every node at one of 3 points, 1e-9 apart at most: float32's margin
+    ## holds every node, so auto gives float32 up after its first tile.
+    set.seed(43)
+    centres <- matrix(rnorm(3 * 30), 3)
+    x <- centres[rep(1:3, length.out = 3000), ] +
+        matrix(rnorm(3000 * 30, sd = 1e-9), 3000)
+    got <- withOptions(list(knngpu.cpu.memory = 4e6), {
+        knnSearch(x, k = 5, metric = "euclidean", device = "cpu",
+                  progress = FALSE)
+    })
+    expect_match(attr(got, "precision"), "^fp32, then fp64 BLAS")
+    forced <- knnSearch(x, k = 5, metric = "euclidean", device = "cpu",
+                        precision = "fp64", progress = FALSE)
+    expect_identical(got$index, forced$index)
+    expect_identical(got$distance, forced$distance)
+})
+
+test_that("a rung the device lacks is refused by name", {
+    x <- randomMatrix(30, 4, 44)
+    expect_error(knnSearch(x, k = 3, device = "cpu", precision = "tf32"),
+                 "'precision = \"tf32\"' is not a rung of the CPU")
+    expect_error(knnSearch(x, k = 3, device = "cpu", precision = "fp16"),
+                 "'precision' must be one of")
+    expect_error(knnGraph(x, k = 3, device = "cpu", precision = NA),
+                 "'precision' must be one of")
 })
