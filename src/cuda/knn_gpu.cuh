@@ -161,7 +161,8 @@ typedef struct {
     const double *row_margin2;
     const double *row_norm;  /* KNN_SCORE_DIST: |f_i| of the tile rows, for
                                 knn_dist_row_bound; else NULL */
-    double margin_unit;      /* knn_margin_dist_unit of the tile's GEMM */
+    double margin_unit;      /* knn_margin_dist_unit and knn_margin_floor */
+    double margin_floor;     /* of the tile's GEMM */
     knn_metric metric;       /* with scale_exp: knn_candidate_bound */
     int scale_exp;
     const int *offsets;      /* rows + 1: row r's slots [offsets[r],

@@ -135,6 +135,32 @@ __global__ static void knn_dist_fast_kernel(const double *x, int p, int n,
     if (g < n_ref) knn_atomic_max_nonneg(norm_max, norm[g]);
 }
 
+/* One warp per ref node: adds its knn_translation_term about the means and
+ * about the origin to terms[0] and terms[1]. The lanes' partial sums of
+ * squares are combined first, as the term needs the whole norm. */
+__global__ static void knn_translation_kernel(const double *x, int p,
+                                              int n_ref, const double *mean,
+                                              double *terms)
+{
+    int g = (int)(((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    int lane = threadIdx.x & 31;
+    if (g >= n_ref) return; /* g is the same for the whole warp */
+    const double *xg = x + (size_t)g * p;
+    double centred = 0.0, origin = 0.0;
+    for (int f = lane; f < p; f += 32) {
+        double d = xg[f] - mean[f];
+        centred += d * d;
+        origin += xg[f] * xg[f];
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        centred += __shfl_xor_sync(0xffffffffu, centred, o);
+        origin += __shfl_xor_sync(0xffffffffu, origin, o);
+    }
+    if (lane != 0) return;
+    atomicAdd(&terms[0], knn_translation_log(centred));
+    atomicAdd(&terms[1], knn_translation_log(origin));
+}
+
 __global__ static void knn_margin_corr_kernel(double *margin2, int n, int p,
                                               double unit_in,
                                               const double *kappa_max,
@@ -143,7 +169,8 @@ __global__ static void knn_margin_corr_kernel(double *margin2, int n, int p,
     int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= n) return;
     double kappa = cosine ? 1.0 : *kappa_max;
-    margin2[g] = 2.0 * knn_margin_corr(p, unit_in, KNN_U32, kappa);
+    margin2[g] = 2.0 * knn_margin_corr(p, unit_in, KNN_U32, KNN_TINY32,
+                                       kappa);
 }
 
 /* Twice each node's margin, from its norm and the largest ref norm. */
@@ -155,7 +182,8 @@ __global__ static void knn_margin_dist_kernel(double *margin2, int n, int p,
     int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= n) return;
     margin2[g] =
-        2.0 * knn_margin_dist(p, unit_in, KNN_U32, norm[g], *norm_max);
+        2.0 * knn_margin_dist(p, unit_in, KNN_U32, KNN_TINY32, norm[g],
+                              *norm_max);
 }
 
 static knn_status knn_alloc(void **ptr, size_t bytes, char *message)
@@ -168,6 +196,7 @@ static knn_status knn_alloc(void **ptr, size_t bytes, char *message)
 typedef struct {
     double *scalar;     /* a reduction's result */
     double *mean_parts; /* KNN_MEAN_PARTS x p partial column sums */
+    double *terms;      /* 2: knn_translation_term sums, mean and origin */
 } knn_prep_scratch;
 
 /* The arrays the metric needs: what nodes->block holds. */
@@ -188,6 +217,7 @@ static void knn_nodes_carve(knn_metric m, knn_gpu_nodes *nd,
     nd->norm = knn_carve<double>(c, n);
     nd->norm_max = knn_carve<double>(c, 1);
     sc->mean_parts = knn_carve<double>(c, (size_t)KNN_MEAN_PARTS * nd->p);
+    sc->terms = knn_carve<double>(c, 2);
 }
 
 static knn_status knn_prepare_corr(knn_metric m, double *x, knn_gpu_nodes *nd,
@@ -212,6 +242,31 @@ static knn_status knn_prepare_corr(knn_metric m, double *x, knn_gpu_nodes *nd,
     KNN_LAUNCH_TRY(message, "knn_canon_kernel");
     nd->kappa_max = sc->scalar;
     return knn_nodes_remargin(m, nd, unit_in, message, stream);
+}
+
+/* Leaves the means (sc->mean_parts' first p values) as the fast vectors'
+ * centre, or zeroes them where the origin is the better translation
+ * (knn_translation_term, knn_exact.h: the rule the CPU follows too). */
+static knn_status knn_choose_translation(const knn_gpu_nodes *nd,
+                                         const double *x,
+                                         const knn_prep_scratch *sc,
+                                         char *message, cudaStream_t stream)
+{
+    double terms[2];
+    KNN_CUDA_TRY(message, cudaMemsetAsync(sc->terms, 0, sizeof terms,
+                                          stream));
+    knn_translation_kernel<<<knn_blocks((size_t)nd->n_ref * 32),
+                             KNN_PREP_THREADS, 0, stream>>>(
+        x, nd->p, nd->n_ref, sc->mean_parts, sc->terms);
+    KNN_LAUNCH_TRY(message, "knn_translation_kernel");
+    KNN_CUDA_TRY(message, cudaMemcpyAsync(terms, sc->terms, sizeof terms,
+                                          cudaMemcpyDeviceToHost, stream));
+    KNN_CUDA_TRY(message, cudaStreamSynchronize(stream));
+    if (terms[1] < terms[0])
+        KNN_CUDA_TRY(message, cudaMemsetAsync(sc->mean_parts, 0,
+                                              (size_t)nd->p * sizeof(double),
+                                              stream));
+    return KNN_OK;
 }
 
 static knn_status knn_prepare_dist(knn_metric m, double *x, knn_gpu_nodes *nd,
@@ -247,6 +302,7 @@ static knn_status knn_prepare_dist(knn_metric m, double *x, knn_gpu_nodes *nd,
     knn_mean_final_kernel<<<knn_blocks(nd->p), KNN_PREP_THREADS, 0,
                             stream>>>(sc->mean_parts, nd->p, nd->n_ref);
     KNN_LAUNCH_TRY(message, "knn_mean_final_kernel");
+    KNN_TRY(knn_choose_translation(nd, x, sc, message, stream));
     KNN_CUDA_TRY(message,
                  cudaMemsetAsync(nd->norm_max, 0, sizeof(double), stream));
     knn_dist_fast_kernel<<<knn_blocks((size_t)nd->n_nodes * 32),

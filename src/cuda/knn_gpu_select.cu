@@ -124,7 +124,8 @@ __device__ __forceinline__ double knn_row_bound(const knn_select_args &a,
     double bound = knn_candidate_bound(a.metric, kth, w.margin2, a.scale_exp);
     if (!a.row_norm) return bound;
     return fmin(bound, knn_dist_row_bound(a.metric, kth, w.norm,
-                                          a.margin_unit, a.scale_exp));
+                                          a.margin_unit, a.margin_floor,
+                                          a.scale_exp));
 }
 
 __device__ __forceinline__ void knn_row_done(const knn_select_args &a, int r,

@@ -306,6 +306,7 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
                       ? nd->norm + node0 : NULL;
     sa.margin_unit = knn_margin_dist_unit(p, knn_gemm_unit_in(sl->gemm),
                                           KNN_U32);
+    sa.margin_floor = knn_margin_floor(p, KNN_TINY32);
     sa.metric = req->metric;
     sa.scale_exp = nd->scale_exp;
     sa.offsets = offsets;

@@ -154,15 +154,21 @@ static double knn_cpu_unit_acc(const knn_cpu *cpu)
     return cpu->rung == KNN_PRECISION_FP32 ? KNN_U32 : KNN_U64;
 }
 
+static double knn_cpu_tiny(const knn_cpu *cpu)
+{
+    return cpu->rung == KNN_PRECISION_FP32 ? KNN_TINY32 : KNN_TINY64;
+}
+
 /* Bound on |fast score - canonical key| for query node qi, in score units. */
 static double knn_cpu_margin(const knn_cpu *cpu, int qi)
 {
     const knn_space *sp = &cpu->space;
     if (!knn_uses_product(sp->metric)) return 0.0;
     double unit_in = knn_cpu_unit_in(cpu), unit_acc = knn_cpu_unit_acc(cpu);
+    double tiny = knn_cpu_tiny(cpu);
     if (knn_is_correlation(sp->metric))
-        return knn_margin_corr(sp->p, unit_in, unit_acc, sp->kappa);
-    return knn_margin_dist(sp->p, unit_in, unit_acc,
+        return knn_margin_corr(sp->p, unit_in, unit_acc, tiny, sp->kappa);
+    return knn_margin_dist(sp->p, unit_in, unit_acc, tiny,
                            sqrt(cpu->query->norm2[qi]), sp->norm_max);
 }
 
@@ -187,7 +193,9 @@ static void knn_cpu_reset_pool(const knn_cpu *cpu, knn_pool *pool, int qi)
         knn_pool_bound_by_row(pool, sqrt(cpu->query->norm2[qi]),
                               knn_margin_dist_unit(cpu->space.p,
                                                    knn_cpu_unit_in(cpu),
-                                                   knn_cpu_unit_acc(cpu)));
+                                                   knn_cpu_unit_acc(cpu)),
+                              knn_margin_floor(cpu->space.p,
+                                               knn_cpu_tiny(cpu)));
 }
 
 static knn_pool *knn_cpu_pool(const knn_cpu *cpu, int node, int q0)

@@ -266,31 +266,84 @@ KNN_HD static inline void knn_key_output(knn_metric m, double key,
  * Each bound covers |fast - exact| + |canonical - exact| with a factor of
  * two to spare; kappa = max over nodes of p * sum(u^2) / css >= 1 measures
  * the cancellation in the canonical S.
+ *
+ * Those relative bounds fail where values or products fall below the
+ * arithmetic's normal range: nodes of tiny norm beside large ones (the
+ * 2^-e scaling is one for all) have float32 products that underflow, or
+ * are flushed to zero by tensor cores, and err by up to the smallest
+ * normal number each, whatever their size. knn_margin_floor bounds that
+ * absolute part: (p + 4) such errors per product, p more from inputs
+ * rounded in the subnormal range (|values| <= 2 after scaling and
+ * centring), doubled in the distance form and to spare. `tiny` is the
+ * smallest normal number of the candidate arithmetic (KNN_TINY32 or
+ * KNN_TINY64).
  */
+#define KNN_TINY32 0x1p-126
+#define KNN_TINY64 0x1p-1022
+
+KNN_HD static inline double knn_margin_floor(int p, double tiny)
+{
+    return 8.0 * (2.0 * p + 4.0) * tiny;
+}
+
 KNN_HD static inline double knn_margin_corr(int p, double unit_in,
-                                            double unit_acc, double kappa)
+                                            double unit_acc, double tiny,
+                                            double kappa)
 {
     double fast = (p + 4.0) * unit_acc + 2.0 * unit_in;
     double canon = 8.0 * (p + 10.0) * KNN_U64 * (kappa + p);
-    return 2.0 * (fast + canon);
+    return 2.0 * (fast + canon) + knn_margin_floor(p, tiny);
 }
 
 KNN_HD static inline double knn_margin_dist(int p, double unit_in,
-                                            double unit_acc, double norm_i,
-                                            double norm_max)
+                                            double unit_acc, double tiny,
+                                            double norm_i, double norm_max)
 {
     double reach = (norm_i + norm_max) * (norm_i + norm_max);
     double fast = (p + 4.0) * unit_acc + 2.0 * unit_in;
     double canon = 4.0 * (p + 10.0) * KNN_U64;
-    return 2.0 * (fast + canon) * reach;
+    return 2.0 * (fast + canon) * reach + knn_margin_floor(p, tiny);
 }
 
-/* The factor M of knn_margin_dist as a function of the pair's norms:
- * knn_margin_dist(p, unit_in, unit_acc, a, b) = M (a + b)^2. */
+/* The factor M of knn_margin_dist's relative part as a function of the
+ * pair's norms: knn_margin_dist(p, unit_in, unit_acc, tiny, a, b) =
+ * M (a + b)^2 + knn_margin_floor(p, tiny). */
 KNN_HD static inline double knn_margin_dist_unit(int p, double unit_in,
                                                  double unit_acc)
 {
-    return knn_margin_dist(p, unit_in, unit_acc, 0.5, 0.5);
+    return knn_margin_dist(p, unit_in, unit_acc, 0.0, 0.5, 0.5);
+}
+
+/*
+ * The translation of the distance metrics' fast vectors. Distances do not
+ * change when every node moves by one vector t, but the margins scale with
+ * the nodes' norms |x - t|, so t decides how many candidates pass. The
+ * column mean minimises the sum of squared norms: right for data around a
+ * common level (log-expression near 8 in every sample). Nodes at very
+ * different levels (a gene's row is its level times a profile) are better
+ * left at the origin: there the mean, set by the highest levels, dwarfs
+ * every low-level node's norm, while its neighbours are as close as its
+ * own level makes them. The rule takes the translation with the smaller
+ * geometric mean of the reference nodes' squared norms (a proxy of each
+ * node's norm over its neighbour distance), through this per-node term;
+ * the floor keeps an all-zero node from deciding alone. Any t keeps the
+ * answer exact (the margins hold for any translation); it only costs or
+ * saves candidates.
+ */
+KNN_HD static inline double knn_translation_log(double sqnorm)
+{
+    return log(sqnorm + 1e-30);
+}
+
+KNN_HD static inline double knn_translation_term(const double *x,
+                                                 const double *t, int p)
+{
+    double s = 0.0;
+    for (int f = 0; f < p; f++) {
+        double d = t ? x[f] - t[f] : x[f];
+        s += d * d;
+    }
+    return knn_translation_log(s);
 }
 
 /*
@@ -298,30 +351,32 @@ KNN_HD static inline double knn_margin_dist_unit(int p, double unit_in,
  * the largest norm (knn_margin_dist with norm_max), for rows whose
  * neighbours have norms far below the largest (nodes at very different
  * levels). kth: an upper bound of the row's k-th smallest fast score;
- * norm_i: the row's fast norm; unit: knn_margin_dist_unit. Returns a bound
+ * norm_i: the row's fast norm; unit: knn_margin_dist_unit; floor:
+ * knn_margin_floor of the same arithmetic. Returns a bound
  * every node of the exact top k (ties in the reported distance included)
  * meets, or INFINITY where none is found here (the caller keeps its own).
  *
  * Why it holds: with e = 1e-6 (far above the float64 rounding of the fast
  * vectors' centring and of the canonical keys), a node l's fast norm is at
  * most (n_i + sqrt(key_il)) (1 + e) (triangle inequality), and
- * |s_il - key_il| <= unit (n_i + n_l)^2. The k nodes whose fast scores are
- * at most kth therefore have x = sqrt(key) with
- * x^2 <= kth + a (2 n_i + x)^2, a = unit (1 + e)^2, so x <= X, the root of
- * that quadratic, and the exact k-th key is at most X^2. Nodes of the
- * exact top k have keys at most top = knn_key_tie_top(X^2), hence norms at
- * most r = (n_i + sqrt(top)) (1 + e), and fast scores at most
- * top + unit (n_i + r)^2. Each step is rounded up by a relative 2^-40.
+ * |s_il - key_il| <= unit (n_i + n_l)^2 + floor. The k nodes whose fast
+ * scores are at most kth therefore have x = sqrt(key) with
+ * x^2 <= kth + floor + a (2 n_i + x)^2, a = unit (1 + e)^2, so x <= X,
+ * the root of that quadratic, and the exact k-th key is at most X^2.
+ * Nodes of the exact top k have keys at most top = knn_key_tie_top(X^2),
+ * hence norms at most r = (n_i + sqrt(top)) (1 + e), and fast scores at
+ * most top + unit (n_i + r)^2 + floor. Each step is rounded up by a
+ * relative 2^-40.
  */
 KNN_HD static inline double knn_dist_row_bound(knn_metric m, double kth,
                                                double norm_i, double unit,
-                                               int scale_exp)
+                                               double floor, int scale_exp)
 {
     const double e = 1e-6, up = 1.0 + 0x1p-40;
     double a = unit * (1.0 + e) * (1.0 + e);
     if (!(a < 0.25) || !(kth < INFINITY) || !(norm_i < INFINITY))
         return INFINITY;
-    double s = kth > 0.0 ? kth : 0.0;
+    double s = (kth > 0.0 ? kth : 0.0) + floor;
     double x = (2.0 * a * norm_i +
                 sqrt(4.0 * a * a * norm_i * norm_i +
                      (1.0 - a) * (s + 4.0 * a * norm_i * norm_i) * up)) /
@@ -329,7 +384,7 @@ KNN_HD static inline double knn_dist_row_bound(knn_metric m, double kth,
     double top = knn_key_tie_top(m, x * x * up, scale_exp);
     if (!(top < INFINITY)) return INFINITY;
     double r = (norm_i + sqrt(top) * up) * (1.0 + e) * up;
-    return (top + unit * (norm_i + r) * (norm_i + r) * up) * up;
+    return (top + unit * (norm_i + r) * (norm_i + r) * up + floor) * up;
 }
 
 #endif

@@ -41,10 +41,12 @@ void knn_pool_reset(knn_pool *pool, int node, double margin, knn_key_fn key,
     pool->key_ctx = key_ctx;
 }
 
-void knn_pool_bound_by_row(knn_pool *pool, double norm, double unit)
+void knn_pool_bound_by_row(knn_pool *pool, double norm, double unit,
+                           double floor)
 {
     pool->row_norm = norm;
     pool->row_unit = unit;
+    pool->row_floor = floor;
 }
 
 static void knn_cand_swap(knn_cand *a, knn_cand *b)
@@ -86,6 +88,7 @@ void knn_pool_prune(knn_pool *pool)
         bound = fmin(bound, knn_dist_row_bound(pool->metric, kth,
                                                pool->row_norm,
                                                pool->row_unit,
+                                               pool->row_floor,
                                                pool->scale_exp));
     if (bound < pool->bound) pool->bound = bound;
     int kept = k;

@@ -39,8 +39,8 @@ typedef struct {
     knn_metric metric;  /* for knn_candidate_bound */
     int scale_exp;
     double row_norm;    /* distance metrics: the node's fast norm and */
-    double row_unit;    /* knn_margin_dist_unit, for knn_dist_row_bound;
-                           row_unit 0: that bound is not used */
+    double row_unit;    /* knn_margin_dist_unit and knn_margin_floor, for */
+    double row_floor;   /* knn_dist_row_bound; row_unit 0: not used */
 } knn_pool;
 
 /* Allocates a pool for k neighbours under a metric whose distance-metric
@@ -56,9 +56,11 @@ void knn_pool_reset(knn_pool *pool, int node, double margin, knn_key_fn key,
 
 /* Lets the pool of a distance-metric node also bound its candidates by
  * its own neighbourhood (knn_dist_row_bound): `norm` is the node's fast
- * norm, `unit` knn_margin_dist_unit of the arithmetic its scores come
- * from. Call after knn_pool_reset, which turns it off. */
-void knn_pool_bound_by_row(knn_pool *pool, double norm, double unit);
+ * norm, `unit` and `floor` knn_margin_dist_unit and knn_margin_floor of
+ * the arithmetic its scores come from. Call after knn_pool_reset, which
+ * turns it off. */
+void knn_pool_bound_by_row(knn_pool *pool, double norm, double unit,
+                           double floor);
 
 /* Offers a candidate. Returns 0, or -1 when out of memory (pool intact). */
 int knn_pool_offer(knn_pool *pool, double score, int index);

@@ -41,6 +41,25 @@ static void knn_rank2_sorted(const double *x, int p, knn_ranked *scratch,
     }
 }
 
+/* Whether the reference nodes' fast vectors are better left at the origin
+ * than centred on space->colmean (knn_translation_term). */
+static int knn_origin_is_closer(const knn_space *space,
+                                const knn_request *req)
+{
+    int p = space->p;
+    double *scaled = malloc((size_t)p * sizeof(double));
+    if (!scaled) return 0;
+    double centred = 0.0, origin = 0.0;
+    for (int j = 0; j < req->n_ref; j++) {
+        for (int f = 0; f < p; f++)
+            scaled[f] = ldexp(req->ref[(size_t)j * p + f], -space->scale_exp);
+        centred += knn_translation_term(scaled, space->colmean, p);
+        origin += knn_translation_term(scaled, NULL, p);
+    }
+    free(scaled);
+    return origin < centred;
+}
+
 knn_status knn_space_init(knn_space *space, const knn_request *req)
 {
     int p = req->p;
@@ -64,6 +83,8 @@ knn_status knn_space_init(knn_space *space, const knn_request *req)
             space->colmean[f] += ldexp(req->ref[(size_t)j * p + f],
                                        -space->scale_exp);
     for (int f = 0; f < p; f++) space->colmean[f] /= req->n_ref;
+    if (knn_origin_is_closer(space, req))
+        memset(space->colmean, 0, (size_t)p * sizeof(double));
     return KNN_OK;
 }
 
