@@ -1,5 +1,6 @@
-## CPU benchmark: knngpu (device = "cpu") against the R k-NN peers, in one
-## process, on the same data, with agreement checked against knngpu.
+## CPU benchmark: knngpu (device = "cpu") against the R k-NN peers and
+## FAISS CPU (python3 with faiss-cpu; skipped, saying so, without it), on
+## the same data, with agreement checked against knngpu.
 ##
 ## Usage (from the repository root, with knngpu installed in R_LIBS):
 ##   Rscript inst/bench/cpu.R [--write] [--reps=N] [--all] [--out=FILE]
@@ -26,6 +27,7 @@ suppressPackageStartupMessages({
     library(knngpu)
     library(BiocNeighbors)
 })
+source(file.path("inst", "bench", "peers", "faiss.R"))
 
 args <- commandArgs(trailingOnly = TRUE)
 argValue <- function(name, default) {
@@ -259,6 +261,49 @@ denseRuns <- function(data, x, refs) {
     }
 }
 
+## FAISS CPU flat search (pip install faiss-cpu; float32 IndexFlatL2, or
+## IndexFlatIP on unit rows), timed by FAISS itself (its own seconds from
+## the float64 array to the indices, median of `reps` runs); distances of
+## its neighbours are computed here in float64 for the agreement columns.
+faissRuns <- function(data, x, refs) {
+    if (!faissAvailable()) {
+        for (metric in names(refs)) {
+            skipped(data, metric, "FAISS CPU IndexFlat",
+                    "python3 cannot import faiss")
+        }
+        return(invisible())
+    }
+    file <- faissFile(x)
+    on.exit(unlink(file))
+    for (metric in names(refs)) {
+        runs <- lapply(seq_len(reps), function(i) {
+            faissSearch(file, nrow(x), ncol(x), k, metric, "cpu")
+        })
+        index <- runs[[1L]]$index
+        timed <- list(result = list(index = index,
+                                    distance = pairDistances(x, index,
+                                                             metric)),
+                      seconds = stats::median(vapply(runs, `[[`, 1,
+                                                     "seconds")),
+                      runs = reps)
+        record(data, metric, "FAISS CPU IndexFlat (float32)", timed,
+               refs[[metric]])
+    }
+}
+
+## float64 distances, as knngpu reports them, of each row to the nodes of
+## its row of `index`.
+pairDistances <- function(x, index, metric) {
+    rows <- rep(seq_len(nrow(x)), ncol(index))
+    if (metric == "euclidean") {
+        d <- sqrt(rowSums((x[rows, ] - x[as.vector(index), ])^2))
+    } else {
+        z <- unitRows(x, metric == "pearson")
+        d <- 1 - rowSums(z[rows, ] * z[as.vector(index), ])
+    }
+    matrix(d, nrow(x))
+}
+
 ## Data 1: ALL
 
 suppressPackageStartupMessages({
@@ -314,6 +359,7 @@ if (profile) {
     quit(save = "no")
 }
 refsAll <- knngpuRuns("ALL", xAll, c("pearson", "euclidean", "cosine"))
+faissRuns("ALL", xAll, refsAll)
 biocRuns("ALL", xAll, refsAll)
 treeRuns("ALL", xAll, refsAll)
 denseRuns("ALL", xAll, refsAll)
@@ -324,6 +370,7 @@ set.seed(20261121)
 xRand <- matrix(rnorm(50000 * 50), nrow = 50000)
 cat(sprintf("\nrandom: %d x %d, k = %d\n", nrow(xRand), ncol(xRand), k))
 refsRand <- knngpuRuns("random", xRand, c("pearson", "euclidean"))
+faissRuns("random", xRand, refsRand)
 biocRuns("random", xRand, refsRand)
 if (runAll) {
     treeRuns("random", xRand, refsRand)

@@ -32,6 +32,7 @@
 
 suppressPackageStartupMessages(library(knngpu))
 source("tools/args.R")
+source(file.path("inst", "bench", "peers", "faiss.R"))
 
 device <- argValue("device", "cpu")
 n <- as.integer(argValue("n", "20000"))
@@ -39,7 +40,6 @@ checkRows <- as.integer(argValue("check", "500"))
 kinds <- strsplit(argValue("kinds", "normal,levels,logcounts,neardup"),
                   ",")[[1L]]
 out <- argValue("out", "")
-peer <- file.path("inst", "bench", "peers", "faiss_knn.py")
 
 makeData <- function(kind, n) {
     set.seed(20261123)
@@ -96,30 +96,6 @@ wrongRows <- function(tx, found, metric, rows) {
     rowSums(matrix(wrong, nrow = length(found)))
 }
 
-## The library path of the Python child: R puts its own (and the system's
-## libpython) first, which a Python built elsewhere (pyenv) then loads in
-## place of its own, losing its site-packages. KNNGPU_PEER_LD_LIBRARY_PATH
-## sets the child's (on the GPU machine, FAISS's: see
-## ../shared/peers/faiss-gpu/README.md); else it has none.
-peerLibraryPath <- function() {
-    path <- Sys.getenv("KNNGPU_PEER_LD_LIBRARY_PATH")
-    if (nzchar(path)) paste0("LD_LIBRARY_PATH=", path)
-    else c("-u", "LD_LIBRARY_PATH")
-}
-
-faiss <- function(file, x, k, metric) {
-    result <- tempfile()
-    line <- system2("env", c(peerLibraryPath(), "python3", peer, file,
-                             nrow(x), ncol(x), k, metric, device, result),
-                    stdout = TRUE)
-    seconds <- as.numeric(sub("^faiss total ([0-9.]+) .*$", "\\1",
-                              line[length(line)]))
-    index <- matrix(readBin(result, "integer", nrow(x) * k), ncol = k,
-                    byrow = TRUE) + 1L
-    unlink(result)
-    list(index = index, seconds = seconds)
-}
-
 ## The table is written row by row, so that a run cut short (the device
 ## tool's ten minutes) keeps the cases it finished.
 about <- if (device == "gpu") gpuInfo()$devices$name[1L] else
@@ -139,8 +115,7 @@ emit(c(sprintf("### %s, %s, %s (rows checked: %d per case)",
 
 for (kind in kinds) {
     x <- makeData(kind, n)
-    file <- tempfile(fileext = ".f64")
-    writeBin(as.vector(t(x)), file)
+    file <- faissFile(x)
     k <- if (kind == "logcounts") 15L else 10L
     set.seed(1)
     checked <- sort(sample(nrow(x), min(checkRows, nrow(x))))
@@ -152,8 +127,8 @@ for (kind in kinds) {
         mine <- knnSearch(x, k = k, metric = metric, device = device,
                           progress = FALSE)
         seconds <- as.numeric(Sys.time()) - as.numeric(start)
-        invisible(faiss(file, x[1:2000, ], k, metric))
-        theirs <- faiss(file, x, k, metric)
+        invisible(faissSearch(file, 2000L, ncol(x), k, metric, device))
+        theirs <- faissSearch(file, nrow(x), ncol(x), k, metric, device)
         wrong <- wrongRows(tx, list(mine$index, theirs$index), metric,
                            checked)
         emit(sprintf(paste("| %s | %s | %d x %d | %d | %s | %s | %s |",

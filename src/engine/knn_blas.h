@@ -39,4 +39,15 @@ static inline void knn_sgemm_tn(int m, int n, int p, const float *a,
     sgemm_("T", "N", &m, &n, &p, &one, a, &p, b, &p, &zero, c, &m, 1, 1);
 }
 
+/* Holds the BLAS to one thread of its own, so that the engine's threads
+ * may each call it on their rows (knn_blas.c). Returns the BLAS's thread
+ * count before, for knn_blas_release, or 0 where the BLAS's threads
+ * cannot be set (then products are one call on the BLAS's threads).
+ * Never fails. */
+int knn_blas_hold_one_thread(void);
+
+/* Gives the BLAS back the `before` threads knn_blas_hold_one_thread
+ * returned; nothing for 0. Never fails. */
+void knn_blas_release(int before);
+
 #endif

@@ -30,13 +30,15 @@
 #include "knn_threads.h"
 
 #define KNN_CPU_DEFAULT_BYTES (128.0 * 1024 * 1024)
-/* Few, large products: each BLAS call ends with its threads spinning for
- * work, which steals cores from the parallel scan that follows it. */
+/* Few, large tiles: where the BLAS runs on its own threads, each call ends
+ * with them spinning for work, which steals cores from the parallel scan
+ * that follows it (knn_blas.c holds OpenBLAS to one thread for that). */
 #define KNN_CPU_MIN_ROW_TILE 256.0
 #define KNN_CPU_MAX_ROW_TILE 4096.0
 /* Work per tile and thread bounds how long Ctrl-C waits: about 0.1 s of
- * arithmetic, on one thread as on many (a forked child runs on one). */
-#define KNN_CPU_PRODUCT_WORK 1e9
+ * float32 products (0.2 s of float64) on one AVX-512 core, on one thread
+ * as on many (a forked child runs on one). */
+#define KNN_CPU_PRODUCT_WORK 4e9
 #define KNN_CPU_DIRECT_WORK 5e7
 
 typedef struct {
@@ -50,6 +52,8 @@ typedef struct {
     int adaptive;            /* may still climb from FP32 to FP64 */
     int climbed;             /* did */
     int tile_fp32;           /* the tile holds float32 products */
+    int blas_before;         /* > 0: the BLAS is held to one thread (and
+                                had this many, knn_blas_release) */
     int symmetric;           /* self search sharing each score both ways */
     int n_query;
     int threads;
@@ -95,6 +99,8 @@ static void knn_cpu_free(knn_cpu *cpu)
     knn_nodes_free(&cpu->ref);
     knn_nodes_free(&cpu->query_nodes);
     knn_space_free(&cpu->space);
+    knn_blas_release(cpu->blas_before);
+    cpu->blas_before = 0;
 }
 
 /* The rung a search starts on and which fast forms its nodes need: a
@@ -137,6 +143,8 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
             return KNN_E_NOMEM;
     size_t cells = (size_t)cpu->row_tile * cpu->col_tile;
     cpu->tile = malloc(cells * sizeof(double));
+    if (knn_uses_product(req->metric))
+        cpu->blas_before = knn_blas_hold_one_thread();
     if (cpu->symmetric)
         cpu->column_bound = malloc((size_t)cpu->col_tile * sizeof(double));
     return cpu->tile && (!cpu->symmetric || cpu->column_bound)
@@ -203,26 +211,30 @@ static knn_pool *knn_cpu_pool(const knn_cpu *cpu, int node, int q0)
     return &cpu->pools[cpu->symmetric ? node : node - q0];
 }
 
-/* Fills the tile for query nodes [q0, q0 + nr) against reference nodes
- * [c0, c0 + nc): dot products of fast vectors on the current rung, or
- * canonical keys for Manhattan. Layout nc x nr: query i's values are
+/* Fills rows [a, b) of the tile of query nodes from q0 against reference
+ * nodes [c0, c0 + nc) with dot products of fast vectors on the current
+ * rung (one BLAS call). Layout nc x rows: query i's values are
  * contiguous. */
-static void knn_cpu_fill(knn_cpu *cpu, int q0, int nr, int c0, int nc)
+static void knn_cpu_products(const knn_cpu *cpu, int q0, int a, int b,
+                             int c0, int nc)
 {
     int p = cpu->space.p;
-    cpu->tile_fp32 = knn_uses_product(cpu->space.metric) &&
-                     cpu->rung == KNN_PRECISION_FP32;
-    if (cpu->tile_fp32) {
-        knn_sgemm_tn(nc, nr, p, cpu->ref.fast32 + (size_t)c0 * p,
-                     cpu->query->fast32 + (size_t)q0 * p, cpu->tile);
-        return;
-    }
+    size_t first = (size_t)(q0 + a) * p;
+    if (cpu->tile_fp32)
+        knn_sgemm_tn(nc, b - a, p, cpu->ref.fast32 + (size_t)c0 * p,
+                     cpu->query->fast32 + first,
+                     (float *)cpu->tile + (size_t)a * nc);
+    else
+        knn_gemm_tn(nc, b - a, p, cpu->ref.fast + (size_t)c0 * p,
+                    cpu->query->fast + first,
+                    (double *)cpu->tile + (size_t)a * nc);
+}
+
+/* Manhattan's tile: the canonical keys themselves. */
+static void knn_cpu_direct(const knn_cpu *cpu, int q0, int nr, int c0,
+                           int nc)
+{
     double *tile = cpu->tile;
-    if (knn_uses_product(cpu->space.metric)) {
-        knn_gemm_tn(nc, nr, p, cpu->ref.fast + (size_t)c0 * p,
-                    cpu->query->fast + (size_t)q0 * p, tile);
-        return;
-    }
     #pragma omp parallel for num_threads(cpu->threads) schedule(static)
     for (int i = 0; i < nr; i++)
         for (int j = 0; j < nc; j++)
@@ -384,14 +396,47 @@ static int knn_cpu_offer_column_range(const knn_cpu *cpu, int q0, int nr,
     return failed;
 }
 
-static knn_status knn_cpu_offer_tile(const knn_cpu *cpu, int q0, int nr,
-                                     int c0, int nc)
+/* Rows of a tile per task where each thread multiplies its own rows:
+ * enough for an efficient product, few enough to stay in the cache. */
+#define KNN_CPU_ROWS_PER_TASK 128
+
+/* Fills the tile of query nodes [q0, q0 + nr) against reference nodes
+ * [c0, c0 + nc) and offers each row its scores. With the BLAS held to one
+ * thread (knn_blas.c), each thread multiplies a few rows and scans them
+ * while they are in its cache; else the BLAS fills the whole tile on its
+ * own threads first. */
+static int knn_cpu_offer_rows(knn_cpu *cpu, int q0, int nr, int c0, int nc)
 {
+    int product = knn_uses_product(cpu->space.metric);
+    cpu->tile_fp32 = product && cpu->rung == KNN_PRECISION_FP32;
     int failed = 0;
+    if (product && cpu->blas_before > 0) {
+        int tasks = (nr + KNN_CPU_ROWS_PER_TASK - 1) / KNN_CPU_ROWS_PER_TASK;
+        #pragma omp parallel for num_threads(cpu->threads) \
+            schedule(dynamic, 1) reduction(| : failed)
+        for (int t = 0; t < tasks; t++) {
+            int a = t * KNN_CPU_ROWS_PER_TASK;
+            int b = a + KNN_CPU_ROWS_PER_TASK < nr ? a + KNN_CPU_ROWS_PER_TASK
+                                                   : nr;
+            knn_cpu_products(cpu, q0, a, b, c0, nc);
+            for (int i = a; i < b; i++)
+                failed |= knn_cpu_offer_row(cpu, q0, i, c0, nc);
+        }
+        return failed;
+    }
+    if (product) knn_cpu_products(cpu, q0, 0, nr, c0, nc);
+    else knn_cpu_direct(cpu, q0, nr, c0, nc);
     #pragma omp parallel for num_threads(cpu->threads) schedule(dynamic, 8) \
         reduction(| : failed)
     for (int i = 0; i < nr; i++)
         failed |= knn_cpu_offer_row(cpu, q0, i, c0, nc);
+    return failed;
+}
+
+static knn_status knn_cpu_offer_tile(knn_cpu *cpu, int q0, int nr, int c0,
+                                     int nc)
+{
+    int failed = knn_cpu_offer_rows(cpu, q0, nr, c0, nc);
     if (cpu->symmetric) {
         /* Columns inside the row tile already got their scores as rows.
          * Each thread owns a stretch of the other columns (whole blocks),
@@ -467,7 +512,6 @@ static knn_status knn_cpu_row_tile(knn_cpu *cpu, int q0, int nr,
          c0 += cpu->col_tile) {
         int nc = req->n_ref - c0 < cpu->col_tile ? req->n_ref - c0
                                                   : cpu->col_tile;
-        knn_cpu_fill(cpu, q0, nr, c0, nc);
         knn_status st = knn_cpu_offer_tile(cpu, q0, nr, c0, nc);
         if (st != KNN_OK) return st;
         if (knn_cpu_interrupted(req)) return KNN_E_INTERRUPTED;

@@ -59,6 +59,20 @@ KNN_HD static inline int knn_exponent(double v)
     return e;
 }
 
+/* out[f] = ldexp(x[f], e) for f < n, with the same bits: where 2^e is a
+ * normal double, x * 2^e is the same single rounding of the same exact
+ * product, and a multiplication costs far less than a call of ldexp. */
+static inline void knn_ldexp_values(const double *x, int n, int e,
+                                    double *out)
+{
+    if (e < -1022 || e > 1023) {
+        for (int f = 0; f < n; f++) out[f] = ldexp(x[f], e);
+        return;
+    }
+    double m = ldexp(1.0, e);
+    for (int f = 0; f < n; f++) out[f] = x[f] * m;
+}
+
 KNN_HD static inline double knn_max_abs(const double *x, int p)
 {
     double m = 0.0;

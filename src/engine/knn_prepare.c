@@ -51,8 +51,8 @@ static int knn_origin_is_closer(const knn_space *space,
     if (!scaled) return 0;
     double centred = 0.0, origin = 0.0;
     for (int j = 0; j < req->n_ref; j++) {
-        for (int f = 0; f < p; f++)
-            scaled[f] = ldexp(req->ref[(size_t)j * p + f], -space->scale_exp);
+        knn_ldexp_values(req->ref + (size_t)j * p, p, -space->scale_exp,
+                         scaled);
         centred += knn_translation_term(scaled, space->colmean, p);
         origin += knn_translation_term(scaled, NULL, p);
     }
@@ -77,11 +77,18 @@ knn_status knn_space_init(knn_space *space, const knn_request *req)
     if (!knn_uses_product(req->metric)) return KNN_OK;
 
     space->colmean = calloc((size_t)p, sizeof(double));
-    if (!space->colmean) return KNN_E_NOMEM;
-    for (int j = 0; j < req->n_ref; j++)
-        for (int f = 0; f < p; f++)
-            space->colmean[f] += ldexp(req->ref[(size_t)j * p + f],
-                                       -space->scale_exp);
+    double *scaled = malloc((size_t)p * sizeof(double));
+    if (!space->colmean || !scaled) {
+        free(scaled);
+        knn_space_free(space);
+        return KNN_E_NOMEM;
+    }
+    for (int j = 0; j < req->n_ref; j++) {
+        knn_ldexp_values(req->ref + (size_t)j * p, p, -space->scale_exp,
+                         scaled);
+        for (int f = 0; f < p; f++) space->colmean[f] += scaled[f];
+    }
+    free(scaled);
     for (int f = 0; f < p; f++) space->colmean[f] /= req->n_ref;
     if (knn_origin_is_closer(space, req))
         memset(space->colmean, 0, (size_t)p * sizeof(double));
@@ -186,7 +193,7 @@ static double knn_prepare_dist(knn_nodes *nodes, const knn_space *space,
     int p = space->p;
     const double *xj = x + (size_t)j * p;
     double *c = nodes->canon + (size_t)j * p;
-    for (int f = 0; f < p; f++) c[f] = ldexp(xj[f], -space->scale_exp);
+    knn_ldexp_values(xj, p, -space->scale_exp, c);
     if (!nodes->norm2) return 0.0;
     double *v = knn_fast_target(nodes, p, j, fast_scratch);
     for (int f = 0; f < p; f++) v[f] = c[f] - space->colmean[f];

@@ -1,0 +1,49 @@
+## FAISS flat search as a benchmark peer, through peers/faiss_knn.py (see
+## its header), shared by inst/bench/shapes.R and inst/bench/cpu.R. Source
+## from the repository root.
+
+## The library path of the Python child: R puts its own (and the system's
+## libpython) first, which a Python built elsewhere (pyenv) then loads in
+## place of its own, losing its site-packages. KNNGPU_PEER_LD_LIBRARY_PATH
+## sets the child's (on the GPU machine, FAISS's: see
+## ../shared/peers/faiss-gpu/README.md); else it has none.
+peerLibraryPath <- function() {
+    path <- Sys.getenv("KNNGPU_PEER_LD_LIBRARY_PATH")
+    if (nzchar(path)) paste0("LD_LIBRARY_PATH=", path)
+    else c("-u", "LD_LIBRARY_PATH")
+}
+
+## Whether python3 can import faiss here (a benchmark skips FAISS, saying
+## so, where it cannot).
+faissAvailable <- function() {
+    status <- suppressWarnings(system2(
+        "env", c(peerLibraryPath(), "python3", "-c", shQuote("import faiss")),
+        stdout = FALSE, stderr = FALSE))
+    identical(as.integer(status), 0L)
+}
+
+## Writes x (n x d) once for faissSearch(): a float64 file, row-major.
+faissFile <- function(x) {
+    file <- tempfile(fileext = ".f64")
+    writeBin(as.vector(t(x)), file)
+    file
+}
+
+## FAISS's self search of the first n rows of `file` (d columns) on
+## `device` ("cpu" or "gpu"): list(index = n x k 1-based matrix, seconds =
+## FAISS's own time from the float64 array to the indices, Python's start
+## and the file read excluded).
+faissSearch <- function(file, n, d, k, metric, device) {
+    result <- tempfile()
+    on.exit(unlink(result))
+    line <- system2("env", c(peerLibraryPath(), "python3",
+                             file.path("inst", "bench", "peers",
+                                       "faiss_knn.py"),
+                             file, n, d, k, metric, device, result),
+                    stdout = TRUE)
+    seconds <- as.numeric(sub("^faiss total ([0-9.]+) .*$", "\\1",
+                              line[length(line)]))
+    index <- matrix(readBin(result, "integer", n * k), ncol = k,
+                    byrow = TRUE) + 1L
+    list(index = index, seconds = seconds)
+}
