@@ -219,7 +219,7 @@ bad <- list(
     device = c("'tpu'", "NA", "1"), metric = c("'kendall'", "NA", "2"),
     by = c("'genes'", "NA"), symmetrize = c("'both'", "NA"),
     snn = c("'shared'", "1"), progress = c("NA", "'yes'"),
-    verbose = c("NA", "2"))
+    verbose = c("NA", "2"), precision = c("'fp16'", "NA", "64"))
 for (arg in names(bad)) for (value in bad[[arg]]) {
     verb <- if (arg %in% c("symmetrize", "snn")) "knnGraph" else "knnSearch"
     errorCase(sprintf("%s: %s = %s", verb, arg, value),
@@ -232,6 +232,9 @@ for (value in c("99", "-1", "c(0, 0)", "NA")) {
         "knnSearch(base(), k = 3, device = 'gpu', devices = %s)"), value),
         "'devices' must")
 }
+errorCase("precision = 'tf32' on the CPU",
+          "knnSearch(base(), k = 3, device = 'cpu', precision = 'tf32')",
+          "'precision = \"tf32\"' is not a rung of the CPU")
 errorCase("query with other features",
           "knnSearch(base(), base()[, 1:3], k = 3, device = dev)",
           "'query' has 3 features but 'x' has 8")

@@ -13,16 +13,8 @@
 ##   --kinds   data kinds below (default all)
 ##   --out     append the markdown table to FILE
 ##
-## Data kinds (generated here, set.seed(20261123)):
-##   normal     N(0,1), 50 features
-##   levels     genes at lognormal levels (linear scale, meanlog 6, sdlog
-##              1.5: from about 10 to 40000) times 1 + 3 shared factors
-##              (loadings N(0, 0.2)) plus 5% noise, 100 features
-##   logcounts  log1p of Poisson counts, 500 features, rates from 8 cell
-##              types (most near 0.2: about 80% zeros), 10% of the rows
-##              duplicated
-##   neardup    N(0,1) rows, 50 features, each repeated 4 times with noise
-##              of sd 1e-7 (clusters of near-duplicates)
+## Data kinds: inst/bench/shapes-data.R (normal, levels, logcounts,
+## neardup), at their full feature counts.
 ## Metrics: pearson, cosine, euclidean; k = 10 (15 for logcounts). Times
 ## are seconds, end to end from the float64 matrix on the host to the
 ## neighbour indices on the host, one run after a warm-up; FAISS's exclude
@@ -33,6 +25,7 @@
 suppressPackageStartupMessages(library(knngpu))
 source("tools/args.R")
 source(file.path("inst", "bench", "peers", "faiss.R"))
+source(file.path("inst", "bench", "shapes-data.R"))
 
 device <- argValue("device", "cpu")
 n <- as.integer(argValue("n", "20000"))
@@ -40,35 +33,6 @@ checkRows <- as.integer(argValue("check", "500"))
 kinds <- strsplit(argValue("kinds", "normal,levels,logcounts,neardup"),
                   ",")[[1L]]
 out <- argValue("out", "")
-
-makeData <- function(kind, n) {
-    set.seed(20261123)
-    switch(kind,
-        normal = matrix(rnorm(n * 50), n),
-        levels = {
-            p <- 100
-            level <- rlnorm(n, meanlog = 6, sdlog = 1.5)
-            factors <- matrix(rnorm(3 * p), 3)
-            loadings <- matrix(rnorm(n * 3, sd = 0.2), n)
-            level * (1 + loadings %*% factors +
-                     matrix(rnorm(n * p, sd = 0.05), n))
-        },
-        logcounts = {
-            p <- 500
-            type <- sample(8, n, replace = TRUE)
-            rate <- matrix(0.2, 8, p)
-            for (t in 1:8) rate[t, sample(p, 60)] <- runif(60, 1, 20)
-            x <- log1p(matrix(rpois(n * p, rate[type, ]), n))
-            copies <- sample(n, n %/% 10)
-            x[copies, ] <- x[sample(n, length(copies)), ]
-            x
-        },
-        neardup = {
-            base <- matrix(rnorm(n %/% 4 * 50), n %/% 4)
-            base[rep(seq_len(nrow(base)), each = 4), ] +
-                matrix(rnorm(n %/% 4 * 4 * 50, sd = 1e-7), n %/% 4 * 4)
-        })
-}
 
 ## float64 distances of node i to every node (R's own arithmetic); tx is
 ## t(x), the nodes in columns.
@@ -114,7 +78,7 @@ emit(c(sprintf("### %s, %s, %s (rows checked: %d per case)",
        "|---|---|---|---:|---:|---:|---:|---:|---:|---|"))
 
 for (kind in kinds) {
-    x <- makeData(kind, n)
+    x <- shapeData(kind, n)
     file <- faissFile(x)
     k <- if (kind == "logcounts") 15L else 10L
     set.seed(1)

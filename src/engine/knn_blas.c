@@ -11,9 +11,16 @@
  * process (R loaded it); any other BLAS is left alone, and the search then
  * takes one product per tile from it as before.
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* RTLD_DEFAULT in older glibc */
+#endif
 #include <dlfcn.h>
 #include <stddef.h>
 #include "knn_blas.h"
+
+#ifndef RTLD_DEFAULT
+#define RTLD_DEFAULT NULL
+#endif
 
 typedef void (*knn_blas_set_fn)(int);
 typedef int (*knn_blas_get_fn)(void);

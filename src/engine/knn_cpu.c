@@ -257,6 +257,18 @@ static void knn_cpu_direct(const knn_cpu *cpu, int q0, int nr, int c0,
 #define KNN_INLINE static inline
 #endif
 
+/* The scans run once per score, as often as the product's multiply-adds
+ * divided by p: they are built for the vector units the machine has
+ * (AVX-512, AVX2, or the baseline), chosen when the package loads, since
+ * R builds packages for the baseline x86-64 only. */
+#if defined(__GNUC__) && defined(__x86_64__) && defined(__linux__) && \
+    !defined(__clang__)
+#define KNN_SCAN static __attribute__((target_clones("avx512f", "avx2", \
+                                                     "default")))
+#else
+#define KNN_SCAN static
+#endif
+
 /* The tile's values [at, at + n) as float64. */
 KNN_INLINE void knn_tile_values(const knn_cpu *cpu, size_t at, int n,
                                 double *g)
@@ -328,7 +340,7 @@ KNN_INLINE int knn_cpu_offer_block(const knn_cpu *cpu, knn_pool *pool,
 }
 
 /* Offers query node q0 + i the tile's references, itself excluded. */
-static int knn_cpu_offer_row(const knn_cpu *cpu, int q0, int i, int c0,
+KNN_SCAN int knn_cpu_offer_row(const knn_cpu *cpu, int q0, int i, int c0,
                              int nc)
 {
     int qi = q0 + i;
@@ -374,7 +386,7 @@ KNN_INLINE int knn_cpu_offer_to_columns(const knn_cpu *cpu, double base,
  * their row nodes. The tile is read row by row, each row's stretch
  * contiguous, so memory streams as in the row pass; `bound` is b - a
  * scratch values. */
-static int knn_cpu_offer_column_range(const knn_cpu *cpu, int q0, int nr,
+KNN_SCAN int knn_cpu_offer_column_range(const knn_cpu *cpu, int q0, int nr,
                                       int c0, int nc, int a, int b,
                                       double *bound)
 {

@@ -72,37 +72,13 @@ undefinedFor <- function(x, metric) {
         any(apply(x, 1, function(r) all(r == r[1])))
 }
 
-## The data shapes where exact search falls off cliffs (as
-## inst/bench/shapes.R generates them, smaller): genes at lognormal levels
-## (about 10 to 40000) times shared factors; log1p Poisson counts, mostly
-## zeros, a tenth of the rows duplicated; clusters of near-duplicate rows.
+## The data shapes where exact search falls off cliffs
+## (inst/bench/shapes-data.R), smaller: genes at very different levels,
+## log-counts full of zeros and duplicates, near-duplicate rows.
+source(system.file("bench", "shapes-data.R", package = "knngpu"))
+hardFeatures <- c(levels = 40, logcounts = 60, neardup = 20)
 hardMatrix <- function(kind, n, seed) {
-    set.seed(seed)
-    switch(kind,
-        levels = {
-            p <- 40
-            level <- rlnorm(n, meanlog = 6, sdlog = 1.5)
-            factors <- matrix(rnorm(3 * p), 3)
-            loadings <- matrix(rnorm(n * 3, sd = 0.2), n)
-            level * (1 + loadings %*% factors +
-                     matrix(rnorm(n * p, sd = 0.05), n))
-        },
-        logcounts = {
-            p <- 60
-            type <- sample(4, n, replace = TRUE)
-            rate <- matrix(0.2, 4, p)
-            for (t in 1:4) rate[t, sample(p, 10)] <- runif(10, 1, 20)
-            x <- log1p(matrix(rpois(n * p, rate[type, ]), n))
-            copies <- sample(n, n %/% 10)
-            x[copies, ] <- x[sample(n, length(copies)), ]
-            x[rowSums(x) == 0 | apply(x, 1, stats::var) == 0, 1] <- 1
-            x
-        },
-        neardup = {
-            base <- matrix(rnorm(n %/% 4 * 20), n %/% 4)
-            base[rep(seq_len(nrow(base)), each = 4), ] +
-                matrix(rnorm(n %/% 4 * 4 * 20, sd = 1e-7), n %/% 4 * 4)
-        })
+    shapeData(kind, n, hardFeatures[[kind]], seed)
 }
 
-hardKinds <- c("levels", "logcounts", "neardup")
+hardKinds <- names(hardFeatures)

@@ -1,0 +1,46 @@
+## The data shapes where exact search falls off cliffs, generated here (no
+## download): used by inst/bench/shapes.R at full size and by the tests
+## (tests/testthat/setup.R, through system.file()) at small size.
+##
+##   normal     N(0,1)
+##   levels     genes at lognormal levels (linear scale, meanlog 6, sdlog
+##              1.5: from about 10 to 40000) times 1 + 3 shared factors
+##              (loadings N(0, 0.2)) plus 5% noise
+##   logcounts  log1p of Poisson counts, rates from 8 cell types (most
+##              near 0.2: about 80% zeros), 10% of the rows duplicated
+##   neardup    N(0,1) rows, each repeated 4 times with noise of sd 1e-7
+##              (clusters of near-duplicates)
+## Rows the correlations cannot use (constant, all zero) get a 1 first.
+
+shapeFeatures <- c(normal = 50, levels = 100, logcounts = 500, neardup = 50)
+
+shapeData <- function(kind, n, p = shapeFeatures[[kind]], seed = 20261123) {
+    set.seed(seed)
+    x <- switch(kind,
+        normal = matrix(rnorm(n * p), n),
+        levels = {
+            level <- rlnorm(n, meanlog = 6, sdlog = 1.5)
+            factors <- matrix(rnorm(3 * p), 3)
+            loadings <- matrix(rnorm(n * 3, sd = 0.2), n)
+            level * (1 + loadings %*% factors +
+                     matrix(rnorm(n * p, sd = 0.05), n))
+        },
+        logcounts = {
+            markers <- min(60, p %/% 2)
+            type <- sample(8, n, replace = TRUE)
+            rate <- matrix(0.2, 8, p)
+            for (t in 1:8) rate[t, sample(p, markers)] <- runif(markers, 1, 20)
+            x <- log1p(matrix(rpois(n * p, rate[type, ]), n))
+            copies <- sample(n, n %/% 10)
+            x[copies, ] <- x[sample(n, length(copies)), ]
+            x
+        },
+        neardup = {
+            base <- matrix(rnorm(n %/% 4 * p), n %/% 4)
+            base[rep(seq_len(nrow(base)), each = 4), ] +
+                matrix(rnorm(n %/% 4 * 4 * p, sd = 1e-7), n %/% 4 * 4)
+        })
+    flat <- apply(x, 1L, function(r) all(r == r[1L]))
+    x[flat, 1L] <- x[flat, 1L] + 1
+    x
+}
