@@ -69,18 +69,21 @@
 #' @export
 KnngpuParam <- function(metric = c("euclidean", "manhattan", "cosine"),
                         device = c("auto", "cpu", "gpu"), threads = NULL,
-                        devices = NULL) {
+                        devices = NULL,
+                        precision = c("auto", "tf32", "fp32", "fp64")) {
     metric <- .checkChoice(metric[1L], names(.bnDistances), "metric")
     device <- .checkChoice(device[1L], c("auto", "cpu", "gpu"), "device")
     threads <- .checkThreads(threads)
     devices <- .checkDeviceIds(devices)
+    precision <- .checkPrecision(precision,
+                                 if (device != "auto") device)
     if (!requireNamespace("BiocNeighbors", quietly = TRUE)) {
         stop("KnngpuParam() needs the BiocNeighbors package", call. = FALSE)
     }
     .registerBiocNeighbors()
     methods::new(.bnClass("KnngpuParam"), distance = .bnDistances[[metric]],
                  device = device, threads = threads,
-                 devices = as.integer(devices))
+                 devices = as.integer(devices), precision = precision)
 }
 
 ## BiocNeighbors' distance names of the metrics it shares with knngpu.
@@ -108,7 +111,8 @@ assign(".packageName", "knngpu", envir = .bnEnv)
     }
     methods::setClass("KnngpuParam", contains = "BiocNeighborParam",
                       slots = c(device = "character", threads = "integer",
-                                devices = "integer"), where = .bnEnv)
+                                devices = "integer", precision = "character"),
+                      where = .bnEnv)
     methods::setClass("KnngpuIndex", contains = "BiocNeighborIndex",
                       slots = c(param = "KnngpuParam"), where = .bnEnv)
     .bnMethods(.bnEnv)
@@ -218,7 +222,7 @@ assign(".packageName", "knngpu", envir = .bnEnv)
 .bnRunner <- function(index) {
     p <- index@param
     .engineRunner(.bnMetric(index@distance), p@device, p@threads,
-                  if (length(p@devices)) p@devices else NULL)
+                  if (length(p@devices)) p@devices else NULL, p@precision)
 }
 
 ## Checks a search's BiocNeighbors arguments before anything runs;

@@ -106,6 +106,23 @@ test_that("bad input through the class gets knnSearch()'s errors", {
                  "'transposed' must be TRUE or FALSE")
     expect_error(KnngpuParam("pearson"), "'metric' must be one of")
     expect_error(KnngpuParam(threads = 1e6), "'threads' must be")
+    expect_error(KnngpuParam(precision = "fp16"), "'precision' must be one")
+    expect_error(KnngpuParam(device = "cpu", precision = "tf32"),
+                 "is not a rung of the CPU")
+})
+
+test_that("the precision reaches the engine and keeps the bits", {
+    skip_if_not_installed("BiocNeighbors")
+    x <- pcaLike(800, 10, 44)
+    got <- lapply(c("auto", "fp32", "fp64"), function(precision) {
+        BiocNeighbors::findKNN(x, k = 8, BNPARAM = KnngpuParam(
+            device = "cpu", precision = precision))
+    })
+    expect_identical(got[[2]], got[[1]])
+    expect_identical(got[[3]], got[[1]])
+    index <- BiocNeighbors::buildIndex(x, BNPARAM = KnngpuParam(
+        device = "cpu", precision = "fp64"))
+    expect_identical(index@param@precision, "fp64")
 })
 
 test_that("bluster's graphs and clusters equal ExhaustiveParam's", {
