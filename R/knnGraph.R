@@ -69,6 +69,7 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
                      BPPARAM = BiocParallel::SerialParam()) {
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
     metric <- .checkMetric(metric)
+    precision <- .checkPrecision(precision)
     symmetrize <- .checkChoice(symmetrize[1L], c("none", "union", "mutual"),
                                "symmetrize")
     if (!is.null(snn)) {
@@ -87,11 +88,11 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
     res <- if (is.null(BPPARAM)) {
         .runEngine(.readNodes(source), NULL, k, metric, device[1L], threads,
                    progress, verbose, devices, edges = is.null(snn),
-                   precision = precision[1L])
+                   precision = precision)
     } else {
         .edgeList(.searchInBlocks(source, NULL, k, metric, device[1L],
                                   threads, progress, verbose, devices,
-                                  BPPARAM, precision[1L]))
+                                  BPPARAM, precision))
     }
     edges <- if (is.null(snn)) {
         .symmetrize(.directedEdges(res), symmetrize, source$n)

@@ -141,6 +141,7 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
                       BPPARAM = BiocParallel::SerialParam()) {
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
     metric <- .checkMetric(metric)
+    precision <- .checkPrecision(precision)
     ref <- .nodeSource(x, by, assay, "x", use.dimred)
     q <- NULL
     if (!is.null(query)) {
@@ -161,10 +162,10 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
     res <- if (is.null(BPPARAM)) {
         .runEngine(.readNodes(ref), if (!is.null(q)) .readNodes(q), k,
                    metric, device[1L], threads, progress, verbose, devices,
-                   precision = precision[1L])
+                   precision = precision)
     } else {
         .searchInBlocks(ref, q, k, metric, device[1L], threads, progress,
-                        verbose, devices, BPPARAM, precision[1L])
+                        verbose, devices, BPPARAM, precision)
     }
     out <- list(index = res$index, distance = res$distance)
     attr(out, "backend") <- res$info$backend

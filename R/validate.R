@@ -50,11 +50,12 @@
     as.integer(threads)
 }
 
-## 'precision' as a choice; with the backend known, also a rung that
-## backend has (TF32 is the GPU's tensor-core arithmetic, float64 BLAS
-## the CPU's).
+## 'precision' as one choice (the verbs' default, the whole vector of
+## choices, is "auto"); with the backend known, also a rung that backend
+## has (TF32 is the GPU's tensor-core arithmetic, float64 BLAS the CPU's).
 .checkPrecision <- function(precision, backend = NULL) {
-    precision <- .checkChoice(precision[1L], .precisions, "precision")
+    if (identical(precision, .precisions)) precision <- "auto"
+    precision <- .checkChoice(precision, .precisions, "precision")
     lacks <- c(cpu = "tf32", gpu = "fp64")
     if (!is.null(backend) && identical(precision, lacks[[backend]])) {
         stop(sprintf(paste("'precision = \"%s\"' is not a rung of the %s;",

@@ -42,22 +42,31 @@ static void knn_rank2_sorted(const double *x, int p, knn_ranked *scratch,
 }
 
 /* Whether the reference nodes' fast vectors are better left at the origin
- * than centred on space->colmean (knn_translation_term). */
+ * than centred on space->colmean (knn_translation_term), on the request's
+ * threads: a pass over every value, as long as preparing the nodes. Where
+ * scratch memory runs out the mean is kept (the bits do not depend on the
+ * choice, only the candidates' count). */
 static int knn_origin_is_closer(const knn_space *space,
                                 const knn_request *req)
 {
-    int p = space->p;
-    double *scaled = malloc((size_t)p * sizeof(double));
-    if (!scaled) return 0;
+    int p = space->p, failed = 0;
     double centred = 0.0, origin = 0.0;
-    for (int j = 0; j < req->n_ref; j++) {
-        knn_ldexp_values(req->ref + (size_t)j * p, p, -space->scale_exp,
-                         scaled);
-        centred += knn_translation_term(scaled, space->colmean, p);
-        origin += knn_translation_term(scaled, NULL, p);
+    #pragma omp parallel num_threads(knn_threads(req->threads)) \
+        reduction(+ : centred, origin) reduction(| : failed)
+    {
+        double *scaled = malloc((size_t)p * sizeof(double));
+        failed = !scaled;
+        #pragma omp for schedule(static)
+        for (int j = 0; j < req->n_ref; j++) {
+            if (!scaled) continue;
+            knn_ldexp_values(req->ref + (size_t)j * p, p, -space->scale_exp,
+                             scaled);
+            centred += knn_translation_term(scaled, space->colmean, p);
+            origin += knn_translation_term(scaled, NULL, p);
+        }
+        free(scaled);
     }
-    free(scaled);
-    return origin < centred;
+    return !failed && origin < centred;
 }
 
 knn_status knn_space_init(knn_space *space, const knn_request *req)

@@ -335,3 +335,21 @@ test_that("a rung the device lacks is refused by name", {
     expect_error(knnGraph(x, k = 3, device = "cpu", precision = NA),
                  "'precision' must be one of")
 })
+
+test_that("'precision' takes one choice, checked before the data is read", {
+    x <- randomMatrix(30, 4, 48)
+    for (bad in list(c("fp32", "fp64"), 32, -1, 1e10, TRUE, character())) {
+        expect_error(knnSearch(x, k = 3, device = "cpu", precision = bad),
+                     "'precision' must be one of", label = deparse(bad))
+        expect_error(knnGraph(x, k = 3, device = "cpu", precision = bad),
+                     "'precision' must be one of", label = deparse(bad))
+    }
+    expect_error(knnSearch(list("not", "nodes"), k = 3, precision = NA),
+                 "'precision' must be one of")
+    default <- knnSearch(x, k = 3, device = "cpu",
+                         precision = c("auto", "tf32", "fp32", "fp64"))
+    auto <- knnSearch(x, k = 3, device = "cpu", precision = "auto")
+    expect_identical(default[c("index", "distance")],
+                     auto[c("index", "distance")])
+    expect_identical(attr(default, "precision"), attr(auto, "precision"))
+})
