@@ -543,6 +543,19 @@ static knn_status knn_cpu_row_tile(knn_cpu *cpu, int q0, int nr,
     return KNN_OK;
 }
 
+/* Rows of the next row tile, after one of `last` rows (0: the first).
+ * A self search's first tiles offer every score to pools that are still
+ * empty, so nearly all become candidates: there the work of a tile is
+ * some twenty times that of a later one, and Ctrl-C waits for it. They
+ * grow from KNN_CPU_FIRST_ROWS, doubling, to the planned tile. */
+#define KNN_CPU_FIRST_ROWS 32
+static int knn_cpu_tile_rows(const knn_cpu *cpu, int last)
+{
+    if (!cpu->symmetric) return cpu->row_tile;
+    int rows = last > 0 ? 2 * last : KNN_CPU_FIRST_ROWS;
+    return rows < cpu->row_tile ? rows : cpu->row_tile;
+}
+
 static void knn_cpu_describe(const knn_cpu *cpu, knn_report *report)
 {
     snprintf(report->device, sizeof report->device, "cpu (%d threads)",
@@ -582,9 +595,10 @@ knn_status knn_cpu_search(const knn_request *req, knn_result *out,
         for (int j = 0; j < req->n_ref; j++)
             knn_cpu_reset_pool(&cpu, &cpu.pools[j], j);
     double pooled = 0.0;
-    for (int q0 = 0; st == KNN_OK && q0 < cpu.n_query; q0 += cpu.row_tile) {
-        int nr = cpu.n_query - q0 < cpu.row_tile ? cpu.n_query - q0
-                                                 : cpu.row_tile;
+    int nr = 0;
+    for (int q0 = 0; st == KNN_OK && q0 < cpu.n_query; q0 += nr) {
+        nr = knn_cpu_tile_rows(&cpu, nr);
+        if (nr > cpu.n_query - q0) nr = cpu.n_query - q0;
         st = knn_cpu_row_tile(&cpu, q0, nr, out, &pooled);
         if (st == KNN_OK && req->cb.progress)
             req->cb.progress(req->cb.ctx, q0 + nr, cpu.n_query);
