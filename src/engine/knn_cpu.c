@@ -143,7 +143,10 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
             return KNN_E_NOMEM;
     size_t cells = (size_t)cpu->row_tile * cpu->col_tile;
     cpu->tile = malloc(cells * sizeof(double));
-    if (knn_uses_product(req->metric))
+    /* One engine thread (as in a forked child, knn_threads.c) gains
+     * nothing from it, and OpenBLAS's pool in a forked child is best left
+     * as OpenBLAS's own fork handler made it. */
+    if (knn_uses_product(req->metric) && cpu->threads > 1)
         cpu->blas_before = knn_blas_hold_one_thread();
     if (cpu->symmetric)
         cpu->column_bound = malloc((size_t)cpu->col_tile * sizeof(double));
