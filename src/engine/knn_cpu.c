@@ -17,7 +17,9 @@
  * columns from its own first node on, and each score also goes to the pool
  * of the column node, which halves the arithmetic. That needs a pool for
  * every node at once, so it is used when those fit in the memory budget.
- * Memory is O(n p + tile + pools); the n x n matrix never exists.
+ * Memory is the input, O(n) per-node numbers, the tile and the fast vectors
+ * of its rows and columns (formed as the tile needs them), and the pools;
+ * no copy of the whole input (knn_prepare.h), and never the n x n matrix.
  */
 #include <math.h>
 #include <stdio.h>
@@ -29,7 +31,7 @@
 #include "knn_prepare.h"
 #include "knn_threads.h"
 
-#define KNN_CPU_DEFAULT_BYTES (128.0 * 1024 * 1024)
+#define KNN_CPU_DEFAULT_BYTES (32.0 * 1024 * 1024)
 /* Few, large tiles: where the BLAS runs on its own threads, each call ends
  * with them spinning for work, which steals cores from the parallel scan
  * that follows it (knn_blas.c holds OpenBLAS to one thread for that). */
@@ -40,6 +42,14 @@
  * as on many (a forked child runs on one). */
 #define KNN_CPU_PRODUCT_WORK 4e9
 #define KNN_CPU_DIRECT_WORK 5e7
+
+/* Fast vectors of a block of nodes, formed when a tile needs them
+ * (knn_nodes_fast): the columns' block is formed once per row tile, or
+ * once for the whole search where one block holds every reference. */
+typedef struct {
+    void *values;  /* p x cap, float64 or float32 */
+    int first, count, fp32;  /* what values holds; count 0: nothing */
+} knn_fast_block;
 
 typedef struct {
     const knn_request *req;
@@ -60,26 +70,32 @@ typedef struct {
     int row_tile, col_tile;
     void *tile;              /* col_tile x row_tile values: double, or
                                 float where tile_fp32 */
+    knn_fast_block ref_fast, query_fast;  /* fast vectors of the tile's
+                                             columns and rows */
     knn_pool *pools;         /* one per node when symmetric, else per row */
     double *column_bound;    /* symmetric: col_tile pool bounds, scratch */
     int n_pools;
     double seconds_rerank;   /* spent in knn_cpu_finish, all row tiles */
 } knn_cpu;
 
-/* Tile shape from the memory budget: as many reference columns as leave
- * room for a useful row tile, then as many rows as memory and the work
- * bound allow. */
+/* Tile shape from the memory budget, which holds the tile and the fast
+ * vectors of its columns and rows (p values each, where the search
+ * multiplies): as many reference columns as leave room for a useful row
+ * tile, then as many rows as memory and the work bound allow. */
 static void knn_cpu_plan(knn_cpu *cpu)
 {
     const knn_request *req = cpu->req;
+    int product = knn_uses_product(req->metric);
     double bytes = req->memory_bytes > 0 ? req->memory_bytes
                                          : KNN_CPU_DEFAULT_BYTES;
-    double work = cpu->threads * (knn_uses_product(req->metric)
-                                      ? KNN_CPU_PRODUCT_WORK
-                                      : KNN_CPU_DIRECT_WORK);
-    double cols = fmin(req->n_ref, bytes / (8.0 * KNN_CPU_MIN_ROW_TILE));
+    double work = cpu->threads * (product ? KNN_CPU_PRODUCT_WORK
+                                          : KNN_CPU_DIRECT_WORK);
+    double p = product ? req->p : 0.0;
+    double cols = fmin(req->n_ref,
+                       bytes / (8.0 * (KNN_CPU_MIN_ROW_TILE + p)));
     cols = fmax(cols, fmin(req->n_ref, 64.0));
-    double rows = fmin(bytes / (8.0 * cols), work / (cols * req->p));
+    double rows = fmin((bytes - 8.0 * cols * p) / (8.0 * (cols + p)),
+                       work / (cols * req->p));
     rows = fmin(fmax(rows, 64.0), KNN_CPU_MAX_ROW_TILE);
     cpu->row_tile = rows >= cpu->n_query ? cpu->n_query : (int)rows;
     cpu->col_tile = (int)cols;
@@ -95,6 +111,8 @@ static void knn_cpu_free(knn_cpu *cpu)
         for (int i = 0; i < cpu->n_pools; i++) knn_pool_free(&cpu->pools[i]);
     free(cpu->pools);
     free(cpu->tile);
+    free(cpu->ref_fast.values);
+    free(cpu->query_fast.values);
     free(cpu->column_bound);
     knn_nodes_free(&cpu->ref);
     knn_nodes_free(&cpu->query_nodes);
@@ -103,17 +121,14 @@ static void knn_cpu_free(knn_cpu *cpu)
     cpu->blas_before = 0;
 }
 
-/* The rung a search starts on and which fast forms its nodes need: a
- * forced rung alone, or float32 with float64 kept for the climb. */
-static int knn_cpu_choose_rung(knn_cpu *cpu, knn_precision precision)
+/* The rung a search starts on: the one forced, else float32, which may
+ * climb. */
+static void knn_cpu_choose_rung(knn_cpu *cpu, knn_precision precision)
 {
-    if (!knn_uses_product(cpu->req->metric)) return 0;
     cpu->rung = precision == KNN_PRECISION_FP64 ? KNN_PRECISION_FP64
                                                 : KNN_PRECISION_FP32;
-    cpu->adaptive = precision == KNN_PRECISION_AUTO;
-    if (cpu->adaptive) return KNN_FORM_FAST32 | KNN_FORM_FAST64;
-    return cpu->rung == KNN_PRECISION_FP32 ? KNN_FORM_FAST32
-                                           : KNN_FORM_FAST64;
+    cpu->adaptive = precision == KNN_PRECISION_AUTO &&
+                    knn_uses_product(cpu->req->metric);
 }
 
 static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
@@ -123,14 +138,14 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
     cpu->n_query = cpu->self ? req->n_ref : req->n_query;
     cpu->threads = knn_threads(req->threads);
     cpu->score = knn_score_of(req->metric);
-    int forms = knn_cpu_choose_rung(cpu, req->precision);
+    knn_cpu_choose_rung(cpu, req->precision);
     knn_status st = knn_space_init(&cpu->space, req);
     if (st == KNN_OK)
         st = knn_nodes_prepare(&cpu->ref, &cpu->space, req->ref, req->n_ref,
-                               1, forms, cpu->threads);
+                               1, 1, cpu->threads);
     if (st == KNN_OK && !cpu->self)
         st = knn_nodes_prepare(&cpu->query_nodes, &cpu->space, req->query,
-                               req->n_query, 0, forms, cpu->threads);
+                               req->n_query, 0, 1, cpu->threads);
     if (st != KNN_OK) return st;
     cpu->query = cpu->self ? &cpu->ref : &cpu->query_nodes;
 
@@ -143,6 +158,13 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
             return KNN_E_NOMEM;
     size_t cells = (size_t)cpu->row_tile * cpu->col_tile;
     cpu->tile = malloc(cells * sizeof(double));
+    if (knn_uses_product(req->metric)) {
+        size_t width = (size_t)req->p * sizeof(double);
+        cpu->ref_fast.values = malloc(width * cpu->col_tile);
+        cpu->query_fast.values = malloc(width * cpu->row_tile);
+        if (!cpu->ref_fast.values || !cpu->query_fast.values)
+            return KNN_E_NOMEM;
+    }
     /* One engine thread (as in a forked child, knn_threads.c) gains
      * nothing from it, and OpenBLAS's pool in a forked child is best left
      * as OpenBLAS's own fork handler made it. */
@@ -214,22 +236,45 @@ static knn_pool *knn_cpu_pool(const knn_cpu *cpu, int node, int q0)
     return &cpu->pools[cpu->symmetric ? node : node - q0];
 }
 
-/* Fills rows [a, b) of the tile of query nodes from q0 against reference
- * nodes [c0, c0 + nc) with dot products of fast vectors on the current
- * rung (one BLAS call). Layout nc x rows: query i's values are
- * contiguous. */
-static void knn_cpu_products(const knn_cpu *cpu, int q0, int a, int b,
-                             int c0, int nc)
+/* Makes block hold the fast vectors of nodes [first, first + count) on
+ * the current rung, unless it does already, and returns where they start.
+ * A new block is filled to its capacity `cap` (nodes from `first` on), so
+ * the columns of a self search's later row tiles, which start further on,
+ * are mostly found in it. */
+static const void *knn_cpu_form_fast(const knn_cpu *cpu,
+                                     const knn_nodes *nodes, int first,
+                                     int count, int cap,
+                                     knn_fast_block *block)
+{
+    int fp32 = cpu->rung == KNN_PRECISION_FP32;
+    size_t width = (size_t)cpu->space.p * (fp32 ? sizeof(float)
+                                                : sizeof(double));
+    int held = block->fp32 == fp32 && first >= block->first &&
+               first + count <= block->first + block->count;
+    if (!held) {
+        block->first = first;
+        block->count = nodes->n - first < cap ? nodes->n - first : cap;
+        block->fp32 = fp32;
+        knn_nodes_fast(&cpu->space, nodes, first, block->count, fp32,
+                       block->values, cpu->threads);
+    }
+    return (const char *)block->values + (first - block->first) * width;
+}
+
+/* Fills rows [a, b) of the tile against nc reference nodes with dot
+ * products of fast vectors on the current rung (one BLAS call): cols and
+ * rows are the tile's fast vectors from knn_cpu_form_fast. Layout
+ * nc x rows: query i's values are contiguous. */
+static void knn_cpu_products(const knn_cpu *cpu, const void *cols,
+                             const void *rows, int a, int b, int nc)
 {
     int p = cpu->space.p;
-    size_t first = (size_t)(q0 + a) * p;
+    size_t first = (size_t)a * p;
     if (cpu->tile_fp32)
-        knn_sgemm_tn(nc, b - a, p, cpu->ref.fast32 + (size_t)c0 * p,
-                     cpu->query->fast32 + first,
+        knn_sgemm_tn(nc, b - a, p, cols, (const float *)rows + first,
                      (float *)cpu->tile + (size_t)a * nc);
     else
-        knn_gemm_tn(nc, b - a, p, cpu->ref.fast + (size_t)c0 * p,
-                    cpu->query->fast + first,
+        knn_gemm_tn(nc, b - a, p, cols, (const double *)rows + first,
                     (double *)cpu->tile + (size_t)a * nc);
 }
 
@@ -424,6 +469,13 @@ static int knn_cpu_offer_rows(knn_cpu *cpu, int q0, int nr, int c0, int nc)
 {
     int product = knn_uses_product(cpu->space.metric);
     cpu->tile_fp32 = product && cpu->rung == KNN_PRECISION_FP32;
+    const void *rows = NULL, *cols = NULL;
+    if (product) {
+        rows = knn_cpu_form_fast(cpu, cpu->query, q0, nr, cpu->row_tile,
+                                 &cpu->query_fast);
+        cols = knn_cpu_form_fast(cpu, &cpu->ref, c0, nc, cpu->col_tile,
+                                 &cpu->ref_fast);
+    }
     int failed = 0;
     if (product && cpu->blas_before > 0) {
         int tasks = (nr + KNN_CPU_ROWS_PER_TASK - 1) / KNN_CPU_ROWS_PER_TASK;
@@ -433,13 +485,13 @@ static int knn_cpu_offer_rows(knn_cpu *cpu, int q0, int nr, int c0, int nc)
             int a = t * KNN_CPU_ROWS_PER_TASK;
             int b = a + KNN_CPU_ROWS_PER_TASK < nr ? a + KNN_CPU_ROWS_PER_TASK
                                                    : nr;
-            knn_cpu_products(cpu, q0, a, b, c0, nc);
+            knn_cpu_products(cpu, cols, rows, a, b, nc);
             for (int i = a; i < b; i++)
                 failed |= knn_cpu_offer_row(cpu, q0, i, c0, nc);
         }
         return failed;
     }
-    if (product) knn_cpu_products(cpu, q0, 0, nr, c0, nc);
+    if (product) knn_cpu_products(cpu, cols, rows, 0, nr, nc);
     else knn_cpu_direct(cpu, q0, nr, c0, nc);
     #pragma omp parallel for num_threads(cpu->threads) schedule(dynamic, 8) \
         reduction(| : failed)

@@ -62,10 +62,15 @@ KNN_HD static inline int knn_exponent(double v)
 /* out[f] = ldexp(x[f], e) for f < n, with the same bits: where 2^e is a
  * normal double, x * 2^e is the same single rounding of the same exact
  * product, and a multiplication costs far less than a call of ldexp. */
+static inline int knn_ldexp_multiplies(int e)
+{
+    return e >= -1022 && e <= 1023;
+}
+
 static inline void knn_ldexp_values(const double *x, int n, int e,
                                     double *out)
 {
-    if (e < -1022 || e > 1023) {
+    if (!knn_ldexp_multiplies(e)) {
         for (int f = 0; f < n; f++) out[f] = ldexp(x[f], e);
         return;
     }
@@ -190,21 +195,30 @@ KNN_HD static inline double knn_key_corr(knn_metric m, const double *ui,
     return s < 0.0 ? q : -q;
 }
 
-/* Canonical key of a pair of distance-metric nodes, both already scaled by
- * the same power of two. */
-KNN_HD static inline double knn_key_dist(knn_metric m, const double *a,
-                                         const double *b, int p)
+/* The canonical distance sum s continued over features a[0..n), b[0..n):
+ * a key computed in pieces, in feature order, has the bits of one computed
+ * whole. */
+KNN_HD static inline double knn_key_dist_more(knn_metric m, const double *a,
+                                              const double *b, int n,
+                                              double s)
 {
-    double s = 0.0;
     if (m == KNN_MANHATTAN) {
-        for (int f = 0; f < p; f++) s = KNN_ADD(s, fabs(KNN_SUB(a[f], b[f])));
+        for (int f = 0; f < n; f++) s = KNN_ADD(s, fabs(KNN_SUB(a[f], b[f])));
     } else {
-        for (int f = 0; f < p; f++) {
+        for (int f = 0; f < n; f++) {
             double d = KNN_SUB(a[f], b[f]);
             s = KNN_ADD(s, KNN_MUL(d, d));
         }
     }
     return s;
+}
+
+/* Canonical key of a pair of distance-metric nodes, both already scaled by
+ * the same power of two. */
+KNN_HD static inline double knn_key_dist(knn_metric m, const double *a,
+                                         const double *b, int p)
+{
+    return knn_key_dist_more(m, a, b, p, 0.0);
 }
 
 /* Distance reported for a key; scale_exp is the power of two the

@@ -115,36 +115,34 @@ void knn_nodes_free(knn_nodes *nodes)
     free(nodes->canon);
     free(nodes->sum);
     free(nodes->css);
-    free(nodes->fast);
-    free(nodes->fast32);
     free(nodes->norm2);
     memset(nodes, 0, sizeof *nodes);
 }
 
-static knn_status knn_nodes_alloc(knn_nodes *nodes, const knn_space *space,
-                                  int n, int forms)
+/* Distance metrics keep canonical vectors only where they do not multiply:
+ * their keys come from the input, scaled on the fly (knn_prepare.h). */
+static int knn_keeps_canon(knn_metric metric, int products)
 {
-    size_t pn = (size_t)space->p * n;
+    return knn_is_correlation(metric) || !products;
+}
+
+static knn_status knn_nodes_alloc(knn_nodes *nodes, const knn_space *space,
+                                  const double *x, int n, int products)
+{
     int corr = knn_is_correlation(space->metric);
-    if (!knn_uses_product(space->metric)) forms = 0;
     memset(nodes, 0, sizeof *nodes);
     nodes->n = n;
-    nodes->canon = malloc(pn * sizeof(double));
-    int failed = !nodes->canon;
+    nodes->raw = x;
+    int failed = 0;
+    if (knn_keeps_canon(space->metric, products)) {
+        nodes->canon = malloc((size_t)space->p * n * sizeof(double));
+        failed |= !nodes->canon;
+    }
     if (corr) {
         nodes->sum = malloc((size_t)n * sizeof(double));
         nodes->css = malloc((size_t)n * sizeof(double));
         failed |= !nodes->sum || !nodes->css;
-    }
-    if (forms & KNN_FORM_FAST64) {
-        nodes->fast = malloc(pn * sizeof(double));
-        failed |= !nodes->fast;
-    }
-    if (forms & KNN_FORM_FAST32) {
-        nodes->fast32 = malloc(pn * sizeof(float));
-        failed |= !nodes->fast32;
-    }
-    if (forms && !corr) {
+    } else if (products) {
         nodes->norm2 = malloc((size_t)n * sizeof(double));
         failed |= !nodes->norm2;
     }
@@ -155,69 +153,119 @@ static knn_status knn_nodes_alloc(knn_nodes *nodes, const knn_space *space,
     return KNN_OK;
 }
 
-/* Where node j's float64 fast vector goes: the nodes' array when they keep
- * one, else the thread's scratch (only its float32 rounding is kept). */
-static double *knn_fast_target(const knn_nodes *nodes, int p, int j,
-                               double *scratch)
+/* Node vectors are formed in pieces of this many features, on the stack,
+ * where a scale of extreme exponent takes ldexp itself. */
+#define KNN_PIECE 64
+
+/* Features [f0, f0 + n) of distance node j divided by 2^scale_exp: the
+ * canonical values, stored or formed from the input with the same bits. */
+static void knn_dist_scaled(const knn_space *space, const knn_nodes *nodes,
+                            int j, int f0, int n, double *out)
 {
-    return nodes->fast ? nodes->fast + (size_t)j * p : scratch;
+    size_t at = (size_t)j * space->p + f0;
+    if (nodes->canon) memcpy(out, nodes->canon + at, n * sizeof(double));
+    else knn_ldexp_values(nodes->raw + at, n, -space->scale_exp, out);
 }
 
-/* Keeps the float32 rounding of node j's fast vector v, where asked. */
-static void knn_keep_fast32(knn_nodes *nodes, int p, int j, const double *v)
+/* Stores the p values of a fast vector as float64 or float32. */
+#define KNN_STORE_FAST(out, fp32, p, expr)                              \
+    do {                                                                \
+        if (fp32) {                                                     \
+            float *w_ = (float *)(out);                                 \
+            for (int f = 0; f < (p); f++) w_[f] = (float)(expr);        \
+        } else {                                                        \
+            double *w_ = (double *)(out);                               \
+            for (int f = 0; f < (p); f++) w_[f] = (expr);               \
+        }                                                               \
+    } while (0)
+
+/* Node j's fast vector into out (p values), float64 or float32: one pass
+ * the compiler vectorises, the same operations as the canonical form
+ * followed by the translation (a distance node's scale is a multiplication
+ * by 2^-scale_exp, knn_ldexp_values). */
+static void knn_node_fast(const knn_space *space, const knn_nodes *nodes,
+                          int j, int fp32, void *out)
 {
-    if (!nodes->fast32) return;
-    float *w = nodes->fast32 + (size_t)j * p;
-    for (int f = 0; f < p; f++) w[f] = (float)v[f];
+    int p = space->p;
+    const double *c = space->colmean;
+    if (knn_is_correlation(space->metric)) {
+        double mean, scale;
+        knn_fast_corr_form(space->metric, p, nodes->sum[j], nodes->css[j],
+                           &mean, &scale);
+        const double *u = nodes->canon + (size_t)j * p;
+        KNN_STORE_FAST(out, fp32, p, (u[f] - mean) * scale);
+    } else if (nodes->canon) {
+        const double *x = nodes->canon + (size_t)j * p;
+        KNN_STORE_FAST(out, fp32, p, x[f] - c[f]);
+    } else if (knn_ldexp_multiplies(-space->scale_exp)) {
+        const double *x = nodes->raw + (size_t)j * p;
+        double m = ldexp(1.0, -space->scale_exp);
+        KNN_STORE_FAST(out, fp32, p, x[f] * m - c[f]);
+    } else {
+        double v[KNN_PIECE];
+        for (int f0 = 0; f0 < p; f0 += KNN_PIECE) {
+            int n = p - f0 < KNN_PIECE ? p - f0 : KNN_PIECE;
+            knn_dist_scaled(space, nodes, j, f0, n, v);
+            size_t size = fp32 ? sizeof(float) : sizeof(double);
+            KNN_STORE_FAST((char *)out + f0 * size, fp32, n, v[f] - c[f0 + f]);
+        }
+    }
 }
 
-/* Correlation node j: canonical u, then the unit-norm centred fast vector.
- * Returns the node's cancellation p * sum(u^2) / css. */
+void knn_nodes_fast(const knn_space *space, const knn_nodes *nodes,
+                    int first, int count, int fp32, void *out, int threads)
+{
+    size_t width = (size_t)space->p * (fp32 ? sizeof(float)
+                                             : sizeof(double));
+    #pragma omp parallel for num_threads(knn_threads(threads)) \
+        schedule(static)
+    for (int i = 0; i < count; i++)
+        knn_node_fast(space, nodes, first + i, fp32,
+                      (char *)out + (size_t)i * width);
+}
+
+/* Correlation node j: canonical u, sum and css. Returns the node's
+ * cancellation p * sum(u^2) / css. */
 static double knn_prepare_corr(knn_nodes *nodes, const knn_space *space,
                                const double *x, int j, double *rank2,
-                               knn_ranked *scratch, double *fast_scratch)
+                               knn_ranked *scratch)
 {
     int p = space->p;
     const double *xj = x + (size_t)j * p;
     double *u = nodes->canon + (size_t)j * p;
-    double *fast = knn_fast_target(nodes, p, j, fast_scratch);
     if (space->metric == KNN_SPEARMAN) {
         knn_rank2_sorted(xj, p, scratch, rank2);
         xj = rank2;
     }
     knn_canon_corr(space->metric, xj, p, u, &nodes->sum[j], &nodes->css[j]);
-    double mean, scale;
-    knn_fast_corr_form(space->metric, p, nodes->sum[j], nodes->css[j], &mean,
-                       &scale);
-    for (int f = 0; f < p; f++) fast[f] = (u[f] - mean) * scale;
-    knn_keep_fast32(nodes, p, j, fast);
     return knn_corr_kappa(space->metric, u, p, nodes->css[j]);
 }
 
-/* Distance node j: scaled canonical node and its column-centred fast form.
+/* Distance node j: its canonical copy where kept, and the squared norm of
+ * its fast vector where the search multiplies (fast: p scratch values).
  * Returns |fast|. */
 static double knn_prepare_dist(knn_nodes *nodes, const knn_space *space,
-                               const double *x, int j, double *fast_scratch)
+                               const double *x, int j, double *fast)
 {
     int p = space->p;
-    const double *xj = x + (size_t)j * p;
-    double *c = nodes->canon + (size_t)j * p;
-    knn_ldexp_values(xj, p, -space->scale_exp, c);
+    if (nodes->canon)
+        knn_ldexp_values(x + (size_t)j * p, p, -space->scale_exp,
+                         nodes->canon + (size_t)j * p);
     if (!nodes->norm2) return 0.0;
-    double *v = knn_fast_target(nodes, p, j, fast_scratch);
-    for (int f = 0; f < p; f++) v[f] = c[f] - space->colmean[f];
-    knn_keep_fast32(nodes, p, j, v);
-    nodes->norm2[j] = knn_dot(v, v, p);
+    knn_node_fast(space, nodes, j, 0, fast);
+    nodes->norm2[j] = knn_dot(fast, fast, p);
     return sqrt(nodes->norm2[j]);
 }
 
 knn_status knn_nodes_prepare(knn_nodes *nodes, knn_space *space,
-                             const double *x, int n, int is_ref, int forms,
+                             const double *x, int n, int is_ref, int products,
                              int threads)
 {
     int p = space->p;
     int corr = knn_is_correlation(space->metric);
-    knn_status st = knn_nodes_alloc(nodes, space, n, forms);
+    knn_status st = knn_nodes_alloc(nodes, space, x, n,
+                                    products && knn_uses_product(
+                                                    space->metric));
     if (st != KNN_OK) return st;
 
     double kappa = space->kappa, norm_max = space->norm_max;
@@ -234,7 +282,7 @@ knn_status knn_nodes_prepare(knn_nodes *nodes, knn_space *space,
             if (failed) continue;
             if (corr) {
                 kappa = fmax(kappa, knn_prepare_corr(nodes, space, x, j,
-                                                     rank2, scratch, fast));
+                                                     rank2, scratch));
             } else {
                 double norm = knn_prepare_dist(nodes, space, x, j, fast);
                 if (is_ref) norm_max = fmax(norm_max, norm);
@@ -253,14 +301,33 @@ knn_status knn_nodes_prepare(knn_nodes *nodes, knn_space *space,
     return KNN_OK;
 }
 
+/* Distance key of two nodes without canonical copies: the input scaled a
+ * piece at a time, summed in feature order as knn_key_dist does. */
+static double knn_key_dist_scaled(const knn_space *space,
+                                  const knn_nodes *query, int qi,
+                                  const knn_nodes *ref, int rj)
+{
+    double a[KNN_PIECE], b[KNN_PIECE], s = 0.0;
+    for (int f0 = 0; f0 < space->p; f0 += KNN_PIECE) {
+        int n = space->p - f0 < KNN_PIECE ? space->p - f0 : KNN_PIECE;
+        knn_dist_scaled(space, query, qi, f0, n, a);
+        knn_dist_scaled(space, ref, rj, f0, n, b);
+        s = knn_key_dist_more(space->metric, a, b, n, s);
+    }
+    return s;
+}
+
 double knn_nodes_key(const knn_space *space, const knn_nodes *query, int qi,
                      const knn_nodes *ref, int rj)
 {
     int p = space->p;
-    const double *a = query->canon + (size_t)qi * p;
-    const double *b = ref->canon + (size_t)rj * p;
-    if (!knn_is_correlation(space->metric))
-        return knn_key_dist(space->metric, a, b, p);
-    return knn_key_corr(space->metric, a, b, p, query->sum[qi],
+    if (!knn_is_correlation(space->metric)) {
+        if (!query->canon || !ref->canon)
+            return knn_key_dist_scaled(space, query, qi, ref, rj);
+        return knn_key_dist(space->metric, query->canon + (size_t)qi * p,
+                            ref->canon + (size_t)rj * p, p);
+    }
+    return knn_key_corr(space->metric, query->canon + (size_t)qi * p,
+                        ref->canon + (size_t)rj * p, p, query->sum[qi],
                         query->css[qi], ref->sum[rj], ref->css[rj]);
 }

@@ -1,14 +1,17 @@
 /*
- * knn_prepare.h: nodes in the two forms the CPU backend works with.
+ * knn_prepare.h: nodes as the CPU backend works with them.
  *
- * canon: the canonical form of knn_exact.h (correlations: shifted, scaled u
- * with its sum and css; distances: nodes divided by 2^scale_exp), from which
- * every final key is computed. fast: the float64 vectors whose products give
- * the candidate scores (unit-norm centred nodes for correlations, column-
- * centred scaled nodes for distances); fast32: the same rounded to float32,
- * for the float32 rung; each NULL where the search does not ask for it,
- * and both for Manhattan, which has no product form. All matrices are
- * p x n, node-contiguous.
+ * canon: the canonical form of knn_exact.h, from which every final key is
+ * computed (correlations: shifted, scaled u with its sum and css;
+ * distances: nodes divided by 2^scale_exp). A distance metric that finds
+ * candidates by products keeps no canonical copy: its keys scale the
+ * input itself on the fly, which gives the same bits and spares a copy of
+ * the data (the O(n p + n k) memory promise).
+ * fast: the vectors whose products give the candidate scores (unit-norm
+ * centred nodes for correlations, translated scaled nodes for distances),
+ * in float64 or rounded to float32 for the float32 rung. They are formed a
+ * tile of nodes at a time (knn_nodes_fast), never for all nodes at once.
+ * All matrices are p x n, node-contiguous.
  */
 #ifndef KNN_PREPARE_H
 #define KNN_PREPARE_H
@@ -28,32 +31,34 @@ typedef struct {
 
 typedef struct {
     int n;
-    double *canon;  /* p x n */
+    const double *raw; /* the input, p x n: distance keys where no canon */
+    double *canon;  /* p x n, or NULL (see above) */
     double *sum;    /* correlation metrics: n, else NULL */
     double *css;
-    double *fast;   /* p x n, or NULL (see above) */
-    float *fast32;  /* p x n, or NULL */
-    double *norm2;  /* distance metrics with a fast form: |fast|^2, n (of
-                       the float64 vectors, whichever form is kept) */
+    double *norm2;  /* distance metrics with products: |fast|^2 of the
+                       float64 fast vectors, n */
 } knn_nodes;
-
-/* Which fast forms knn_nodes_prepare makes (the canonical one always). */
-enum { KNN_FORM_FAST64 = 1, KNN_FORM_FAST32 = 2 };
 
 /* Sets the shared scale and centre from the reference and (optional) query
  * matrices. Returns KNN_E_NOMEM on allocation failure (space left empty). */
 knn_status knn_space_init(knn_space *space, const knn_request *req);
 void knn_space_free(knn_space *space);
 
-/* Prepares n nodes of x (p x n) with `threads` threads and folds their
- * cancellation and norms into space (as references when is_ref). `forms`
- * (KNN_FORM_* bits) says which fast forms to keep: a search that never
- * multiplies (the k-d tree) asks for none and spares their time and
- * memory; ignored for Manhattan. Returns KNN_E_NOMEM (nodes left empty). */
+/* Prepares n nodes of x (p x n, which must outlive the nodes) with
+ * `threads` threads and folds their cancellation and norms into space (as
+ * references when is_ref). `products`: the search multiplies fast vectors
+ * (distance metrics then keep norms instead of a canonical copy); a search
+ * that does not (the k-d tree, Manhattan) keeps the canonical form.
+ * Returns KNN_E_NOMEM (nodes left empty). */
 knn_status knn_nodes_prepare(knn_nodes *nodes, knn_space *space,
-                             const double *x, int n, int is_ref, int forms,
+                             const double *x, int n, int is_ref, int products,
                              int threads);
 void knn_nodes_free(knn_nodes *nodes);
+
+/* Fast vectors of nodes [first, first + count) into out (p x count), as
+ * float64 (fp32 == 0) or rounded to float32, on `threads` threads. */
+void knn_nodes_fast(const knn_space *space, const knn_nodes *nodes,
+                    int first, int count, int fp32, void *out, int threads);
 
 /* Canonical key of query node qi against reference node rj. */
 double knn_nodes_key(const knn_space *space, const knn_nodes *query, int qi,

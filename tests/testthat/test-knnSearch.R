@@ -204,12 +204,33 @@ test_that("ties go to the smaller index in the distances users see", {
     data <- list(counts = counts, near = near,
                  integers = matrix(sample(0:4, 150 * 30, TRUE), 150),
                  denormal = near * 1e-310, tiny = near * 1e-308,
-                 offset = near + 1e12,
+                 huge = near * 2^1021, offset = near + 1e12,
                  span = near * 10^sample(-150:150, 150 * 30, TRUE))
     for (name in names(data)) for (metric in allMetrics) {
         x <- data[[name]]
         if (undefinedFor(x, metric)) next
         expectTieContract(x, 7, metric, paste(name, metric))
+    }
+})
+
+test_that("data scaled by an extreme power of two keep their neighbours", {
+    ## Scaling by 2^e is exact, so the ranking cannot change while the
+    ## distances users see stay finite and nonzero (they are ordered by
+    ## those, then by index). With max |x| = 2^1022 the engine's own scale
+    ## is out of a multiplication's reach, and ldexp takes over.
+    set.seed(47)
+    x <- matrix(rnorm(300 * 40), 300)
+    x <- x / max(abs(x))
+    cases <- list(c("euclidean", 1022), c("euclidean", -1000),
+                  c("manhattan", -1000), c("pearson", 1022),
+                  c("pearson", -1000), c("cosine", 1022))
+    for (case in cases) {
+        metric <- case[1]
+        e <- as.numeric(case[2])
+        want <- knnSearch(x, k = 6, metric = metric, device = "cpu")
+        got <- knnSearch(x * 2^e, k = 6, metric = metric, device = "cpu")
+        expect_true(all(is.finite(got$distance) & got$distance > 0))
+        expect_identical(got$index, want$index, label = paste(metric, e))
     }
 })
 
