@@ -62,6 +62,9 @@ typedef struct {
     int adaptive;            /* may still climb from FP32 to FP64 */
     int climbed;             /* did */
     int tile_fp32;           /* the tile holds float32 products */
+    int streamed;            /* each thread multiplies its rows against a
+                                stretch of columns at a time and scans it
+                                from the cache: no whole tile */
     int blas_before;         /* > 0: the BLAS is held to one thread (and
                                 had this many, knn_blas_release) */
     int symmetric;           /* self search sharing each score both ways */
@@ -69,7 +72,7 @@ typedef struct {
     int threads;
     int row_tile, col_tile;
     void *tile;              /* col_tile x row_tile values: double, or
-                                float where tile_fp32 */
+                                float where tile_fp32; NULL if streamed */
     knn_fast_block ref_fast, query_fast;  /* fast vectors of the tile's
                                              columns and rows */
     knn_pool *pools;         /* one per node when symmetric, else per row */
@@ -81,27 +84,37 @@ typedef struct {
 /* Tile shape from the memory budget, which holds the tile and the fast
  * vectors of its columns and rows (p values each, where the search
  * multiplies): as many reference columns as leave room for a useful row
- * tile, then as many rows as memory and the work bound allow. */
+ * tile, then as many rows as memory and the work bound allow. A streamed
+ * search has no tile, so the budget goes to the fast vectors alone. */
 static void knn_cpu_plan(knn_cpu *cpu)
 {
     const knn_request *req = cpu->req;
     int product = knn_uses_product(req->metric);
     double bytes = req->memory_bytes > 0 ? req->memory_bytes
                                          : KNN_CPU_DEFAULT_BYTES;
+    double pool_bytes = (double)req->n_ref * (2.0 * req->k + 64) *
+                        sizeof(knn_cand);
+    /* Streaming from the cache beats sharing each product both ways
+     * (which needs the whole tile in memory, and a pool for every node):
+     * 2.9 s against 3.9 s for a 50000 x 50 graph on 2 cores, and as fast
+     * on ALL (12625 x 128). Sharing stays where the BLAS multiplies whole
+     * tiles on threads of its own. */
+    cpu->streamed = product && cpu->blas_before > 0;
+    cpu->symmetric = cpu->self && !cpu->streamed && pool_bytes <= bytes;
     double work = cpu->threads * (product ? KNN_CPU_PRODUCT_WORK
                                           : KNN_CPU_DIRECT_WORK);
     double p = product ? req->p : 0.0;
+    double row_min = cpu->streamed ? 0.0 : KNN_CPU_MIN_ROW_TILE;
     double cols = fmin(req->n_ref,
-                       bytes / (8.0 * (KNN_CPU_MIN_ROW_TILE + p)));
+                       fmin(bytes / (8.0 * (row_min + p)),
+                            cpu->streamed ? bytes / (16.0 * p) : INFINITY));
     cols = fmax(cols, fmin(req->n_ref, 64.0));
-    double rows = fmin((bytes - 8.0 * cols * p) / (8.0 * (cols + p)),
+    double rows = fmin((bytes - 8.0 * cols * p) /
+                           (8.0 * ((cpu->streamed ? 0.0 : cols) + p)),
                        work / (cols * req->p));
     rows = fmin(fmax(rows, 64.0), KNN_CPU_MAX_ROW_TILE);
     cpu->row_tile = rows >= cpu->n_query ? cpu->n_query : (int)rows;
     cpu->col_tile = (int)cols;
-    double pool_bytes = (double)req->n_ref * (2.0 * req->k + 64) *
-                        sizeof(knn_cand);
-    cpu->symmetric = cpu->self && pool_bytes <= bytes;
     cpu->n_pools = cpu->symmetric ? req->n_ref : cpu->row_tile;
 }
 
@@ -149,6 +162,11 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
     if (st != KNN_OK) return st;
     cpu->query = cpu->self ? &cpu->ref : &cpu->query_nodes;
 
+    /* One engine thread (as in a forked child, knn_threads.c) gains
+     * nothing from it, and OpenBLAS's pool in a forked child is best left
+     * as OpenBLAS's own fork handler made it. */
+    if (knn_uses_product(req->metric) && cpu->threads > 1)
+        cpu->blas_before = knn_blas_hold_one_thread();
     knn_cpu_plan(cpu);
     cpu->pools = calloc((size_t)cpu->n_pools, sizeof(knn_pool));
     if (!cpu->pools) return KNN_E_NOMEM;
@@ -156,8 +174,11 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
         if (knn_pool_init(&cpu->pools[i], req->k, req->metric,
                           cpu->space.scale_exp) != 0)
             return KNN_E_NOMEM;
-    size_t cells = (size_t)cpu->row_tile * cpu->col_tile;
-    cpu->tile = malloc(cells * sizeof(double));
+    if (!cpu->streamed) {
+        size_t cells = (size_t)cpu->row_tile * cpu->col_tile;
+        cpu->tile = malloc(cells * sizeof(double));
+        if (!cpu->tile) return KNN_E_NOMEM;
+    }
     if (knn_uses_product(req->metric)) {
         size_t width = (size_t)req->p * sizeof(double);
         cpu->ref_fast.values = malloc(width * cpu->col_tile);
@@ -165,15 +186,9 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
         if (!cpu->ref_fast.values || !cpu->query_fast.values)
             return KNN_E_NOMEM;
     }
-    /* One engine thread (as in a forked child, knn_threads.c) gains
-     * nothing from it, and OpenBLAS's pool in a forked child is best left
-     * as OpenBLAS's own fork handler made it. */
-    if (knn_uses_product(req->metric) && cpu->threads > 1)
-        cpu->blas_before = knn_blas_hold_one_thread();
     if (cpu->symmetric)
         cpu->column_bound = malloc((size_t)cpu->col_tile * sizeof(double));
-    return cpu->tile && (!cpu->symmetric || cpu->column_bound)
-               ? KNN_OK : KNN_E_NOMEM;
+    return !cpu->symmetric || cpu->column_bound ? KNN_OK : KNN_E_NOMEM;
 }
 
 /* Rounding units of the current rung's inputs and sums (knn_exact.h). */
@@ -261,21 +276,24 @@ static const void *knn_cpu_form_fast(const knn_cpu *cpu,
     return (const char *)block->values + (first - block->first) * width;
 }
 
-/* Fills rows [a, b) of the tile against nc reference nodes with dot
- * products of fast vectors on the current rung (one BLAS call): cols and
- * rows are the tile's fast vectors from knn_cpu_form_fast. Layout
- * nc x rows: query i's values are contiguous. */
+/* Dot products of nr row nodes' fast vectors (rows) with nc column
+ * nodes' (cols), from knn_cpu_form_fast, on the current rung: one BLAS
+ * call into out, nc x nr (row i's values contiguous). */
 static void knn_cpu_products(const knn_cpu *cpu, const void *cols,
-                             const void *rows, int a, int b, int nc)
+                             const void *rows, int nr, int nc, void *out)
 {
     int p = cpu->space.p;
-    size_t first = (size_t)a * p;
-    if (cpu->tile_fp32)
-        knn_sgemm_tn(nc, b - a, p, cols, (const float *)rows + first,
-                     (float *)cpu->tile + (size_t)a * nc);
-    else
-        knn_gemm_tn(nc, b - a, p, cols, (const double *)rows + first,
-                    (double *)cpu->tile + (size_t)a * nc);
+    if (cpu->tile_fp32) knn_sgemm_tn(nc, nr, p, cols, rows, out);
+    else knn_gemm_tn(nc, nr, p, cols, rows, out);
+}
+
+/* Where value `offset` of an array of the current rung's values (fast
+ * vectors, products) is. */
+static void *knn_cpu_values_at(const knn_cpu *cpu, const void *values,
+                               size_t offset)
+{
+    size_t size = cpu->tile_fp32 ? sizeof(float) : sizeof(double);
+    return (char *)values + offset * size;
 }
 
 /* Manhattan's tile: the canonical keys themselves. */
@@ -317,15 +335,16 @@ static void knn_cpu_direct(const knn_cpu *cpu, int q0, int nr, int c0,
 #define KNN_SCAN static
 #endif
 
-/* The tile's values [at, at + n) as float64. */
-KNN_INLINE void knn_tile_values(const knn_cpu *cpu, size_t at, int n,
-                                double *g)
+/* Values [at, at + n) of a tile (tile_fp32: float32 products) as
+ * float64. */
+KNN_INLINE void knn_tile_values(const knn_cpu *cpu, const void *tile,
+                                size_t at, int n, double *g)
 {
     if (cpu->tile_fp32) {
-        const float *t = (const float *)cpu->tile + at;
+        const float *t = (const float *)tile + at;
         for (int j = 0; j < n; j++) g[j] = t[j];
     } else {
-        const double *t = (const double *)cpu->tile + at;
+        const double *t = (const double *)tile + at;
         for (int j = 0; j < n; j++) g[j] = t[j];
     }
 }
@@ -370,14 +389,14 @@ static double knn_cpu_norm(const knn_nodes *nodes, int node)
     return nodes->norm2 ? nodes->norm2[node] : 0.0;
 }
 
-/* Offers one block of a row, reference nodes [c, c + n) at tile offset
- * `at`, to the row's pool, skipping `itself`. */
-KNN_INLINE int knn_cpu_offer_block(const knn_cpu *cpu, knn_pool *pool,
-                                   double base, int itself, size_t at, int c,
-                                   int n)
+/* Offers one block of a row, reference nodes [c, c + n) at offset `at`
+ * of tile, to the row's pool, skipping `itself`. */
+KNN_INLINE int knn_cpu_offer_block(const knn_cpu *cpu, const void *tile,
+                                   knn_pool *pool, double base, int itself,
+                                   size_t at, int c, int n)
 {
     double g[KNN_BLOCK], s[KNN_BLOCK];
-    knn_tile_values(cpu, at, n, g);
+    knn_tile_values(cpu, tile, at, n, g);
     knn_block_scores(cpu->score, base, knn_cpu_norms(&cpu->ref, c), g, n, s);
     if (!knn_block_hits(s, n, pool->bound)) return 0;
     int failed = 0;
@@ -387,22 +406,22 @@ KNN_INLINE int knn_cpu_offer_block(const knn_cpu *cpu, knn_pool *pool,
     return failed;
 }
 
-/* Offers query node q0 + i the tile's references, itself excluded. */
-KNN_SCAN int knn_cpu_offer_row(const knn_cpu *cpu, int q0, int i, int c0,
-                             int nc)
+/* Offers query node qi (of the row tile from q0) the scores of reference
+ * nodes [c0, c0 + nc), whose values start at `row` of tile; itself
+ * excluded. */
+KNN_SCAN int knn_cpu_offer_row(const knn_cpu *cpu, const void *tile,
+                               size_t row, int q0, int qi, int c0, int nc)
 {
-    int qi = q0 + i;
     knn_pool *pool = knn_cpu_pool(cpu, qi, q0);
-    size_t row = (size_t)i * nc;
     double base = knn_cpu_norm(cpu->query, qi);
     int itself = cpu->self ? qi : -1;
     int failed = 0, j0 = 0;
     for (; j0 + KNN_BLOCK <= nc; j0 += KNN_BLOCK)
-        failed |= knn_cpu_offer_block(cpu, pool, base, itself, row + j0,
-                                      c0 + j0, KNN_BLOCK);
+        failed |= knn_cpu_offer_block(cpu, tile, pool, base, itself,
+                                      row + j0, c0 + j0, KNN_BLOCK);
     if (j0 < nc)
-        failed |= knn_cpu_offer_block(cpu, pool, base, itself, row + j0,
-                                      c0 + j0, nc - j0);
+        failed |= knn_cpu_offer_block(cpu, tile, pool, base, itself,
+                                      row + j0, c0 + j0, nc - j0);
     return failed;
 }
 
@@ -415,7 +434,7 @@ KNN_INLINE int knn_cpu_offer_to_columns(const knn_cpu *cpu, double base,
                                         double *bound, int n)
 {
     double g[KNN_BLOCK], s[KNN_BLOCK];
-    knn_tile_values(cpu, at, n, g);
+    knn_tile_values(cpu, cpu->tile, at, n, g);
     knn_block_scores(cpu->score, base, knn_cpu_norms(&cpu->ref, c), g, n, s);
     int hit = 0;
     for (int j = 0; j < n; j++) hit |= s[j] <= bound[j];
@@ -457,14 +476,39 @@ KNN_SCAN int knn_cpu_offer_column_range(const knn_cpu *cpu, int q0, int nr,
 }
 
 /* Rows of a tile per task where each thread multiplies its own rows:
- * enough for an efficient product, few enough to stay in the cache. */
+ * enough for an efficient product, few enough to stay in the cache; a
+ * streamed search multiplies them against this many columns at a time,
+ * whose products (256 KB in float32) are scanned from the cache. */
 #define KNN_CPU_ROWS_PER_TASK 128
+#define KNN_CPU_COLS_PER_TASK 512
+
+/* Streamed: each thread multiplies its rows [a, b) of the row tile from
+ * q0 against the columns c0.. in stretches, into its own scratch, and
+ * offers each stretch while it is in the cache. */
+static int knn_cpu_stream_task(const knn_cpu *cpu, const void *cols,
+                               const void *rows, int q0, int a, int b,
+                               int c0, int nc, void *scratch)
+{
+    int failed = 0;
+    for (int j0 = 0; j0 < nc; j0 += KNN_CPU_COLS_PER_TASK) {
+        int w = nc - j0 < KNN_CPU_COLS_PER_TASK ? nc - j0
+                                                : KNN_CPU_COLS_PER_TASK;
+        int p = cpu->space.p;
+        knn_cpu_products(cpu, knn_cpu_values_at(cpu, cols, (size_t)j0 * p),
+                         knn_cpu_values_at(cpu, rows, (size_t)a * p), b - a,
+                         w, scratch);
+        for (int i = a; i < b; i++)
+            failed |= knn_cpu_offer_row(cpu, scratch, (size_t)(i - a) * w,
+                                        q0, q0 + i, c0 + j0, w);
+    }
+    return failed;
+}
 
 /* Fills the tile of query nodes [q0, q0 + nr) against reference nodes
- * [c0, c0 + nc) and offers each row its scores. With the BLAS held to one
- * thread (knn_blas.c), each thread multiplies a few rows and scans them
- * while they are in its cache; else the BLAS fills the whole tile on its
- * own threads first. */
+ * [c0, c0 + nc) and offers each row its scores. Streamed, or with the
+ * BLAS held to one thread (knn_blas.c), each thread multiplies a few rows
+ * and scans them while they are in its cache; else the BLAS fills the
+ * whole tile on its own threads first. */
 static int knn_cpu_offer_rows(knn_cpu *cpu, int q0, int nr, int c0, int nc)
 {
     int product = knn_uses_product(cpu->space.metric);
@@ -476,27 +520,53 @@ static int knn_cpu_offer_rows(knn_cpu *cpu, int q0, int nr, int c0, int nc)
         cols = knn_cpu_form_fast(cpu, &cpu->ref, c0, nc, cpu->col_tile,
                                  &cpu->ref_fast);
     }
+    int tasks = (nr + KNN_CPU_ROWS_PER_TASK - 1) / KNN_CPU_ROWS_PER_TASK;
     int failed = 0;
+    if (cpu->streamed) {
+        #pragma omp parallel num_threads(cpu->threads) reduction(| : failed)
+        {
+            void *scratch = malloc((size_t)KNN_CPU_ROWS_PER_TASK *
+                                   KNN_CPU_COLS_PER_TASK * sizeof(double));
+            failed = !scratch;
+            #pragma omp for schedule(dynamic, 1)
+            for (int t = 0; t < tasks; t++) {
+                int a = t * KNN_CPU_ROWS_PER_TASK;
+                int b = a + KNN_CPU_ROWS_PER_TASK < nr
+                            ? a + KNN_CPU_ROWS_PER_TASK : nr;
+                if (scratch)
+                    failed |= knn_cpu_stream_task(cpu, cols, rows, q0, a, b,
+                                                  c0, nc, scratch);
+            }
+            free(scratch);
+        }
+        return failed;
+    }
     if (product && cpu->blas_before > 0) {
-        int tasks = (nr + KNN_CPU_ROWS_PER_TASK - 1) / KNN_CPU_ROWS_PER_TASK;
         #pragma omp parallel for num_threads(cpu->threads) \
             schedule(dynamic, 1) reduction(| : failed)
         for (int t = 0; t < tasks; t++) {
             int a = t * KNN_CPU_ROWS_PER_TASK;
             int b = a + KNN_CPU_ROWS_PER_TASK < nr ? a + KNN_CPU_ROWS_PER_TASK
                                                    : nr;
-            knn_cpu_products(cpu, cols, rows, a, b, nc);
+            knn_cpu_products(cpu, cols,
+                             knn_cpu_values_at(cpu, rows,
+                                               (size_t)a * cpu->space.p),
+                             b - a, nc,
+                             knn_cpu_values_at(cpu, cpu->tile,
+                                               (size_t)a * nc));
             for (int i = a; i < b; i++)
-                failed |= knn_cpu_offer_row(cpu, q0, i, c0, nc);
+                failed |= knn_cpu_offer_row(cpu, cpu->tile, (size_t)i * nc,
+                                            q0, q0 + i, c0, nc);
         }
         return failed;
     }
-    if (product) knn_cpu_products(cpu, cols, rows, 0, nr, nc);
+    if (product) knn_cpu_products(cpu, cols, rows, nr, nc, cpu->tile);
     else knn_cpu_direct(cpu, q0, nr, c0, nc);
     #pragma omp parallel for num_threads(cpu->threads) schedule(dynamic, 8) \
         reduction(| : failed)
     for (int i = 0; i < nr; i++)
-        failed |= knn_cpu_offer_row(cpu, q0, i, c0, nc);
+        failed |= knn_cpu_offer_row(cpu, cpu->tile, (size_t)i * nc, q0,
+                                    q0 + i, c0, nc);
     return failed;
 }
 
