@@ -31,7 +31,7 @@
 #include "knn_prepare.h"
 #include "knn_threads.h"
 
-#define KNN_CPU_DEFAULT_BYTES (32.0 * 1024 * 1024)
+#define KNN_CPU_DEFAULT_BYTES (40.0 * 1024 * 1024)
 /* Few, large tiles: where the BLAS runs on its own threads, each call ends
  * with them spinning for work, which steals cores from the parallel scan
  * that follows it (knn_blas.c holds OpenBLAS to one thread for that). */
@@ -41,6 +41,8 @@
  * float32 products (0.2 s of float64) on one AVX-512 core, on one thread
  * as on many (a forked child runs on one). */
 #define KNN_CPU_PRODUCT_WORK 4e9
+/* Features from which a self search shares products (knn_cpu_plan). */
+#define KNN_CPU_SHARE_MIN_FEATURES 96
 #define KNN_CPU_DIRECT_WORK 5e7
 
 /* Fast vectors of a block of nodes, formed when a tile needs them
@@ -81,9 +83,9 @@ typedef struct {
     double seconds_rerank;   /* spent in knn_cpu_finish, all row tiles */
 } knn_cpu;
 
-/* Tile shape from the memory budget, which holds the tile and the fast
+/* Tile shape from the memory budget, which holds the tile, the fast
  * vectors of its columns and rows (p values each, where the search
- * multiplies): as many reference columns as leave room for a useful row
+ * multiplies) and the pools of a search that shares products: as many reference columns as leave room for a useful row
  * tile, then as many rows as memory and the work bound allow. A streamed
  * search has no tile, so the budget goes to the fast vectors alone. */
 static void knn_cpu_plan(knn_cpu *cpu)
@@ -94,13 +96,17 @@ static void knn_cpu_plan(knn_cpu *cpu)
                                          : KNN_CPU_DEFAULT_BYTES;
     double pool_bytes = (double)req->n_ref * (2.0 * req->k + 64) *
                         sizeof(knn_cand);
-    /* Streaming from the cache beats sharing each product both ways
-     * (which needs the whole tile in memory, and a pool for every node):
-     * 2.9 s against 3.9 s for a 50000 x 50 graph on 2 cores, and as fast
-     * on ALL (12625 x 128). Sharing stays where the BLAS multiplies whole
-     * tiles on threads of its own. */
-    cpu->streamed = product && cpu->blas_before > 0;
-    cpu->symmetric = cpu->self && !cpu->streamed && pool_bytes <= bytes;
+    /* Sharing each product both ways halves the products but scans the
+     * whole tile from memory, twice; streaming scans from the cache. On 2
+     * cores the products' half pays from about 100 features: ALL
+     * (12625 x 128) 0.38 s shared against 0.44 s streamed, 12000 x 80
+     * 0.29-0.40 s against 0.28-0.31 s. Sharing also needs a pool for every
+     * node, within the budget. */
+    cpu->symmetric = cpu->self && pool_bytes <= bytes / 2 &&
+                     (req->p >= KNN_CPU_SHARE_MIN_FEATURES ||
+                      !product || cpu->blas_before == 0);
+    cpu->streamed = product && cpu->blas_before > 0 && !cpu->symmetric;
+    if (cpu->symmetric) bytes -= pool_bytes;
     double work = cpu->threads * (product ? KNN_CPU_PRODUCT_WORK
                                           : KNN_CPU_DIRECT_WORK);
     double p = product ? req->p : 0.0;
