@@ -78,6 +78,7 @@ typedef struct {
     knn_fast_block ref_fast, query_fast;  /* fast vectors of the tile's
                                              columns and rows */
     knn_pool *pools;         /* one per node when symmetric, else per row */
+    knn_cand *pool_items;    /* the pools' first entries, one allocation */
     double *column_bound;    /* symmetric: col_tile pool bounds, scratch */
     int n_pools;
     double seconds_rerank;   /* spent in knn_cpu_finish, all row tiles */
@@ -94,7 +95,7 @@ static void knn_cpu_plan(knn_cpu *cpu)
     int product = knn_uses_product(req->metric);
     double bytes = req->memory_bytes > 0 ? req->memory_bytes
                                          : KNN_CPU_DEFAULT_BYTES;
-    double pool_bytes = (double)req->n_ref * (2.0 * req->k + 64) *
+    double pool_bytes = (double)req->n_ref * KNN_POOL_FIRST_CAP(req->k) *
                         sizeof(knn_cand);
     /* Sharing each product both ways halves the products but scans the
      * whole tile from memory, twice; streaming scans from the cache. On 2
@@ -129,6 +130,7 @@ static void knn_cpu_free(knn_cpu *cpu)
     if (cpu->pools)
         for (int i = 0; i < cpu->n_pools; i++) knn_pool_free(&cpu->pools[i]);
     free(cpu->pools);
+    free(cpu->pool_items);
     free(cpu->tile);
     free(cpu->ref_fast.values);
     free(cpu->query_fast.values);
@@ -174,12 +176,14 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
     if (knn_uses_product(req->metric) && cpu->threads > 1)
         cpu->blas_before = knn_blas_hold_one_thread();
     knn_cpu_plan(cpu);
+    size_t first_cap = KNN_POOL_FIRST_CAP(req->k);
     cpu->pools = calloc((size_t)cpu->n_pools, sizeof(knn_pool));
-    if (!cpu->pools) return KNN_E_NOMEM;
+    cpu->pool_items = malloc((size_t)cpu->n_pools * first_cap *
+                             sizeof(knn_cand));
+    if (!cpu->pools || !cpu->pool_items) return KNN_E_NOMEM;
     for (int i = 0; i < cpu->n_pools; i++)
-        if (knn_pool_init(&cpu->pools[i], req->k, req->metric,
-                          cpu->space.scale_exp) != 0)
-            return KNN_E_NOMEM;
+        knn_pool_init(&cpu->pools[i], req->k, req->metric,
+                      cpu->space.scale_exp, cpu->pool_items + i * first_cap);
     if (!cpu->streamed) {
         size_t cells = (size_t)cpu->row_tile * cpu->col_tile;
         cpu->tile = malloc(cells * sizeof(double));

@@ -6,26 +6,29 @@
  */
 #include <math.h>
 #include <stdlib.h>
+#include <string.h>
 #include "knn_exact.h"
 #include "knn_pool.h"
 
-int knn_pool_init(knn_pool *pool, int k, knn_metric metric, int scale_exp)
+void knn_pool_init(knn_pool *pool, int k, knn_metric metric, int scale_exp,
+                   knn_cand *items)
 {
     pool->k = k;
     pool->metric = metric;
     pool->scale_exp = scale_exp;
     pool->size = 0;
-    pool->cap = 2 * k + 64;
+    pool->cap = KNN_POOL_FIRST_CAP(k);
     pool->bound = INFINITY;
     pool->margin2 = 0.0;
-    pool->items = malloc((size_t)pool->cap * sizeof(knn_cand));
-    return pool->items ? 0 : -1;
+    pool->items = items;
+    pool->owned = 0;
 }
 
 void knn_pool_free(knn_pool *pool)
 {
-    free(pool->items);
+    if (pool->owned) free(pool->items);
     pool->items = NULL;
+    pool->owned = 0;
 }
 
 void knn_pool_reset(knn_pool *pool, int node, double margin, knn_key_fn key,
@@ -138,9 +141,14 @@ static int knn_pool_make_room(knn_pool *pool)
     if (pool->size <= pool->cap / 2) return 0;
     if (pool->key && pool->size > 4 * pool->k) return knn_pool_compact(pool);
     int cap = 2 * pool->cap;
-    knn_cand *items = realloc(pool->items, (size_t)cap * sizeof *items);
+    size_t bytes = (size_t)cap * sizeof(knn_cand);
+    knn_cand *items = pool->owned ? realloc(pool->items, bytes)
+                                  : malloc(bytes);
     if (!items) return -1;
+    if (!pool->owned)
+        memcpy(items, pool->items, (size_t)pool->size * sizeof(knn_cand));
     pool->items = items;
+    pool->owned = 1;
     pool->cap = cap;
     return 0;
 }

@@ -25,7 +25,10 @@ typedef struct {
 typedef double (*knn_key_fn)(const void *ctx, int node, int index);
 
 typedef struct {
-    knn_cand *items;
+    knn_cand *items;  /* the caller's first KNN_POOL_FIRST_CAP(k) entries
+                         (a slab shared by many pools), or the pool's own
+                         allocation once it has grown (owned) */
+    int owned;
     int size;
     int cap;
     double compacted; /* entries dropped by compaction since the reset:
@@ -43,9 +46,16 @@ typedef struct {
     double row_floor;   /* knn_dist_row_bound; row_unit 0: not used */
 } knn_pool;
 
-/* Allocates a pool for k neighbours under a metric whose distance-metric
- * nodes are scaled by 2^-scale_exp; returns 0, or -1 when out of memory. */
-int knn_pool_init(knn_pool *pool, int k, knn_metric metric, int scale_exp);
+/* Entries a pool starts with: room for k and as many more within the
+ * margin before the first prune; pools that need more grow on their own. */
+#define KNN_POOL_FIRST_CAP(k) (2 * (k) + 16)
+
+/* Sets up a pool for k neighbours under a metric whose distance-metric
+ * nodes are scaled by 2^-scale_exp, in `items`: KNN_POOL_FIRST_CAP(k)
+ * entries that stay the caller's (one allocation serves every pool). */
+void knn_pool_init(knn_pool *pool, int k, knn_metric metric, int scale_exp,
+                   knn_cand *items);
+/* Frees what the pool allocated itself (not the caller's items). */
 void knn_pool_free(knn_pool *pool);
 
 /* Empties the pool for query node `node`, whose fast scores are within
