@@ -1,6 +1,6 @@
 ## Peak memory of knnGraph() against the O(n d + n k) promise: for each n,
-## a child R builds an n x 50 N(0,1) matrix and its Euclidean kNN graph
-## (k = 15) on the chosen device, and reports its peak resident memory
+## a child R builds an n x 50 N(0,1) matrix and its kNN graph (Euclidean,
+## or --metric; k = 15) on the chosen device, and reports its peak resident memory
 ## (VmHWM) with the bound 2 (n d 8 + n k 16) bytes + 100 MB (the input and
 ## the edge table, with room for one working copy of each, and R itself),
 ## and the same peak for 1000 nodes, the fixed cost of R, the package and
@@ -8,9 +8,11 @@
 ##
 ## Usage (from the repository root, with knngpu installed in R_LIBS):
 ##   Rscript tools/memory-check.R [--device=cpu|gpu] [--n=50000,200000]
+##                                [--metric=euclidean]
 
 source(file.path("tools", "args.R"))
 device <- argValue("device", "cpu")
+metric <- argValue("metric", "euclidean")
 sizes <- as.numeric(strsplit(argValue("n", "50000,200000"), ",")[[1]])
 d <- 50
 k <- 15
@@ -22,8 +24,9 @@ peak <- function(n) {
         "set.seed(1)",
         sprintf("x <- matrix(rnorm(%.0f * %d), ncol = %d)", n, d, d),
         "start <- Sys.time()",
-        sprintf(paste("g <- knnGraph(x, k = %d, metric = 'euclidean',",
-                      "device = '%s', progress = FALSE)"), k, device),
+        sprintf(paste("g <- knnGraph(x, k = %d, metric = '%s',",
+                      "device = '%s', progress = FALSE)"), k, metric,
+                device),
         "secs <- as.numeric(Sys.time()) - as.numeric(start)",
         "hwm <- grep('^VmHWM', readLines('/proc/self/status'), value = TRUE)",
         "mib <- as.numeric(gsub('[^0-9]', '', hwm)) / 1024",
@@ -33,8 +36,9 @@ peak <- function(n) {
     as.numeric(strsplit(trimws(tail(out, 1)), " +")[[1]])
 }
 
-cat(sprintf("# %s, device %s, %d cores\n", format(Sys.time(), "%Y-%m-%d %H:%M"),
-            device, parallel::detectCores()))
+cat(sprintf("# %s, device %s, %d cores, %s\n",
+            format(Sys.time(), "%Y-%m-%d %H:%M"), device,
+            parallel::detectCores(), metric))
 ## What a 1000-node graph peaks at: R, the package and, on the GPU, the
 ## CUDA runtime and cuBLAS with their kernels, which a search of any size
 ## pays once. "growth" is the peak above it, against the bound's part that
