@@ -39,8 +39,11 @@
 #define KNN_CPU_MAX_ROW_TILE 4096.0
 /* Work per tile and thread bounds how long Ctrl-C waits: about 0.1 s of
  * float32 products (0.2 s of float64) on one AVX-512 core, on one thread
- * as on many (a forked child runs on one). */
+ * as on many (a forked child runs on one). Scanning a score costs about
+ * as much as this many of its products (a streamed 50000 x 50 graph
+ * spends twice as long scanning as multiplying). */
 #define KNN_CPU_PRODUCT_WORK 4e9
+#define KNN_CPU_SCAN_WORK 64.0
 /* Features from which a self search shares products (knn_cpu_plan). */
 #define KNN_CPU_SHARE_MIN_FEATURES 96
 #define KNN_CPU_DIRECT_WORK 5e7
@@ -116,9 +119,10 @@ static void knn_cpu_plan(knn_cpu *cpu)
                        fmin(bytes / (8.0 * (row_min + p)),
                             cpu->streamed ? bytes / (16.0 * p) : INFINITY));
     cols = fmax(cols, fmin(req->n_ref, 64.0));
+    double per_score = product ? req->p + KNN_CPU_SCAN_WORK : req->p;
     double rows = fmin((bytes - 8.0 * cols * p) /
                            (8.0 * ((cpu->streamed ? 0.0 : cols) + p)),
-                       work / (cols * req->p));
+                       work / (cols * per_score));
     rows = fmin(fmax(rows, 64.0), KNN_CPU_MAX_ROW_TILE);
     cpu->row_tile = rows >= cpu->n_query ? cpu->n_query : (int)rows;
     cpu->col_tile = (int)cols;
