@@ -13,10 +13,13 @@
  * either. Distance pools also bound their candidates by their own node's
  * neighbourhood (knn_dist_row_bound), so nodes at very different levels
  * do not widen each other's margins.
- * A self search uses the symmetry of the metric: a row tile only meets the
- * columns from its own first node on, and each score also goes to the pool
- * of the column node, which halves the arithmetic. That needs a pool for
- * every node at once, so it is used when those fit in the memory budget.
+ * Where the BLAS can be held to one thread, each thread multiplies its own
+ * rows against a stretch of columns at a time and scans the products while
+ * they are in its cache (streamed). A self search of many features instead
+ * uses the symmetry of the metric: a row tile only meets the columns from
+ * its own first node on, and each score also goes to the pool of the
+ * column node, which halves the arithmetic. That needs a pool for every
+ * node at once, so it is used when those fit in the memory budget.
  * Memory is the input, O(n) per-node numbers, the tile and the fast vectors
  * of its rows and columns (formed as the tile needs them), and the pools;
  * no copy of the whole input (knn_prepare.h), and never the n x n matrix.
@@ -89,9 +92,10 @@ typedef struct {
 
 /* Tile shape from the memory budget, which holds the tile, the fast
  * vectors of its columns and rows (p values each, where the search
- * multiplies) and the pools of a search that shares products: as many reference columns as leave room for a useful row
- * tile, then as many rows as memory and the work bound allow. A streamed
- * search has no tile, so the budget goes to the fast vectors alone. */
+ * multiplies) and the pools of a search that shares products: as many
+ * reference columns as leave room for a useful row tile, then as many rows
+ * as memory and the work bound allow. A streamed search has no tile, so
+ * the budget goes to the fast vectors alone. */
 static void knn_cpu_plan(knn_cpu *cpu)
 {
     const knn_request *req = cpu->req;
