@@ -500,6 +500,13 @@ KNN_SCAN int knn_cpu_offer_column_range(const knn_cpu *cpu, int q0, int nr,
 #define KNN_CPU_ROWS_PER_TASK 128
 #define KNN_CPU_COLS_PER_TASK 512
 
+/* Rows [*a, *b) of a row tile of nr rows that task t multiplies. */
+static void knn_cpu_task_rows(int t, int nr, int *a, int *b)
+{
+    *a = t * KNN_CPU_ROWS_PER_TASK;
+    *b = *a + KNN_CPU_ROWS_PER_TASK < nr ? *a + KNN_CPU_ROWS_PER_TASK : nr;
+}
+
 /* Streamed: each thread multiplies its rows [a, b) of the row tile from
  * q0 against the columns c0.. in stretches, into its own scratch, and
  * offers each stretch while it is in the cache. */
@@ -548,9 +555,8 @@ static int knn_cpu_offer_rows(knn_cpu *cpu, int q0, int nr, int c0, int nc)
             failed = !scratch;
             #pragma omp for schedule(dynamic, 1)
             for (int t = 0; t < tasks; t++) {
-                int a = t * KNN_CPU_ROWS_PER_TASK;
-                int b = a + KNN_CPU_ROWS_PER_TASK < nr
-                            ? a + KNN_CPU_ROWS_PER_TASK : nr;
+                int a, b;
+                knn_cpu_task_rows(t, nr, &a, &b);
                 if (scratch)
                     failed |= knn_cpu_stream_task(cpu, cols, rows, q0, a, b,
                                                   c0, nc, scratch);
@@ -563,9 +569,8 @@ static int knn_cpu_offer_rows(knn_cpu *cpu, int q0, int nr, int c0, int nc)
         #pragma omp parallel for num_threads(cpu->threads) \
             schedule(dynamic, 1) reduction(| : failed)
         for (int t = 0; t < tasks; t++) {
-            int a = t * KNN_CPU_ROWS_PER_TASK;
-            int b = a + KNN_CPU_ROWS_PER_TASK < nr ? a + KNN_CPU_ROWS_PER_TASK
-                                                   : nr;
+            int a, b;
+            knn_cpu_task_rows(t, nr, &a, &b);
             knn_cpu_products(cpu, cols,
                              knn_cpu_values_at(cpu, rows,
                                                (size_t)a * cpu->space.p),

@@ -59,23 +59,25 @@ KNN_HD static inline int knn_exponent(double v)
     return e;
 }
 
-/* out[f] = ldexp(x[f], e) for f < n, with the same bits: where 2^e is a
- * normal double, x * 2^e is the same single rounding of the same exact
- * product, and a multiplication costs far less than a call of ldexp. */
-static inline int knn_ldexp_multiplies(int e)
+/* 2^e where x * 2^e has the bits of ldexp(x, e) for every x: where 2^e
+ * is a normal double, both are the same single rounding of the same exact
+ * product, and a multiplication costs far less than a call of ldexp.
+ * 0 where only ldexp gives them. */
+static inline double knn_ldexp_factor(int e)
 {
-    return e >= -1022 && e <= 1023;
+    return e >= -1022 && e <= 1023 ? ldexp(1.0, e) : 0.0;
 }
 
+/* out[f] = ldexp(x[f], e) for f < n, with the same bits; factor is
+ * knn_ldexp_factor(e), computed once by the caller. */
 static inline void knn_ldexp_values(const double *x, int n, int e,
-                                    double *out)
+                                    double factor, double *out)
 {
-    if (!knn_ldexp_multiplies(e)) {
+    if (factor == 0.0) {
         for (int f = 0; f < n; f++) out[f] = ldexp(x[f], e);
         return;
     }
-    double m = ldexp(1.0, e);
-    for (int f = 0; f < n; f++) out[f] = x[f] * m;
+    for (int f = 0; f < n; f++) out[f] = x[f] * factor;
 }
 
 KNN_HD static inline double knn_max_abs(const double *x, int p)

@@ -41,6 +41,14 @@ static void knn_rank2_sorted(const double *x, int p, knn_ranked *scratch,
     }
 }
 
+/* Values x[0..n) of a distance node divided by 2^scale_exp: its canonical
+ * values (knn_exact.h). */
+static void knn_space_scale(const knn_space *space, const double *x, int n,
+                            double *out)
+{
+    knn_ldexp_values(x, n, -space->scale_exp, space->scale_factor, out);
+}
+
 /* Whether the reference nodes' fast vectors are better left at the origin
  * than centred on space->colmean (knn_translation_term), on the request's
  * threads: a pass over every value, as long as preparing the nodes. Where
@@ -59,8 +67,7 @@ static int knn_origin_is_closer(const knn_space *space,
         #pragma omp for schedule(static)
         for (int j = 0; j < req->n_ref; j++) {
             if (!scaled) continue;
-            knn_ldexp_values(req->ref + (size_t)j * p, p, -space->scale_exp,
-                             scaled);
+            knn_space_scale(space, req->ref + (size_t)j * p, p, scaled);
             centred += knn_translation_term(scaled, space->colmean, p);
             origin += knn_translation_term(scaled, NULL, p);
         }
@@ -83,6 +90,7 @@ knn_status knn_space_init(knn_space *space, const knn_request *req)
         amax = fmax(amax, knn_nodes_max_abs(req->query, p, req->n_query));
     amax = fmax(amax, req->max_abs);
     space->scale_exp = knn_exponent(amax);
+    space->scale_factor = knn_ldexp_factor(-space->scale_exp);
     if (!knn_uses_product(req->metric)) return KNN_OK;
 
     space->colmean = calloc((size_t)p, sizeof(double));
@@ -93,8 +101,7 @@ knn_status knn_space_init(knn_space *space, const knn_request *req)
         return KNN_E_NOMEM;
     }
     for (int j = 0; j < req->n_ref; j++) {
-        knn_ldexp_values(req->ref + (size_t)j * p, p, -space->scale_exp,
-                         scaled);
+        knn_space_scale(space, req->ref + (size_t)j * p, p, scaled);
         for (int f = 0; f < p; f++) space->colmean[f] += scaled[f];
     }
     free(scaled);
@@ -157,14 +164,12 @@ static knn_status knn_nodes_alloc(knn_nodes *nodes, const knn_space *space,
  * where a scale of extreme exponent takes ldexp itself. */
 #define KNN_PIECE 64
 
-/* Features [f0, f0 + n) of distance node j divided by 2^scale_exp: the
- * canonical values, stored or formed from the input with the same bits. */
+/* Features [f0, f0 + n) of distance node j's canonical values, formed
+ * from the input (the product path keeps no canonical copy). */
 static void knn_dist_scaled(const knn_space *space, const knn_nodes *nodes,
                             int j, int f0, int n, double *out)
 {
-    size_t at = (size_t)j * space->p + f0;
-    if (nodes->canon) memcpy(out, nodes->canon + at, n * sizeof(double));
-    else knn_ldexp_values(nodes->raw + at, n, -space->scale_exp, out);
+    knn_space_scale(space, nodes->raw + (size_t)j * space->p + f0, n, out);
 }
 
 /* Stores the p values of a fast vector as float64 or float32. */
@@ -182,7 +187,8 @@ static void knn_dist_scaled(const knn_space *space, const knn_nodes *nodes,
 /* Node j's fast vector into out (p values), float64 or float32: one pass
  * the compiler vectorises, the same operations as the canonical form
  * followed by the translation (a distance node's scale is a multiplication
- * by 2^-scale_exp, knn_ldexp_values). */
+ * by space->scale_factor where that has ldexp's bits). Only searches that
+ * multiply ask, so a distance node has no canonical copy here. */
 static void knn_node_fast(const knn_space *space, const knn_nodes *nodes,
                           int j, int fp32, void *out)
 {
@@ -194,12 +200,9 @@ static void knn_node_fast(const knn_space *space, const knn_nodes *nodes,
                            &mean, &scale);
         const double *u = nodes->canon + (size_t)j * p;
         KNN_STORE_FAST(out, fp32, p, (u[f] - mean) * scale);
-    } else if (nodes->canon) {
-        const double *x = nodes->canon + (size_t)j * p;
-        KNN_STORE_FAST(out, fp32, p, x[f] - c[f]);
-    } else if (knn_ldexp_multiplies(-space->scale_exp)) {
+    } else if (space->scale_factor != 0.0) {
         const double *x = nodes->raw + (size_t)j * p;
-        double m = ldexp(1.0, -space->scale_exp);
+        double m = space->scale_factor;
         KNN_STORE_FAST(out, fp32, p, x[f] * m - c[f]);
     } else {
         double v[KNN_PIECE];
@@ -249,8 +252,8 @@ static double knn_prepare_dist(knn_nodes *nodes, const knn_space *space,
 {
     int p = space->p;
     if (nodes->canon)
-        knn_ldexp_values(x + (size_t)j * p, p, -space->scale_exp,
-                         nodes->canon + (size_t)j * p);
+        knn_space_scale(space, x + (size_t)j * p, p,
+                        nodes->canon + (size_t)j * p);
     if (!nodes->norm2) return 0.0;
     knn_node_fast(space, nodes, j, 0, fast);
     nodes->norm2[j] = knn_dot(fast, fast, p);

@@ -23,6 +23,7 @@ typedef struct {
     knn_metric metric;
     int p;
     int scale_exp;    /* distance metrics: nodes are divided by 2^scale_exp */
+    double scale_factor; /* knn_ldexp_factor(-scale_exp) */
     double *colmean;  /* distance metrics: centre of the fast vectors (p):
                          the column mean, or 0 (knn_translation_term) */
     double kappa;     /* correlation metrics: worst cancellation, >= 1 */
