@@ -33,9 +33,11 @@
 #'     \code{tempdir()}; on a cluster, a directory every node sees).}
 #' }
 #' The environment variable \code{KNNGPU_SELECT} (\code{"warp"},
-#' \code{"radix"}) forces the GPU's selection kernel, for measurements;
-#' the candidate arithmetic is the verbs' \code{precision} argument. The
-#' bits are the same.
+#' \code{"radix"}: a panel of products, then that selection kernel;
+#' \code{"fused"}: products and selection in one kernel, where it can run)
+#' forces the GPU's candidate selection, for measurements; the candidate
+#' arithmetic is the verbs' \code{precision} argument. The bits are the
+#' same.
 #'
 #' @useDynLib knngpu, .registration = TRUE
 #' @importFrom cli cli_progress_bar

@@ -5,7 +5,7 @@
  *   gpu-harness check        parity of knn_gpu_search() with a plain float64
  *                            reference built on knn_exact.h, for every
  *                            metric, many k, self and query search, tied
- *                            data, small budgets, both selection kernels,
+ *                            data, small budgets, every selection path,
  *                            a two-block split; an interrupt, a
  *                            memory check and the release of what a search
  *                            keeps. Prints one line per case, then a summary.
@@ -242,6 +242,7 @@ static void check_case(const char *data, knn_metric m, const double *ref,
     }
     force_select = !select ? KNN_SELECT_CHOOSE
                  : strcmp(select, "warp") == 0 ? KNN_SELECT_FORCE_WARP
+                 : strcmp(select, "fused") == 0 ? KNN_SELECT_FORCE_FUSED
                  : KNN_SELECT_FORCE_RADIX;
     knn_report rep;
     double t0 = knn_seconds();
@@ -307,6 +308,12 @@ static void check_metric(const char *data, knn_metric m, const double *ref,
             if (k <= 32)
                 check_case(data, m, ref, n_ref, query, n_query, p, k, 5e5, 0,
                            NULL, "warp", 0, ri, rd, rw);
+            /* The fused kernel (products and selection in one; the panel
+             * path where it cannot run): one tile, then many. */
+            check_case(data, m, ref, n_ref, query, n_query, p, k, 0, 0, NULL,
+                       "fused", 0, ri, rd, rw);
+            check_case(data, m, ref, n_ref, query, n_query, p, k, 2e6, 0,
+                       NULL, "fused", 0, ri, rd, rw);
             check_case(data, m, ref, n_ref, query, n_query, p, k, 3e6, 2,
                        dev0, NULL, 0, ri, rd, rw);
             /* Edge order: one tile, then several tiles on two devices. */

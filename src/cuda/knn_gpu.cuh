@@ -213,6 +213,27 @@ double knn_gemm_unit_in(knn_gemm_mode mode);
 const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
                                int switched);
 
+/* The fused path (knn_gpu_fused.cu): products and selection in one
+ * kernel, so the panel never exists. Whether a device's search of `rows`
+ * query rows takes it: the forced choice where the kernel can run, else
+ * product metrics in TF32 with k <= 128 and rows enough to give every SM
+ * two blocks. */
+int knn_fused_choose(knn_select_force force, knn_metric metric,
+                     knn_gemm_mode gemm, int k, int rows, int sm_count);
+/* Candidate slots per row for the fused path: its survivors, which
+ * include the nodes that passed earlier, looser thresholds. */
+int knn_fused_slots(int k, int n_ref, int avail);
+/* Candidates of a row tile as knn_select_candidates gives them (sel's
+ * panel unused), from the fast vectors of the reference (n_cols nodes) and
+ * of the tile's rows (ldf floats apart). survivor: per-row scratch at
+ * sel's offsets (the re-rank's sort_key); survivors: out, per row, the
+ * slots the fused kernel needs (more than the row has: run the tile again
+ * with that many). */
+knn_status knn_fused_candidates(const knn_select_args *sel,
+                                const float *fast_ref, const float *fast_rows,
+                                int ldf, uint64_t *survivor, int *survivors,
+                                char *message, cudaStream_t stream);
+
 /* Products of a row tile into the panel. */
 knn_status knn_panel_gemm(cublasHandle_t blas, const float *fast_ref,
                           const float *fast_rows, int ldf, int n_ref,

@@ -33,7 +33,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <cub/block/block_scan.cuh>
-#include "knn_gpu.cuh"
+#include "knn_gpu_score.cuh"
 
 #define KNN_WARP_ROWS 4            /* rows (warps) per block, warp select */
 #define KNN_RADIX_THREADS 512
@@ -63,76 +63,6 @@ knn_select_algo knn_select_choose(knn_select_force force, int rows, int k)
     if (k <= KNN_WARP_AUTO_MAX_K && rows >= KNN_WARP_MIN_ROWS)
         return KNN_SELECT_WARP;
     return KNN_SELECT_RADIX;
-}
-
-template <int KIND>
-__device__ __forceinline__ float knn_fast_score(float v, int j,
-                                                const knn_select_args &a,
-                                                float row_sq)
-{
-    if (KIND == KNN_SCORE_NEG) return -v;
-    if (KIND == KNN_SCORE_NEGABS) return -fabsf(v);
-    /* Rounded operations: every pass must see the same score bits. */
-    if (KIND == KNN_SCORE_DIST)
-        return __fsub_rn(__fadd_rn(row_sq, a.col_sqnorm[j]),
-                         __fmul_rn(2.0f, v));
-    return v;
-}
-
-/* Unsigned bits whose integer order is the float order (no NaNs here). */
-__device__ __forceinline__ unsigned knn_order_bits(float v)
-{
-    unsigned u = __float_as_uint(v);
-    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
-}
-
-__device__ __forceinline__ float knn_order_float(unsigned u)
-{
-    return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
-}
-
-/* Row setup shared by both kernels. */
-struct knn_row {
-    const float *vals;
-    int self;
-    float sq;
-    double margin2;
-    double norm;  /* distances: the row's fast norm, else 0 */
-    int begin, slots;
-};
-
-__device__ __forceinline__ knn_row knn_row_of(const knn_select_args &a, int r)
-{
-    knn_row w;
-    w.vals = a.panel + (size_t)r * a.ld;
-    w.self = a.self_first >= 0 ? a.self_first + r : -1;
-    w.sq = a.kind == KNN_SCORE_DIST ? a.row_sqnorm[r] : 0.0f;
-    w.margin2 = a.row_margin2[r];
-    w.norm = a.row_norm ? a.row_norm[r] : 0.0;
-    w.begin = a.offsets[r];
-    w.slots = a.offsets[r + 1] - w.begin;
-    return w;
-}
-
-/* The row's candidate bound from its k-th best fast score: the smaller of
- * two proven bounds, from the largest norm (knn_candidate_bound) and, for
- * distances, from the row's own neighbourhood (knn_dist_row_bound), which
- * keeps rows of small norm among nodes of large ones near k candidates. */
-__device__ __forceinline__ double knn_row_bound(const knn_select_args &a,
-                                                const knn_row &w, double kth)
-{
-    double bound = knn_candidate_bound(a.metric, kth, w.margin2, a.scale_exp);
-    if (!a.row_norm) return bound;
-    return fmin(bound, knn_dist_row_bound(a.metric, kth, w.norm,
-                                          a.margin_unit, a.margin_floor,
-                                          a.scale_exp));
-}
-
-__device__ __forceinline__ void knn_row_done(const knn_select_args &a, int r,
-                                             const knn_row &w, int found)
-{
-    a.count[r] = found;
-    a.seg_end[r] = w.begin + min(found, w.slots);
 }
 
 /* ---- warp select ------------------------------------------------------ */

@@ -1,6 +1,7 @@
 /*
- * knn_gpu_tiles.cuh: one device's state during a search (knn_gpu_tiles.cu),
- * driven by one host thread from knn_gpu_search.cu.
+ * knn_gpu_tiles.cuh: one device's state during a search, driven by one
+ * host thread from knn_gpu_search.cu: its nodes and buffers
+ * (knn_gpu_plan.cu) and the loop over its row tiles (knn_gpu_loop.cu).
  */
 #ifndef KNN_GPU_TILES_CUH
 #define KNN_GPU_TILES_CUH
@@ -20,7 +21,9 @@ typedef struct {
 typedef struct {
     int row0, rows;
     knn_gemm_mode gemm;     /* the arithmetic the tile ran with */
+    int fused;              /* the tile ran on the fused path */
     int *index, *count;
+    int *survivors;         /* fused: the slots each row needed */
     double *distance, *weight;
     cudaEvent_t start, selected, done;
 } knn_gpu_slot;
@@ -44,6 +47,7 @@ typedef struct {
     int *offsets_exact;     /* a redo's per-row counts, summed */
     int *h_offsets;         /* pinned, R + 1 */
     int *seg_end, *count;
+    int *survivors;         /* fused path: slots each row needed */
     int64_t n_slots_alloc;
     int *cand_index;
     double *cand_key;
@@ -69,6 +73,10 @@ typedef struct {
     knn_gemm_mode gemm;
     int gemm_adaptive;      /* may still give TF32 up for float32 */
     int gemm_switched;      /* did */
+    int fused;              /* tiles take the fused path (TF32 only) */
+    int leave_fused;        /* a fused tile asked for float32: the search
+                               goes on on the panel path once the tiles
+                               in flight are collected */
     knn_gpu_context *ctx;   /* the device's stream, handle, staging */
     cudaStream_t stream;    /* ctx's */
     cublasHandle_t blas;
@@ -84,9 +92,20 @@ typedef struct {
     double candidates;      /* candidates re-ranked, summed */
 } knn_gpu_dev;
 
+/* knn_gpu_plan.cu: uploads and prepares the device's nodes; plans the
+ * row tile (and the path) and allocates the tile's buffers; frees them. */
 knn_status knn_dev_prepare(knn_gpu_dev *d);
 knn_status knn_dev_plan(knn_gpu_dev *d);
-knn_status knn_dev_search(knn_gpu_dev *d);
+knn_status knn_dev_plan_tiles(knn_gpu_dev *d);
+void knn_tiles_free(knn_gpu_tiles *t);
+/* Candidate slot arrays for n_slots slots, and the sort's scratch for a
+ * full tile or `min_temp` bytes, whichever is more; and their release. */
+knn_status knn_slots_alloc(knn_gpu_dev *d, int64_t n_slots,
+                           size_t min_temp);
+void knn_slots_free(knn_gpu_tiles *t);
 void knn_dev_free(knn_gpu_dev *d);
+
+/* knn_gpu_loop.cu: the row tiles of the device's query rows. */
+knn_status knn_dev_search(knn_gpu_dev *d);
 
 #endif

@@ -56,13 +56,17 @@ typedef enum {
     KNN_ALGO_TREE
 } knn_algorithm;
 
-/* The GPU backend's candidate selection kernel: CHOOSE picks by measured
- * cost; the others force one, for measurement scripts and tests. The bits
- * are the same. Order matches the R layer's names (R/engine.R). */
+/* The GPU backend's candidate selection: CHOOSE picks by measured cost;
+ * the others force one, for measurement scripts and tests: WARP and RADIX
+ * select from a panel of products (cuBLAS), FUSED computes the products
+ * and selects in one kernel (product metrics in TF32, k <= 128; elsewhere
+ * the panel path runs). The bits are the same. Order matches the R
+ * layer's names (R/engine.R). */
 typedef enum {
     KNN_SELECT_CHOOSE = 0,
     KNN_SELECT_FORCE_WARP,
-    KNN_SELECT_FORCE_RADIX
+    KNN_SELECT_FORCE_RADIX,
+    KNN_SELECT_FORCE_FUSED
 } knn_select_force;
 
 /* The arithmetic that finds candidates (the rungs of the precision

@@ -25,14 +25,14 @@ test_that("small memory budgets (many tiles) give identical edges", {
     }
 })
 
-test_that("both selection kernels give identical edges", {
+test_that("every selection path gives identical edges", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     x <- randomMatrix(3000, 20, 23)
     t <- tiedMatrix(1500, 10, 22)
     old <- Sys.getenv("KNNGPU_SELECT")
     on.exit(Sys.setenv(KNNGPU_SELECT = old))
     for (k in c(1, 7, 16, 32)) for (metric in c("euclidean", "pearson")) {
-        got <- lapply(c(warp = "warp", radix = "radix"),
+        got <- lapply(c(warp = "warp", radix = "radix", fused = "fused"),
                       function(algo) {
             Sys.setenv(KNNGPU_SELECT = algo)
             lapply(list(x, t), function(m) {
@@ -43,7 +43,59 @@ test_that("both selection kernels give identical edges", {
         })
         expect_identical(got$radix, got$warp,
                          label = sprintf("k=%d %s", k, metric))
+        expect_identical(got$fused, got$warp,
+                         label = sprintf("fused k=%d %s", k, metric))
     }
+})
+
+test_that("the fused kernel gives the CPU's bits on every data kind", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    old <- Sys.getenv("KNNGPU_SELECT")
+    on.exit(Sys.setenv(KNNGPU_SELECT = old))
+    Sys.setenv(KNNGPU_SELECT = "fused")
+    metrics <- c("pearson", "cosine", "euclidean", "abspearson",
+                 "sqeuclidean")
+    ## Row counts that leave a partial block of 128 rows and of 128
+    ## columns; k up to the kernel's largest (128) and one past it (the
+    ## panel path then runs); features across one and several stages.
+    for (kind in hardKinds) {
+        x <- hardMatrix(kind, 1300, 48)
+        q <- hardMatrix(kind, 300, 49)
+        for (metric in metrics) {
+            expectGpuIdentical(x, 10, metric, label = paste(kind, "fused"),
+                               gpuPrecision = "tf32")
+            expectGpuIdentical(x, 10, metric, query = q,
+                               label = paste(kind, "fused query"),
+                               gpuPrecision = "tf32")
+        }
+    }
+    x <- randomMatrix(1000, 70, 50)
+    for (k in c(1, 37, 128, 129)) {
+        expectGpuIdentical(x, k, "euclidean", label = "fused k")
+        expectGpuIdentical(x, k, "pearson", label = "fused k")
+    }
+    ## Many tiles, and rows whose survivors overflow their slots (ties).
+    t <- tiedMatrix(1500, 10, 51)
+    withOptions(list(knngpu.gpu.memory = 2e6), {
+        for (metric in metrics) {
+            expectGpuIdentical(t, 40, metric, label = "fused tiles, ties")
+        }
+    })
+})
+
+test_that("a fused search that must climb goes on in float32", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    old <- Sys.getenv("KNNGPU_SELECT")
+    on.exit(Sys.setenv(KNNGPU_SELECT = old))
+    Sys.setenv(KNNGPU_SELECT = "fused")
+    ## As in the correlations' test below: TF32 admits every node of the
+    ## levels data under cosine; the fused tile that shows it is dropped
+    ## and the search starts again from it on the panel path.
+    x <- hardMatrix("levels", 20000, 47)
+    withOptions(list(knngpu.gpu.memory = 5e7), {
+        got <- expectGpuIdentical(x, 10, "cosine", label = "fused climb")
+    })
+    expect_match(attr(got$gpu, "precision"), "^tf32, then fp32")
 })
 
 test_that("inputs larger than the staging ring arrive intact", {

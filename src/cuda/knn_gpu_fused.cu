@@ -1,0 +1,527 @@
+/*
+ * knn_gpu_fused.cu: the products of a row tile and its candidate selection
+ * in one kernel, for the product metrics in TF32. The tile's scores never
+ * reach device memory: only the few that can still be neighbours leave.
+ *
+ * A block of 256 threads owns 128 rows of the tile and walks the whole
+ * reference in column blocks of 128 nodes, in node order. Per column block:
+ *  - products: 8 warps (2 x 4), each 64 rows x 32 columns, mma.sync
+ *    m16n8k8 TF32 with float32 accumulation (the tensor cores' TF32, the
+ *    arithmetic whose margins knn_gemm_unit_in gives: inputs truncated to
+ *    10 mantissa bits). Features are staged 32 at a time in shared memory
+ *    by cp.async, two stages; rows are padded to 36 floats so that every
+ *    fragment load is free of bank conflicts;
+ *  - epilogue: each product becomes the row's fast score (knn_fast_score,
+ *    the panel path's rounded operations) and only scores at or below the
+ *    row's running threshold go on, into a short list per row in shared
+ *    memory;
+ *  - owners: thread r < 128 owns row r. It inserts its list into the row's
+ *    k smallest scores so far (a sorted array in shared memory), takes the
+ *    threshold knn_row_bound(k-th of them), rounded down to float, and
+ *    appends the listed nodes under the new threshold, in node order, to
+ *    the row's survivors in device memory (score bits and node packed in
+ *    64 bits, in the re-rank's sort_key array, which is free until then).
+ * A column block where some row's list overflows (the first always does:
+ * thresholds start at infinity) is taken whole instead: its scores go to
+ * shared memory (over the staging buffers, idle then) and each owner scans
+ * its row.
+ *
+ * Why this is the panel path's candidate set, or a superset of it: a
+ * threshold is the bound of the k-th smallest score of the nodes seen so
+ * far, never below the bound of the row's k-th over all nodes, so every
+ * node under the final bound, and every one of the row's k smallest
+ * scores, passed when its block did. After the last block the owner thus
+ * holds exactly the row's k smallest fast scores, takes the final bound
+ * the panel path would take, and keeps the survivors under it, in node
+ * order, as the row's candidates.
+ * The survivors' number depends only on the data and the block order (no
+ * atomics decide it), so a row that overflows its slots gets its exact
+ * count on a second run of the tile, as the panel path's rows do.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include "knn_gpu_score.cuh"
+
+#define KNN_FUSED_ROWS 128            /* rows per block */
+#define KNN_FUSED_COLS 128            /* nodes per column block */
+#define KNN_FUSED_THREADS 256
+#define KNN_FUSED_FEAT 32             /* features per stage */
+#define KNN_FUSED_LD (KNN_FUSED_FEAT + 4)
+#define KNN_FUSED_LIST 16             /* list entries per row and block */
+#define KNN_FUSED_TILE_LD (KNN_FUSED_COLS + 1)
+/* Floats of one stage (rows, then columns) and of both. */
+#define KNN_FUSED_STAGE ((KNN_FUSED_ROWS + KNN_FUSED_COLS) * KNN_FUSED_LD)
+#define KNN_FUSED_STAGING (2 * KNN_FUSED_STAGE)
+
+/* Where the fused path is used, by knn_fused_choose(). The kernel's
+ * shared memory grows by 512 bytes per unit of k; past KNN_FUSED_MAX_K a
+ * block would not leave room for a second one on an SM. Below two blocks
+ * per SM the panel path, whose GEMM splits columns too, keeps the device
+ * busier (a small query set). */
+#define KNN_FUSED_MAX_K 128
+#define KNN_FUSED_MIN_BLOCKS_PER_SM 2
+
+int knn_fused_choose(knn_select_force force, knn_metric metric,
+                     knn_gemm_mode gemm, int k, int rows, int sm_count)
+{
+    if (force == KNN_SELECT_FORCE_WARP || force == KNN_SELECT_FORCE_RADIX)
+        return 0;
+    if (!knn_uses_product(metric) || gemm != KNN_GEMM_TF32 ||
+        k > KNN_FUSED_MAX_K)
+        return 0;
+    if (force == KNN_SELECT_FORCE_FUSED) return 1;
+    long long blocks = (rows + KNN_FUSED_ROWS - 1) / KNN_FUSED_ROWS;
+    return blocks >= (long long)KNN_FUSED_MIN_BLOCKS_PER_SM * sm_count;
+}
+
+int knn_fused_slots(int k, int n_ref, int avail)
+{
+    /* Survivors per row: the k that each threshold admits at first, then
+     * about k / b from the b-th column block on (a running k-th smallest
+     * of random order), k (ln B + 1) for B blocks, plus the margins'
+     * band. */
+    double blocks = (double)n_ref / KNN_FUSED_COLS;
+    double want = k * (log(blocks > 1.0 ? blocks : 1.0) + 2.0) + 128.0;
+    return want < avail ? (int)want : avail;
+}
+
+static size_t knn_fused_smem_bytes(int k)
+{
+    size_t floats = KNN_FUSED_STAGING + (size_t)k * KNN_FUSED_ROWS +
+                    KNN_FUSED_ROWS;
+    return floats * sizeof(float) + (KNN_FUSED_ROWS + 1) * sizeof(int);
+}
+
+/* ---- products ---------------------------------------------------------- */
+
+__device__ __forceinline__ void knn_cp16(float *dst, const float *src,
+                                         bool valid)
+{
+    unsigned s = (unsigned)__cvta_generic_to_shared(dst);
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n"
+                 :: "r"(s), "l"(src), "r"(valid ? 16 : 0));
+}
+
+__device__ __forceinline__ void knn_cp_commit()
+{
+    asm volatile("cp.async.commit_group;\n");
+}
+
+template <int N>
+__device__ __forceinline__ void knn_cp_wait()
+{
+    asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
+}
+
+/* Queues features [f0, f0 + 32) of n nodes from node `first` (ldf floats
+ * apart) into 128 staging rows; absent nodes and features past ldf read as
+ * zero (cp.async's zero fill). 256 threads, four 16-byte pieces each. */
+__device__ __forceinline__ void knn_stage_nodes(float *dst, const float *x,
+                                                int ldf, int first, int n,
+                                                int f0)
+{
+    for (int i = threadIdx.x; i < KNN_FUSED_ROWS * KNN_FUSED_FEAT / 4;
+         i += KNN_FUSED_THREADS) {
+        int r = i >> 3, f = f0 + (i & 7) * 4;
+        bool valid = first + r < n && f < ldf;
+        const float *src = valid ? x + (size_t)(first + r) * ldf + f : x;
+        knn_cp16(dst + r * KNN_FUSED_LD + (i & 7) * 4, src, valid);
+    }
+}
+
+struct knn_fused_args {
+    knn_select_args sel;    /* panel unused; offsets, outputs, margins */
+    const float *fast_ref;  /* ldf x n_cols */
+    const float *fast_rows; /* ldf x rows */
+    int ldf;
+    uint64_t *survivor;     /* per-row slots as offsets gives them */
+    int *survivors;         /* out: survivors per row (may exceed slots) */
+};
+
+__device__ __forceinline__ void knn_mma_tf32(float (&d)[4],
+                                             const unsigned (&a)[4],
+                                             const unsigned (&b)[2])
+{
+    asm volatile(
+        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+/* The block's 128 x 128 products against column block cb into acc, by the
+ * warp's 64 x 32 share: acc[mt][nt] is the m16n8 tile (mt, nt), entry e at
+ * row g + 8 (e >> 1), column 2 t + (e & 1) (g = lane / 4, t = lane % 4).
+ * The float bits go to the tensor cores as they are: TF32 reads their top
+ * 19 bits (truncation, within knn_gemm_unit_in). */
+__device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
+                                                   float *stage, int row0,
+                                                   int col0,
+                                                   float (&acc)[4][4][4])
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, t = lane & 3;
+    int wm = warp >> 2, wn = warp & 3;
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
+
+    int chunks = (a.ldf + KNN_FUSED_FEAT - 1) / KNN_FUSED_FEAT;
+    knn_stage_nodes(stage, a.fast_rows, a.ldf, row0, a.sel.rows, 0);
+    knn_stage_nodes(stage + KNN_FUSED_ROWS * KNN_FUSED_LD, a.fast_ref, a.ldf,
+                    col0, a.sel.n_cols, 0);
+    knn_cp_commit();
+    for (int c = 0; c < chunks; c++) {
+        if (c + 1 < chunks) {
+            float *next = stage + ((c + 1) & 1) * KNN_FUSED_STAGE;
+            int f0 = (c + 1) * KNN_FUSED_FEAT;
+            knn_stage_nodes(next, a.fast_rows, a.ldf, row0, a.sel.rows, f0);
+            knn_stage_nodes(next + KNN_FUSED_ROWS * KNN_FUSED_LD, a.fast_ref,
+                            a.ldf, col0, a.sel.n_cols, f0);
+            knn_cp_commit();
+            knn_cp_wait<1>();
+        } else {
+            knn_cp_wait<0>();
+        }
+        __syncthreads();
+        const float *As = stage + (c & 1) * KNN_FUSED_STAGE;
+        const float *Bs = As + KNN_FUSED_ROWS * KNN_FUSED_LD;
+        int steps = (a.ldf - c * KNN_FUSED_FEAT + 7) / 8;
+#pragma unroll
+        for (int ks = 0; ks < KNN_FUSED_FEAT / 8; ks++) {
+            if (ks >= steps) break;
+            unsigned fa[4][4], fb[4][2];
+#pragma unroll
+            for (int mt = 0; mt < 4; mt++) {
+                const float *r = As + (wm * 64 + mt * 16 + g) * KNN_FUSED_LD +
+                                 ks * 8 + t;
+                fa[mt][0] = __float_as_uint(r[0]);
+                fa[mt][1] = __float_as_uint(r[8 * KNN_FUSED_LD]);
+                fa[mt][2] = __float_as_uint(r[4]);
+                fa[mt][3] = __float_as_uint(r[8 * KNN_FUSED_LD + 4]);
+            }
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++) {
+                const float *r = Bs + (wn * 32 + nt * 8 + g) * KNN_FUSED_LD +
+                                 ks * 8 + t;
+                fb[nt][0] = __float_as_uint(r[0]);
+                fb[nt][1] = __float_as_uint(r[4]);
+            }
+#pragma unroll
+            for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++)
+                    knn_mma_tf32(acc[mt][nt], fa[mt], fb[nt]);
+        }
+        __syncthreads(); /* the stage is refilled next */
+    }
+}
+
+/* ---- the rows' running k smallest -------------------------------------- */
+
+/* Shared memory of a block, carved from one dynamic array. The lists and
+ * the whole-block tile lie over the staging buffers, which are idle from
+ * the end of the products to the next block's first load. */
+struct knn_fused_shared {
+    float *stage;
+    float *list_score;  /* [KNN_FUSED_LIST][128] */
+    int *list_col;      /* [KNN_FUSED_LIST][128], column in the block */
+    float *tile;        /* [128][KNN_FUSED_TILE_LD] */
+    float *best;        /* [k][128]: row r's sorted k smallest, column r */
+    float *threshold;   /* [128] */
+    int *list_count;    /* [128] */
+    int *overflow;
+};
+
+__device__ __forceinline__ knn_fused_shared knn_fused_carve(float *base,
+                                                            int k)
+{
+    knn_fused_shared sh;
+    sh.stage = base;
+    sh.list_score = base;
+    sh.list_col = (int *)(base + KNN_FUSED_LIST * KNN_FUSED_ROWS);
+    sh.tile = base;
+    sh.best = base + KNN_FUSED_STAGING;
+    sh.threshold = sh.best + (size_t)k * KNN_FUSED_ROWS;
+    sh.list_count = (int *)(sh.threshold + KNN_FUSED_ROWS);
+    sh.overflow = sh.list_count + KNN_FUSED_ROWS;
+    return sh;
+}
+
+/* What the owner of a row keeps in registers. */
+struct knn_owner {
+    knn_row w;
+    int filled;     /* scores in best, <= k */
+    int survivors;  /* appended so far (may pass w.slots) */
+    float bound;    /* the row's threshold */
+};
+
+/* Inserts s into the row's sorted k smallest (column `best`, stride 128). */
+__device__ __forceinline__ void knn_best_insert(float *best, int k,
+                                                int *filled, float s)
+{
+    int i;
+    if (*filled < k) i = (*filled)++;
+    else if (s < best[(k - 1) * KNN_FUSED_ROWS]) i = k - 1;
+    else return;
+    while (i > 0 && best[(i - 1) * KNN_FUSED_ROWS] > s) {
+        best[i * KNN_FUSED_ROWS] = best[(i - 1) * KNN_FUSED_ROWS];
+        i--;
+    }
+    best[i * KNN_FUSED_ROWS] = s;
+}
+
+/* The row's threshold once its k smallest are known: the candidate bound,
+ * rounded down to a float (a float score is at most the bound exactly when
+ * it is at most that float). */
+__device__ __forceinline__ void knn_owner_tighten(const knn_select_args &a,
+                                                  knn_owner *o,
+                                                  const float *best)
+{
+    if (o->filled < a.k) return;
+    double b = knn_row_bound(a, o->w, (double)best[(a.k - 1) *
+                                                   KNN_FUSED_ROWS]);
+    o->bound = fminf(o->bound, __double2float_rd(b));
+}
+
+__device__ __forceinline__ void knn_owner_append(const knn_fused_args &a,
+                                                 knn_owner *o, float s,
+                                                 int node)
+{
+    if (o->survivors < o->w.slots)
+        a.survivor[o->w.begin + o->survivors] =
+            ((uint64_t)knn_order_bits(s) << 32) | (unsigned)node;
+    o->survivors++;
+}
+
+/* The owner's share of a column block from its list: sorted by node, into
+ * the k smallest, then appended under the tightened threshold. */
+__device__ void knn_owner_list(const knn_fused_args &a,
+                               const knn_fused_shared &sh, knn_owner *o,
+                               int col0)
+{
+    int r = threadIdx.x;
+    int n = min(sh.list_count[r], KNN_FUSED_LIST);
+    float *score = sh.list_score + r, *best = sh.best + r;
+    int *col = sh.list_col + r;
+    for (int i = 1; i < n; i++) {
+        float s = score[i * KNN_FUSED_ROWS];
+        int c = col[i * KNN_FUSED_ROWS], j = i - 1;
+        for (; j >= 0 && col[j * KNN_FUSED_ROWS] > c; j--) {
+            score[(j + 1) * KNN_FUSED_ROWS] = score[j * KNN_FUSED_ROWS];
+            col[(j + 1) * KNN_FUSED_ROWS] = col[j * KNN_FUSED_ROWS];
+        }
+        score[(j + 1) * KNN_FUSED_ROWS] = s;
+        col[(j + 1) * KNN_FUSED_ROWS] = c;
+    }
+    for (int i = 0; i < n; i++)
+        knn_best_insert(best, a.sel.k, &o->filled, score[i * KNN_FUSED_ROWS]);
+    knn_owner_tighten(a.sel, o, best);
+    for (int i = 0; i < n; i++) {
+        float s = score[i * KNN_FUSED_ROWS];
+        if (s <= o->bound)
+            knn_owner_append(a, o, s, col0 + col[i * KNN_FUSED_ROWS]);
+    }
+}
+
+/* The owner's share of a column block taken whole: the row's 128 scores
+ * (infinity where there is no node) under the old threshold go into the
+ * k smallest, those under the new one are appended (no node: NaN, under
+ * no threshold). */
+__device__ void knn_owner_tile(const knn_fused_args &a,
+                               const knn_fused_shared &sh, knn_owner *o,
+                               int col0)
+{
+    int r = threadIdx.x;
+    const float *row = sh.tile + r * KNN_FUSED_TILE_LD;
+    float *best = sh.best + r;
+    for (int c = 0; c < KNN_FUSED_COLS; c++)
+        if (row[c] <= o->bound)
+            knn_best_insert(best, a.sel.k, &o->filled, row[c]);
+    knn_owner_tighten(a.sel, o, best);
+    for (int c = 0; c < KNN_FUSED_COLS; c++)
+        if (row[c] <= o->bound) knn_owner_append(a, o, row[c], col0 + c);
+}
+
+/* After the last column block: the final bound from the row's k smallest,
+ * and the survivors under it, in node order, become the candidates. */
+__device__ void knn_owner_finish(const knn_fused_args &a, knn_owner *o,
+                                 const float *best, int r)
+{
+    const knn_select_args &s = a.sel;
+    double bound = o->filled < s.k ? INFINITY
+        : knn_row_bound(s, o->w, (double)best[(s.k - 1) * KNN_FUSED_ROWS]);
+    int stored = min(o->survivors, o->w.slots), kept = 0;
+    for (int i = 0; i < stored; i++) {
+        uint64_t u = a.survivor[o->w.begin + i];
+        if ((double)knn_order_float((unsigned)(u >> 32)) <= bound)
+            s.cand_index[o->w.begin + kept++] = (int)(u & 0xffffffffu);
+    }
+    a.survivors[r] = o->survivors;
+    knn_row_done(s, r, o->w, kept);
+}
+
+/* ---- the kernel -------------------------------------------------------- */
+
+template <int KIND>
+__global__ void __launch_bounds__(KNN_FUSED_THREADS, 2)
+knn_fused_kernel(knn_fused_args a)
+{
+    extern __shared__ float knn_fused_smem[];
+    const knn_select_args &s = a.sel;
+    knn_fused_shared sh = knn_fused_carve(knn_fused_smem, s.k);
+    int row0 = blockIdx.x * KNN_FUSED_ROWS;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, t = lane & 3, wm = warp >> 2, wn = warp & 3;
+    bool owner = threadIdx.x < KNN_FUSED_ROWS &&
+                 row0 + (int)threadIdx.x < s.rows;
+
+    knn_owner o;
+    if (owner) {
+        o.w = knn_row_of(s, row0 + threadIdx.x);
+        o.filled = 0;
+        o.survivors = 0;
+        o.bound = INFINITY;
+    }
+    if (threadIdx.x < KNN_FUSED_ROWS) {
+        sh.threshold[threadIdx.x] = owner ? INFINITY : -INFINITY;
+        sh.list_count[threadIdx.x] = 0;
+    }
+    if (threadIdx.x == 0) *sh.overflow = 0;
+
+    /* This thread's 8 rows (mt, h): their squared norms and self nodes. */
+    float row_sq[4][2];
+    int self[4][2];
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            int r = row0 + wm * 64 + mt * 16 + g + 8 * h;
+            bool in = r < s.rows;
+            row_sq[mt][h] = KIND == KNN_SCORE_DIST && in ? s.row_sqnorm[r]
+                                                         : 0.0f;
+            self[mt][h] = s.self_first >= 0 && in ? s.self_first + r : -1;
+        }
+    __syncthreads();
+
+    for (int col0 = 0; col0 < s.n_cols; col0 += KNN_FUSED_COLS) {
+        float acc[4][4][4];
+        knn_fused_products(a, sh.stage, row0, col0, acc);
+
+        /* Epilogue: scores under the rows' thresholds into the lists. */
+        float bound[4][2];
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++)
+                bound[mt][h] = sh.threshold[wm * 64 + mt * 16 + g + 8 * h];
+#pragma unroll
+        for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+            for (int e = 0; e < 2; e++) {
+                int cl = wn * 32 + nt * 8 + 2 * t + e, j = col0 + cl;
+                if (j >= s.n_cols) continue;
+                float col_sq = KIND == KNN_SCORE_DIST ? s.col_sqnorm[j] : 0.0f;
+#pragma unroll
+                for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        float v = knn_score_of<KIND>(acc[mt][nt][2 * h + e],
+                                                     row_sq[mt][h], col_sq);
+                        if (!(v <= bound[mt][h]) || j == self[mt][h])
+                            continue;
+                        int rl = wm * 64 + mt * 16 + g + 8 * h;
+                        int pos = atomicAdd(&sh.list_count[rl], 1);
+                        if (pos < KNN_FUSED_LIST) {
+                            sh.list_score[pos * KNN_FUSED_ROWS + rl] = v;
+                            sh.list_col[pos * KNN_FUSED_ROWS + rl] = cl;
+                        } else {
+                            *sh.overflow = 1;
+                        }
+                    }
+            }
+        __syncthreads();
+        bool whole = *sh.overflow != 0;
+        if (whole) {
+            /* Some list overflowed: the block's scores, whole, replace the
+             * lists in shared memory; NaN where there is no node, which no
+             * comparison takes. */
+#pragma unroll
+            for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+                for (int e = 0; e < 2; e++) {
+                    int cl = wn * 32 + nt * 8 + 2 * t + e, j = col0 + cl;
+                    float col_sq = KIND == KNN_SCORE_DIST && j < s.n_cols
+                        ? s.col_sqnorm[j] : 0.0f;
+#pragma unroll
+                    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+                        for (int h = 0; h < 2; h++) {
+                            int rl = wm * 64 + mt * 16 + g + 8 * h;
+                            float v = j < s.n_cols && j != self[mt][h]
+                                ? knn_score_of<KIND>(acc[mt][nt][2 * h + e],
+                                                     row_sq[mt][h], col_sq)
+                                : __int_as_float(0x7fffffff);
+                            sh.tile[rl * KNN_FUSED_TILE_LD + cl] = v;
+                        }
+                }
+            __syncthreads();
+        }
+        if (owner) {
+            if (whole) knn_owner_tile(a, sh, &o, col0);
+            else knn_owner_list(a, sh, &o, col0);
+            sh.threshold[threadIdx.x] = o.bound;
+        }
+        if (threadIdx.x < KNN_FUSED_ROWS) sh.list_count[threadIdx.x] = 0;
+        __syncthreads(); /* everyone has read the flag; lists are free */
+        if (threadIdx.x == 0) *sh.overflow = 0;
+    }
+    if (owner)
+        knn_owner_finish(a, &o, sh.best + threadIdx.x, row0 + threadIdx.x);
+}
+
+/* ---- dispatch ---------------------------------------------------------- */
+
+template <int KIND>
+static knn_status knn_fused_launch(const knn_fused_args *a, char *message,
+                                   cudaStream_t stream)
+{
+    size_t smem = knn_fused_smem_bytes(a->sel.k);
+    KNN_CUDA_TRY(message, cudaFuncSetAttribute(
+        knn_fused_kernel<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        (int)smem));
+    unsigned blocks = (a->sel.rows + KNN_FUSED_ROWS - 1) / KNN_FUSED_ROWS;
+    knn_fused_kernel<KIND><<<blocks, KNN_FUSED_THREADS, smem, stream>>>(*a);
+    KNN_LAUNCH_TRY(message, "knn_fused_kernel");
+    return KNN_OK;
+}
+
+knn_status knn_fused_candidates(const knn_select_args *sel,
+                                const float *fast_ref, const float *fast_rows,
+                                int ldf, uint64_t *survivor, int *survivors,
+                                char *message, cudaStream_t stream)
+{
+    knn_fused_args a;
+    a.sel = *sel;
+    a.fast_ref = fast_ref;
+    a.fast_rows = fast_rows;
+    a.ldf = ldf;
+    a.survivor = survivor;
+    a.survivors = survivors;
+    switch (sel->kind) {
+    case KNN_SCORE_NEG:
+        return knn_fused_launch<KNN_SCORE_NEG>(&a, message, stream);
+    case KNN_SCORE_NEGABS:
+        return knn_fused_launch<KNN_SCORE_NEGABS>(&a, message, stream);
+    case KNN_SCORE_DIST:
+        return knn_fused_launch<KNN_SCORE_DIST>(&a, message, stream);
+    default:
+        break;
+    }
+    return knn_gpu_fail(message, KNN_E_INVALID, "fused candidates",
+                        "the fused kernel takes product metrics only",
+                        __FILE__, __LINE__);
+}

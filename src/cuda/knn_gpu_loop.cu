@@ -1,0 +1,445 @@
+/*
+ * knn_gpu_loop.cu: one device's share of a search, as a loop over row
+ * tiles of its query rows (host code; knn_gpu_plan.cu sizes the tiles, the
+ * kernels live in the files that knn_gpu.cuh lists).
+ *
+ * A row tile of R queries takes its candidates, from a panel of R x n_ref
+ * fast products and a selection kernel, or from the fused kernel that
+ * never writes the products; then the exact re-rank and sort, and a
+ * transfer of the R x k results, already in the caller's layout, into one
+ * of two pinned slots. The host copies tile t-1's slot into the caller's
+ * arrays (several OpenMP threads for a large tile) while the device works
+ * on tile t. A row whose candidates outnumber its slots (heavy ties) makes
+ * the host run that tile again with each row's exact count of slots, so
+ * no candidate is dropped.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <vector>
+#include "knn_gpu_tiles.cuh"
+
+/* Results of a tile below this many elements are copied by one thread:
+ * waking others would cost more than they save. */
+#define KNN_COPY_PARALLEL_MIN ((size_t)1 << 15)
+
+/* The selection arguments of a tile of `rows` rows from global query row
+ * row0 (node node0) with the given slot offsets; the panel path's panel
+ * (the fused path has none). */
+static knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
+                                            int node0, int rows,
+                                            const int *offsets,
+                                            knn_gemm_mode gemm)
+{
+    const knn_request *req = d->req;
+    const knn_gpu_nodes *nd = &d->nodes;
+    const knn_gpu_tiles *t = &d->t;
+    int p = req->p;
+    knn_select_args sa;
+    sa.panel = d->fused ? NULL : t->panel;
+    sa.ld = d->fused ? 0 : knn_panel_ld(req->n_ref);
+    sa.rows = rows;
+    sa.n_cols = req->n_ref;
+    sa.k = req->k;
+    sa.kind = d->score_kind;
+    sa.self_first = d->self ? row0 : -1;
+    sa.col_sqnorm = nd->sqnorm;
+    sa.row_sqnorm = nd->sqnorm ? nd->sqnorm + node0 : NULL;
+    sa.row_margin2 = nd->margin2 + node0;
+    sa.row_norm = d->score_kind == KNN_SCORE_DIST && nd->norm
+                      ? nd->norm + node0 : NULL;
+    sa.margin_unit = knn_margin_dist_unit(p, knn_gemm_unit_in(gemm),
+                                          KNN_U32);
+    sa.margin_floor = knn_margin_floor(p, KNN_TINY32);
+    sa.metric = req->metric;
+    sa.scale_exp = nd->scale_exp;
+    sa.offsets = offsets;
+    sa.cand_index = t->cand_index;
+    sa.count = t->count;
+    sa.seg_end = t->seg_end;
+    return sa;
+}
+
+/* A tile's candidates: the fused kernel, or products into the panel and
+ * a selection kernel. */
+static knn_status knn_tile_candidates(knn_gpu_dev *d, const knn_select_args *sa,
+                                      int node0)
+{
+    const knn_request *req = d->req;
+    const knn_gpu_nodes *nd = &d->nodes;
+    knn_gpu_tiles *t = &d->t;
+    const float *rows_fast = nd->fast ? nd->fast + (size_t)node0 * nd->ldf
+                                      : NULL;
+    if (d->fused)
+        return knn_fused_candidates(sa, nd->fast, rows_fast, nd->ldf,
+                                    t->sort_key, t->survivors, d->message,
+                                    d->stream);
+    if (knn_uses_product(req->metric))
+        KNN_TRY(knn_panel_gemm(d->blas, nd->fast, rows_fast, nd->ldf,
+                               req->n_ref, sa->rows, t->panel, sa->ld,
+                               d->message));
+    else
+        KNN_TRY(knn_panel_manhattan(nd->exact + (size_t)node0 * req->p,
+                                    nd->exact, req->p, sa->rows, req->n_ref,
+                                    t->panel, sa->ld, d->message,
+                                    d->stream));
+    return knn_select_candidates(sa, knn_select_choose(req->select,
+                                                       sa->rows, req->k),
+                                 d->message, d->stream);
+}
+
+static knn_status knn_tile_rerank(knn_gpu_dev *d, int rows, int node0,
+                                  const int *offsets, int64_t n_slots)
+{
+    knn_gpu_tiles *t = &d->t;
+    knn_rerank_args ra;
+    ra.metric = d->req->metric;
+    ra.nodes = d->nodes;
+    ra.rows = rows;
+    ra.k = d->req->k;
+    ra.row_node0 = node0;
+    ra.offsets = offsets;
+    ra.seg_end = t->seg_end;
+    ra.cand_index = t->cand_index;
+    ra.n_slots = n_slots;
+    ra.cand_key = t->cand_key;
+    ra.sort_key = t->sort_key;
+    ra.sort_key_out = t->sort_key_out;
+    ra.sort_val = t->sort_val;
+    ra.sort_val_out = t->sort_val_out;
+    ra.sort_temp = t->sort_temp;
+    ra.sort_temp_bytes = t->sort_temp_bytes;
+    ra.by_row = d->out->by_row;
+    ra.index_base = d->out->index_base;
+    ra.out_index = t->out_index;
+    ra.out_distance = t->out_distance;
+    ra.out_weight = t->out_weight;
+    return knn_rerank(&ra, d->message, d->stream);
+}
+
+static knn_status knn_copy_back(knn_gpu_dev *d, void *dst, const void *src,
+                                size_t bytes)
+{
+    KNN_CUDA_TRY(d->message, cudaMemcpyAsync(dst, src, bytes,
+                                             cudaMemcpyDeviceToHost,
+                                             d->stream));
+    return KNN_OK;
+}
+
+/* The tile's results and per-row counts into its pinned slot. */
+static knn_status knn_tile_transfer(knn_gpu_dev *d, knn_gpu_slot *sl)
+{
+    knn_gpu_tiles *t = &d->t;
+    size_t rk = (size_t)sl->rows * d->req->k, r = (size_t)sl->rows;
+    KNN_TRY(knn_copy_back(d, sl->index, t->out_index, rk * sizeof(int)));
+    KNN_TRY(knn_copy_back(d, sl->distance, t->out_distance,
+                          rk * sizeof(double)));
+    KNN_TRY(knn_copy_back(d, sl->weight, t->out_weight,
+                          rk * sizeof(double)));
+    KNN_TRY(knn_copy_back(d, sl->count, t->count, r * sizeof(int)));
+    if (sl->fused)
+        KNN_TRY(knn_copy_back(d, sl->survivors, t->survivors,
+                              r * sizeof(int)));
+    return KNN_OK;
+}
+
+/* Queues tile work for global query rows [row0, row0 + rows) with the given
+ * per-row slot offsets, and the transfer of its results into slot s. */
+static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
+                                   const int *offsets, int64_t n_slots,
+                                   int s)
+{
+    knn_gpu_slot *sl = &d->t.slot[s];
+    int node0 = d->self ? row0 : d->req->n_ref + (row0 - d->q0);
+    sl->row0 = row0;
+    sl->rows = rows;
+    sl->gemm = d->gemm;
+    sl->fused = d->fused;
+
+    KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
+    knn_select_args sa = knn_tile_select_args(d, row0, node0, rows, offsets,
+                                              sl->gemm);
+    KNN_TRY(knn_tile_candidates(d, &sa, node0));
+    KNN_CUDA_TRY(d->message, cudaEventRecord(sl->selected, d->stream));
+    KNN_TRY(knn_tile_rerank(d, rows, node0, offsets, n_slots));
+    KNN_TRY(knn_tile_transfer(d, sl));
+    KNN_CUDA_TRY(d->message, cudaEventRecord(sl->done, d->stream));
+    return KNN_OK;
+}
+
+/* The slots row r of slot sl's tile needed: its candidates on the panel
+ * path, its survivors on the fused path. */
+static int knn_slot_need(const knn_gpu_slot *sl, int r)
+{
+    return sl->fused ? sl->survivors[r] : sl->count[r];
+}
+
+/* Runs the tile in slot s again with each row's exact candidate count as
+ * its slots (the first run found more than its uniform slots held). */
+static knn_status knn_tile_redo(knn_gpu_dev *d, int s)
+{
+    knn_gpu_tiles *t = &d->t;
+    knn_gpu_slot *sl = &t->slot[s];
+    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
+    std::vector<int> found(sl->rows);
+    for (int r = 0; r < sl->rows; r++) found[r] = knn_slot_need(sl, r);
+    int64_t total = 0;
+    for (int r = 0; r < sl->rows; r++) {
+        t->h_offsets[r] = (int)total;
+        total += found[r];
+    }
+    if (total > 2147483647) {
+        snprintf(d->message, sizeof d->message,
+                 "a row tile has %lld tied candidates, more than one pass "
+                 "can sort; lower options(knngpu.gpu.memory)",
+                 (long long)total);
+        return KNN_E_NOMEM;
+    }
+    t->h_offsets[sl->rows] = (int)total;
+    size_t temp_bytes = 0;
+    KNN_TRY(knn_rerank_sort_bytes(total, sl->rows, &temp_bytes, d->message));
+    if (total > t->n_slots_alloc || temp_bytes > t->sort_temp_bytes) {
+        int64_t want = total > t->n_slots_alloc ? total : t->n_slots_alloc;
+        knn_slots_free(t);
+        knn_status st = knn_slots_alloc(d, want, temp_bytes);
+        if (st != KNN_OK) {
+            if (st == KNN_E_NOMEM)
+                snprintf(d->message, sizeof d->message,
+                         "GPU %d: no memory for the %lld candidates that "
+                         "tied values produce in one row tile",
+                         d->device, (long long)total);
+            return st;
+        }
+    }
+    KNN_CUDA_TRY(d->message,
+                 cudaMemcpyAsync(t->offsets_exact, t->h_offsets,
+                                 (size_t)(sl->rows + 1) * sizeof(int),
+                                 cudaMemcpyHostToDevice, d->stream));
+    KNN_TRY(knn_tile_enqueue(d, sl->row0, sl->rows, t->offsets_exact, total,
+                             s));
+    KNN_CUDA_TRY(d->message, cudaEventSynchronize(sl->done));
+    for (int r = 0; r < sl->rows; r++) {
+        if (knn_slot_need(sl, r) != found[r])
+            return knn_gpu_fail(d->message, KNN_E_DEVICE, "candidate redo",
+                                "a row's candidate count changed between "
+                                "two runs of the same tile", __FILE__,
+                                __LINE__);
+    }
+    return KNN_OK;
+}
+
+/* A slot's results and where they go: `runs` runs of `length` elements,
+ * run c from src + c * length to dst + c * dst_stride (dst already at the
+ * tile's first element). */
+typedef struct {
+    const knn_gpu_slot *slot;
+    const knn_result *out;
+    size_t dst0, runs, length, dst_stride;
+} knn_copy_job;
+
+/* Copies elements [a, b) of the slot, counted run after run. */
+static void knn_copy_part(const knn_copy_job *job, size_t a, size_t b)
+{
+    const knn_gpu_slot *sl = job->slot;
+    while (a < b) {
+        size_t run = a / job->length, off = a % job->length;
+        size_t len = job->length - off < b - a ? job->length - off : b - a;
+        size_t to = job->dst0 + run * job->dst_stride + off;
+        memcpy(job->out->index + to, sl->index + a, len * sizeof(int));
+        memcpy(job->out->distance + to, sl->distance + a,
+               len * sizeof(double));
+        memcpy(job->out->weight + to, sl->weight + a, len * sizeof(double));
+        a += len;
+    }
+}
+
+/* Copies a slot into the caller's arrays. A large tile is split over
+ * several OpenMP threads: the copy lands in memory R has just allocated,
+ * and one thread is held up by the first-touch page faults (3 of the 4.6 s
+ * of a 262144 x 1024 search); the device meanwhile runs the next tile. */
+static void knn_copy_out(const knn_gpu_dev *d, const knn_gpu_slot *sl)
+{
+    const knn_request *req = d->req;
+    size_t n_q = (size_t)(req->query ? req->n_query : req->n_ref);
+    size_t rows = (size_t)sl->rows, k = (size_t)req->k;
+    knn_copy_job job;
+    job.slot = sl;
+    job.out = d->out;
+    if (d->out->by_row) {
+        job.dst0 = (size_t)sl->row0 * k;
+        job.runs = 1;
+        job.length = rows * k;
+        job.dst_stride = 0;
+    } else {
+        job.dst0 = (size_t)sl->row0;
+        job.runs = k;
+        job.length = rows;
+        job.dst_stride = n_q;
+    }
+    size_t total = job.runs * job.length;
+    int parts = total < KNN_COPY_PARALLEL_MIN ? 1 : d->copy_threads;
+    #pragma omp parallel for num_threads(parts) if (parts > 1) \
+        schedule(static)
+    for (int i = 0; i < parts; i++)
+        knn_copy_part(&job, total * i / parts, total * (i + 1) / parts);
+}
+
+/* Whether a row of the slot needed more than its `slots`; *found gets
+ * the candidates of all its rows. */
+static int knn_slot_overflow(const knn_gpu_slot *sl, int slots,
+                             double *found)
+{
+    int overflow = 0;
+    *found = 0.0;
+    for (int r = 0; r < sl->rows; r++) {
+        overflow |= knn_slot_need(sl, r) > slots;
+        *found += sl->count[r];
+    }
+    return overflow;
+}
+
+/* Runs the tile in slot s again with the uniform slots (after the search
+ * changed its arithmetic). */
+static knn_status knn_tile_rerun(knn_gpu_dev *d, int s)
+{
+    knn_gpu_tiles *t = &d->t;
+    knn_gpu_slot *sl = &t->slot[s];
+    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
+    KNN_TRY(knn_tile_enqueue(d, sl->row0, sl->rows, t->offsets_uniform,
+                             (int64_t)sl->rows * t->slots, s));
+    KNN_CUDA_TRY(d->message, cudaEventSynchronize(sl->done));
+    return KNN_OK;
+}
+
+/* A product search starts in TF32 (knn_gpu.cuh) and goes on in float32,
+ * its margins recomputed, once a tile's rows average more candidates than
+ * knn_rung_too_wide allows or, on the panel path, one overflows its
+ * slots: the re-rank of the extra candidates, or the tile's redo, would
+ * cost more than the faster products save. (A fused tile's survivors
+ * overflow for other reasons too: the thresholds they passed were looser
+ * at first.) */
+static int knn_dev_should_climb(const knn_gpu_dev *d, double found,
+                                int rows, int overflow)
+{
+    return d->gemm_adaptive &&
+           (overflow || knn_rung_too_wide(found, rows, d->req->k));
+}
+
+/* The climb: float32 from here on. Tiles already queued keep their TF32
+ * margins: the new ones are computed on the stream after them. */
+static knn_status knn_dev_climb(knn_gpu_dev *d)
+{
+    d->gemm = KNN_GEMM_FP32;
+    d->gemm_adaptive = 0;
+    d->gemm_switched = 1;
+    KNN_BLAS_TRY(d->message, cublasSetMathMode(d->blas, CUBLAS_DEFAULT_MATH));
+    return knn_nodes_remargin(d->req->metric, &d->nodes,
+                              knn_gemm_unit_in(KNN_GEMM_FP32), d->message,
+                              d->stream);
+}
+
+/* Waits for slot s, re-runs its tile if a row overflowed (first with the
+ * uniform slots in float32, when the tile ran in TF32 and the search has
+ * changed since: a redo must see the counts of the same arithmetic), and
+ * copies its rows x k results into the caller's n_query x k arrays.
+ * A fused tile that shows the search must climb to float32 is not
+ * collected: *rewind is set, and the search goes on from its first row on
+ * the panel path (the fused kernel runs TF32 only). */
+static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
+{
+    knn_gpu_tiles *t = &d->t;
+    knn_gpu_slot *sl = &t->slot[s];
+    const knn_request *req = d->req;
+    int k = req->k;
+    KNN_CUDA_TRY(d->message, cudaEventSynchronize(sl->done));
+    float ms_search = 0.0f, ms_rerank = 0.0f;
+    KNN_CUDA_TRY(d->message,
+                 cudaEventElapsedTime(&ms_search, sl->start, sl->selected));
+    KNN_CUDA_TRY(d->message,
+                 cudaEventElapsedTime(&ms_rerank, sl->selected, sl->done));
+    d->seconds_search += ms_search / 1000.0;
+    d->seconds_rerank += ms_rerank / 1000.0;
+
+    double found = 0.0;
+    int overflow = knn_slot_overflow(sl, t->slots, &found);
+    if (sl->fused && knn_dev_should_climb(d, found, sl->rows, 0)) {
+        *rewind = 1;
+        return KNN_OK;
+    }
+    if (!sl->fused && knn_dev_should_climb(d, found, sl->rows, overflow))
+        KNN_TRY(knn_dev_climb(d));
+    if (overflow && sl->gemm != d->gemm) {
+        double t0 = knn_seconds();
+        KNN_TRY(knn_tile_rerun(d, s));
+        d->seconds_search += knn_seconds() - t0;
+        overflow = knn_slot_overflow(sl, t->slots, &found);
+    }
+    if (overflow) {
+        double t0 = knn_seconds();
+        KNN_TRY(knn_tile_redo(d, s));
+        d->seconds_rerank += knn_seconds() - t0;
+    }
+    for (int r = 0; r < sl->rows; r++) {
+        if (sl->count[r] < k)
+            return knn_gpu_fail(d->message, KNN_E_DEVICE,
+                                "candidate selection",
+                                "a row has fewer candidates than k",
+                                __FILE__, __LINE__);
+        d->candidates += sl->count[r];
+    }
+
+    double t0 = knn_seconds();
+    knn_copy_out(d, sl);
+    d->seconds_collect += knn_seconds() - t0;
+    d->shared->rows_done += sl->rows;
+    return KNN_OK;
+}
+
+/* Leaves the fused path for the panel path in float32: the tiles in
+ * flight are dropped, the margins recomputed and the tiles planned
+ * again. */
+static knn_status knn_dev_leave_fused(knn_gpu_dev *d)
+{
+    double t0 = knn_seconds();
+    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
+    knn_tiles_free(&d->t);
+    KNN_TRY(knn_dev_climb(d));
+    KNN_TRY(knn_dev_plan_tiles(d));
+    d->seconds_setup += knn_seconds() - t0;
+    return KNN_OK;
+}
+
+/* Two tiles in flight: tile t is queued before tile t-1 is collected. */
+knn_status knn_dev_search(knn_gpu_dev *d)
+{
+    knn_gpu_tiles *t = &d->t;
+    int end = d->q0 + d->nq, next = d->q0; /* first row not yet queued */
+    int pending = -1; /* slot whose results are not yet collected */
+    int s = 0;
+    while (!d->shared->stop) {
+        int queued = -1;
+        if (next < end) {
+            int rows = end - next < t->rows ? end - next : t->rows;
+            KNN_TRY(knn_tile_enqueue(d, next, rows, t->offsets_uniform,
+                                     (int64_t)rows * t->slots, s));
+            queued = s;
+            next += rows;
+        }
+        if (pending >= 0) {
+            int rewind = 0;
+            KNN_TRY(knn_tile_collect(d, pending, &rewind));
+            if (rewind) {
+                next = t->slot[pending].row0;
+                KNN_TRY(knn_dev_leave_fused(d));
+                pending = -1;
+                s = 0;
+                continue;
+            }
+        }
+        if (queued < 0) break;
+        pending = queued;
+        s ^= 1;
+    }
+    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
+    return d->shared->stop ? KNN_E_INTERRUPTED : KNN_OK;
+}

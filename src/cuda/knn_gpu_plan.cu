@@ -1,0 +1,289 @@
+/*
+ * knn_gpu_plan.cu: one device's nodes and buffers for a search (host
+ * code): the upload and preparation of the nodes, the row tile R and the
+ * arrays of a tile, carved from one device and one host allocation.
+ *
+ * A tile of R query rows needs, on the panel path, an R x n_ref panel of
+ * fast products (at most 2^31 floats, which keeps a tile well under a
+ * second); on the fused path (knn_gpu_fused.cu) no panel, so R is bounded
+ * by its pairs instead (KNN_FUSED_PAIRS_MAX), and its rows get the fused
+ * kernel's survivor slots. Both need the candidate slots, the re-rank's
+ * sort arrays, R x k results on the device and two pinned result slots
+ * on the host. R comes from cudaMemGetInfo and the request's budget; when
+ * an allocation fails, R is halved and tried again.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "knn_gpu_tiles.cuh"
+
+#define KNN_RESERVE_BYTES (512.0 * 1048576.0)
+#define KNN_HOST_KEEP_BYTES ((size_t)64 << 20)
+#define KNN_SLOT_BYTES_MAX (256.0 * 1048576.0)
+#define KNN_PANEL_FLOATS_MAX 2147483648.0 /* keeps one tile well under 1 s */
+/* Pairs of a fused tile: 2^36 take some 0.1 s on an H200 at p = 50, so an
+ * interrupt is answered well within a second at any p up to a few
+ * hundred. */
+#define KNN_FUSED_PAIRS_MAX 68719476736.0
+
+/* Copies ref and this device's query rows into one p x n_nodes array. */
+static knn_status knn_upload_nodes(knn_gpu_dev *d, double **x)
+{
+    const knn_request *req = d->req;
+    size_t p = (size_t)req->p;
+    KNN_CUDA_TRY(d->message,
+                 cudaMalloc((void **)x, p * d->n_nodes * sizeof(double)));
+    knn_upload_part parts[2] = {
+        {*x, req->ref, p * req->n_ref},
+        {*x + p * req->n_ref,
+         req->query ? req->query + p * d->q0 : NULL, p * d->nq}};
+    return knn_context_upload(d->ctx, parts, req->query ? 2 : 1,
+                              d->copy_threads, &d->shared->stop, d->message);
+}
+
+knn_status knn_dev_prepare(knn_gpu_dev *d)
+{
+    const knn_request *req = d->req;
+    double t0 = knn_seconds();
+    d->self = req->query == NULL;
+    d->n_nodes = req->n_ref + (d->self ? 0 : d->nq);
+    double *x = NULL;
+    knn_status st = knn_upload_nodes(d, &x);
+    if (st == KNN_OK)
+        st = knn_prepare_nodes(req->metric, x, req->p, req->n_ref,
+                               d->n_nodes, d->query_max_abs,
+                               knn_gemm_unit_in(d->gemm), &d->nodes,
+                               d->message, d->stream);
+    if (x != d->nodes.exact) cudaFree(x);
+    d->seconds_prepare = knn_seconds() - t0;
+    return st;
+}
+
+/* The row tile's fixed arrays: device ones from dev, pinned ones from
+ * host. */
+static void knn_tiles_carve(knn_gpu_tiles *t, size_t ld, int k,
+                            knn_carver *dev, knn_carver *host)
+{
+    size_t r = (size_t)t->rows, rk = r * k;
+    t->panel = knn_carve<float>(dev, r * ld);
+    t->offsets_uniform = knn_carve<int>(dev, r + 1);
+    t->offsets_exact = knn_carve<int>(dev, r + 1);
+    t->seg_end = knn_carve<int>(dev, r);
+    t->count = knn_carve<int>(dev, r);
+    t->survivors = knn_carve<int>(dev, r);
+    t->out_index = knn_carve<int>(dev, rk);
+    t->out_distance = knn_carve<double>(dev, rk);
+    t->out_weight = knn_carve<double>(dev, rk);
+    t->h_offsets = knn_carve<int>(host, r + 1);
+    for (int s = 0; s < 2; s++) {
+        knn_gpu_slot *sl = &t->slot[s];
+        sl->index = knn_carve<int>(host, rk);
+        sl->distance = knn_carve<double>(host, rk);
+        sl->weight = knn_carve<double>(host, rk);
+        sl->count = knn_carve<int>(host, r);
+        sl->survivors = knn_carve<int>(host, r);
+    }
+}
+
+static void knn_slots_carve(knn_gpu_tiles *t, size_t n, knn_carver *c)
+{
+    t->cand_index = knn_carve<int>(c, n);
+    t->cand_key = knn_carve<double>(c, n);
+    t->sort_key = knn_carve<uint64_t>(c, n);
+    t->sort_key_out = knn_carve<uint64_t>(c, n);
+    t->sort_val = knn_carve<int>(c, n);
+    t->sort_val_out = knn_carve<int>(c, n);
+    t->sort_temp = knn_carve<char>(c, t->sort_temp_bytes);
+}
+
+/* Bytes of device memory one tile row needs, the sort's scratch aside:
+ * what the carvers above hand out, averaged over many rows so that their
+ * alignment hardly counts. */
+static double knn_row_bytes(size_t ld, int slots, int k)
+{
+    const int rows = 1024;
+    knn_gpu_tiles t;
+    memset(&t, 0, sizeof t);
+    t.rows = rows;
+    knn_carver dev = {NULL, 0}, host = {NULL, 0};
+    knn_tiles_carve(&t, ld, k, &dev, &host);
+    knn_slots_carve(&t, (size_t)rows * slots, &dev);
+    return (double)dev.used / rows;
+}
+
+void knn_slots_free(knn_gpu_tiles *t)
+{
+    cudaFree(t->slots_block);
+    t->slots_block = NULL;
+    knn_carver none = {NULL, 0};
+    knn_slots_carve(t, 0, &none);
+    t->n_slots_alloc = 0;
+}
+
+void knn_tiles_free(knn_gpu_tiles *t)
+{
+    knn_slots_free(t);
+    cudaFree(t->device_block);
+    if (t->host_own == KNN_HOST_PINNED) cudaFreeHost(t->host_block);
+    else if (t->host_own == KNN_HOST_PLAIN) free(t->host_block);
+    for (int s = 0; s < 2; s++) {
+        knn_gpu_slot *sl = &t->slot[s];
+        if (sl->start) cudaEventDestroy(sl->start);
+        if (sl->selected) cudaEventDestroy(sl->selected);
+        if (sl->done) cudaEventDestroy(sl->done);
+    }
+    memset(t, 0, sizeof *t);
+}
+
+knn_status knn_slots_alloc(knn_gpu_dev *d, int64_t n_slots,
+                           size_t min_temp)
+{
+    knn_gpu_tiles *t = &d->t;
+    KNN_TRY(knn_rerank_sort_bytes(n_slots, t->rows, &t->sort_temp_bytes,
+                                  d->message));
+    if (min_temp > t->sort_temp_bytes) t->sort_temp_bytes = min_temp;
+    knn_carver c = {NULL, 0};
+    knn_slots_carve(t, (size_t)n_slots, &c);
+    KNN_CUDA_TRY(d->message, cudaMalloc(&t->slots_block, c.used));
+    c.block = (char *)t->slots_block;
+    c.used = 0;
+    knn_slots_carve(t, (size_t)n_slots, &c);
+    t->n_slots_alloc = n_slots;
+    return KNN_OK;
+}
+
+/* Host memory for the result slots. Pinned slots let the transfers run at
+ * full speed and one tile's transfer overlap the next tile's work, but
+ * pinning costs half a millisecond and more per allocation: up to
+ * KNN_HOST_KEEP_BYTES come from the device's context, kept from one search
+ * to the next. A search that needs more pins its own, or, if it has one
+ * tile only (whose transfer overlaps nothing), takes plain memory. */
+static knn_status knn_host_slots(knn_gpu_dev *d, size_t bytes)
+{
+    knn_gpu_tiles *t = &d->t;
+    if (bytes <= KNN_HOST_KEEP_BYTES) {
+        t->host_own = KNN_HOST_CONTEXT;
+        return knn_context_host(d->ctx, bytes, &t->host_block, d->message);
+    }
+    if (t->rows < d->nq) {
+        KNN_CUDA_TRY(d->message, cudaHostAlloc(&t->host_block, bytes,
+                                               cudaHostAllocDefault));
+        t->host_own = KNN_HOST_PINNED;
+        return KNN_OK;
+    }
+    if ((t->host_block = malloc(bytes)) == NULL)
+        return knn_gpu_fail(d->message, KNN_E_NOMEM, "host result slots",
+                            "out of host memory", __FILE__, __LINE__);
+    t->host_own = KNN_HOST_PLAIN;
+    return KNN_OK;
+}
+
+/* A panel's row length on the device's path: none on the fused path. */
+static size_t knn_dev_panel_ld(const knn_gpu_dev *d)
+{
+    return d->fused ? 0 : knn_panel_ld(d->req->n_ref);
+}
+
+static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots)
+{
+    knn_gpu_tiles *t = &d->t;
+    int k = d->req->k;
+    size_t ld = knn_dev_panel_ld(d);
+    t->rows = rows;
+    t->slots = slots;
+    knn_carver dev = {NULL, 0}, host = {NULL, 0};
+    knn_tiles_carve(t, ld, k, &dev, &host);
+    KNN_CUDA_TRY(d->message, cudaMalloc(&t->device_block, dev.used));
+    KNN_TRY(knn_host_slots(d, host.used));
+    dev.block = (char *)t->device_block;
+    host.block = (char *)t->host_block;
+    dev.used = host.used = 0;
+    knn_tiles_carve(t, ld, k, &dev, &host);
+    KNN_TRY(knn_slots_alloc(d, (int64_t)rows * slots, 0));
+    for (int s = 0; s < 2; s++) {
+        knn_gpu_slot *sl = &t->slot[s];
+        KNN_CUDA_TRY(d->message, cudaEventCreate(&sl->start));
+        KNN_CUDA_TRY(d->message, cudaEventCreate(&sl->selected));
+        KNN_CUDA_TRY(d->message, cudaEventCreate(&sl->done));
+    }
+    for (int i = 0; i <= rows; i++) t->h_offsets[i] = i * slots;
+    KNN_CUDA_TRY(d->message,
+                 cudaMemcpyAsync(t->offsets_uniform, t->h_offsets,
+                                 ((size_t)rows + 1) * sizeof(int),
+                                 cudaMemcpyHostToDevice, d->stream));
+    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
+    return KNN_OK;
+}
+
+/* Whether the device's search takes the fused path (knn_fused_choose). */
+static knn_status knn_dev_choose_path(knn_gpu_dev *d)
+{
+    int sms = 0;
+    KNN_CUDA_TRY(d->message,
+                 cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
+                                        d->device));
+    d->fused = knn_fused_choose(d->req->select, d->req->metric, d->gemm,
+                                d->req->k, d->nq, sms);
+    return KNN_OK;
+}
+
+knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
+{
+    const knn_request *req = d->req;
+    int k = req->k;
+    int avail = req->n_ref - (d->self ? 1 : 0);
+    KNN_TRY(knn_dev_choose_path(d));
+    int slots = d->fused ? knn_fused_slots(k, req->n_ref, avail)
+              : 2 * k + 256 < avail ? 2 * k + 256 : avail;
+    size_t free_b = 0, total_b = 0;
+    KNN_CUDA_TRY(d->message, cudaMemGetInfo(&free_b, &total_b));
+    double budget = (double)free_b - KNN_RESERVE_BYTES - 0.05 * total_b;
+    if (req->memory_bytes > 0 && req->memory_bytes < budget)
+        budget = req->memory_bytes;
+    double per_row = knn_row_bytes(knn_dev_panel_ld(d), slots, k);
+    double rows = budget / per_row;
+    double limits[] = {(double)d->nq, 2147483647.0 / slots,
+                       KNN_SLOT_BYTES_MAX / (k * 20.0),
+                       (d->fused ? KNN_FUSED_PAIRS_MAX
+                                 : KNN_PANEL_FLOATS_MAX) / req->n_ref};
+    for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++)
+        if (limits[i] < rows) rows = limits[i];
+    int r = rows < 1.0 ? 1 : (int)rows;
+    for (;;) {
+        knn_status st = knn_tiles_alloc(d, r, slots);
+        if (st == KNN_OK) {
+            d->row_tile = r;
+            return KNN_OK;
+        }
+        knn_tiles_free(&d->t);
+        if (st != KNN_E_NOMEM) return st;
+        if (r == 1) {
+            snprintf(d->message, sizeof d->message,
+                     "GPU %d: not enough free memory for one row tile "
+                     "(%.0f MB per row, %.0f MB free)", d->device,
+                     per_row / 1048576.0, free_b / 1048576.0);
+            return KNN_E_NOMEM;
+        }
+        r /= 2;
+    }
+}
+
+knn_status knn_dev_plan(knn_gpu_dev *d)
+{
+    double t0 = knn_seconds();
+    knn_status st = knn_dev_plan_tiles(d);
+    d->seconds_setup += knn_seconds() - t0;
+    return st;
+}
+
+void knn_dev_free(knn_gpu_dev *d)
+{
+    if (d->stream) cudaStreamSynchronize(d->stream);
+    knn_tiles_free(&d->t);
+    knn_nodes_free(&d->nodes);
+    knn_context_release(d->ctx, d->status);
+    d->ctx = NULL;
+    d->blas = NULL;
+    d->stream = NULL;
+    cudaGetLastError();
+}

@@ -1,0 +1,93 @@
+/*
+ * knn_gpu_score.cuh: the device arithmetic that every candidate path shares
+ * (the panel's selection kernels, knn_gpu_select.cu, and the fused kernel,
+ * knn_gpu_fused.cu): a product's fast score, the order-preserving bits of
+ * a float, and a row's candidate bound from its k-th best fast score. One
+ * definition, so every path sees the same score bits and the same bound.
+ */
+#ifndef KNN_GPU_SCORE_CUH
+#define KNN_GPU_SCORE_CUH
+
+#include "knn_gpu.cuh"
+
+/* The fast score of product v for a row of squared fast norm row_sq and a
+ * node of col_sq (distances only); smaller is closer. Rounded operations:
+ * every pass and path must see the same score bits. */
+template <int KIND>
+__device__ __forceinline__ float knn_score_of(float v, float row_sq,
+                                              float col_sq)
+{
+    if (KIND == KNN_SCORE_NEG) return -v;
+    if (KIND == KNN_SCORE_NEGABS) return -fabsf(v);
+    if (KIND == KNN_SCORE_DIST)
+        return __fsub_rn(__fadd_rn(row_sq, col_sq), __fmul_rn(2.0f, v));
+    return v;
+}
+
+template <int KIND>
+__device__ __forceinline__ float knn_fast_score(float v, int j,
+                                                const knn_select_args &a,
+                                                float row_sq)
+{
+    return knn_score_of<KIND>(v, row_sq,
+                              KIND == KNN_SCORE_DIST ? a.col_sqnorm[j]
+                                                     : 0.0f);
+}
+
+/* Unsigned bits whose integer order is the float order (no NaNs here). */
+__device__ __forceinline__ unsigned knn_order_bits(float v)
+{
+    unsigned u = __float_as_uint(v);
+    return (u & 0x80000000u) ? ~u : (u | 0x80000000u);
+}
+
+__device__ __forceinline__ float knn_order_float(unsigned u)
+{
+    return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
+}
+
+/* Row setup shared by every kernel (the fused one has no panel). */
+struct knn_row {
+    const float *vals;
+    int self;
+    float sq;
+    double margin2;
+    double norm;  /* distances: the row's fast norm, else 0 */
+    int begin, slots;
+};
+
+__device__ __forceinline__ knn_row knn_row_of(const knn_select_args &a, int r)
+{
+    knn_row w;
+    w.vals = a.panel ? a.panel + (size_t)r * a.ld : NULL;
+    w.self = a.self_first >= 0 ? a.self_first + r : -1;
+    w.sq = a.kind == KNN_SCORE_DIST ? a.row_sqnorm[r] : 0.0f;
+    w.margin2 = a.row_margin2[r];
+    w.norm = a.row_norm ? a.row_norm[r] : 0.0;
+    w.begin = a.offsets[r];
+    w.slots = a.offsets[r + 1] - w.begin;
+    return w;
+}
+
+/* The row's candidate bound from its k-th best fast score: the smaller of
+ * two proven bounds, from the largest norm (knn_candidate_bound) and, for
+ * distances, from the row's own neighbourhood (knn_dist_row_bound), which
+ * keeps rows of small norm among nodes of large ones near k candidates. */
+__device__ __forceinline__ double knn_row_bound(const knn_select_args &a,
+                                                const knn_row &w, double kth)
+{
+    double bound = knn_candidate_bound(a.metric, kth, w.margin2, a.scale_exp);
+    if (!a.row_norm) return bound;
+    return fmin(bound, knn_dist_row_bound(a.metric, kth, w.norm,
+                                          a.margin_unit, a.margin_floor,
+                                          a.scale_exp));
+}
+
+__device__ __forceinline__ void knn_row_done(const knn_select_args &a, int r,
+                                             const knn_row &w, int found)
+{
+    a.count[r] = found;
+    a.seg_end[r] = w.begin + min(found, w.slots);
+}
+
+#endif
