@@ -220,18 +220,19 @@ const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
  * two blocks. */
 int knn_fused_choose(knn_select_force force, knn_metric metric,
                      knn_gemm_mode gemm, int k, int rows, int sm_count);
-/* Candidate slots per row for the fused path: its survivors, which
- * include the nodes that passed earlier, looser thresholds. */
-int knn_fused_slots(int k, int n_ref, int avail);
+/* Survivor slots per row for the fused path: the nodes that passed a
+ * row's running threshold, which outnumber its final candidates. */
+int knn_fused_survivor_slots(int k, int n_ref, int avail);
 /* Candidates of a row tile as knn_select_candidates gives them (sel's
  * panel unused), from the fast vectors of the reference (n_cols nodes) and
- * of the tile's rows (ldf floats apart). survivor: per-row scratch at
- * sel's offsets (the re-rank's sort_key); survivors: out, per row, the
- * slots the fused kernel needs (more than the row has: run the tile again
- * with that many). */
+ * of the tile's rows (ldf floats apart). survivor: scratch, row r's slots
+ * [surv_offsets[r], surv_offsets[r + 1]); survivors: out, per row, the
+ * survivor slots it needed (more than it had: run the tile again with
+ * that many). */
 knn_status knn_fused_candidates(const knn_select_args *sel,
                                 const float *fast_ref, const float *fast_rows,
-                                int ldf, uint64_t *survivor, int *survivors,
+                                int ldf, uint64_t *survivor,
+                                const int *surv_offsets, int *survivors,
                                 char *message, cudaStream_t stream);
 
 /* Products of a row tile into the panel. */

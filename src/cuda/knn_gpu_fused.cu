@@ -10,7 +10,9 @@
  *    arithmetic whose margins knn_gemm_unit_in gives: inputs truncated to
  *    10 mantissa bits). Features are staged 32 at a time in shared memory
  *    by cp.async, two stages; rows are padded to 36 floats so that every
- *    fragment load is free of bank conflicts;
+ *    fragment load is free of bank conflicts. The next column block's
+ *    first stage (and its nodes' squared norms) is loaded while this one's
+ *    scores are tested, so its latency hides behind them;
  *  - epilogue: each product becomes the row's fast score (knn_fast_score,
  *    the panel path's rounded operations) and only scores at or below the
  *    row's running threshold go on, into a short list per row in shared
@@ -23,8 +25,8 @@
  *    64 bits, in the re-rank's sort_key array, which is free until then).
  * A column block where some row's list overflows (the first always does:
  * thresholds start at infinity) is taken whole instead: its scores go to
- * shared memory (over the staging buffers, idle then) and each owner scans
- * its row.
+ * shared memory, 64 rows at a time (over the second staging buffer, idle
+ * then), and each owner scans its row.
  *
  * Why this is the panel path's candidate set, or a superset of it: a
  * threshold is the bound of the k-th smallest score of the nodes seen so
@@ -35,8 +37,9 @@
  * the panel path would take, and keeps the survivors under it, in node
  * order, as the row's candidates.
  * The survivors' number depends only on the data and the block order (no
- * atomics decide it), so a row that overflows its slots gets its exact
- * count on a second run of the tile, as the panel path's rows do.
+ * atomics decide it), so a row that overflows its survivor or candidate
+ * slots gets its exact counts on a second run of the tile, as the panel
+ * path's rows do.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -74,21 +77,27 @@ int knn_fused_choose(knn_select_force force, knn_metric metric,
     return blocks >= (long long)KNN_FUSED_MIN_BLOCKS_PER_SM * sm_count;
 }
 
-int knn_fused_slots(int k, int n_ref, int avail)
+int knn_fused_survivor_slots(int k, int n_ref, int avail)
 {
-    /* Survivors per row: the k that each threshold admits at first, then
-     * about k / b from the b-th column block on (a running k-th smallest
-     * of random order), k (ln B + 1) for B blocks, plus the margins'
-     * band. */
+    /* Survivors per row: what the row's threshold admits at the b-th
+     * column block falls as 1 / b (a running k-th smallest over nodes in
+     * random order), so about c (ln B + 1) for B blocks, where c is what
+     * the final bound admits (k and the margins' band; 2k + 64 covers it
+     * with room). */
     double blocks = (double)n_ref / KNN_FUSED_COLS;
-    double want = k * (log(blocks > 1.0 ? blocks : 1.0) + 2.0) + 128.0;
+    double want = (2.0 * k + 64.0) * (log(blocks > 1.0 ? blocks : 1.0) + 2.0);
     return want < avail ? (int)want : avail;
 }
 
+/* Floats of the block's shared memory besides the staging buffers: the
+ * column blocks' squared norms (two), the lists, the thresholds. */
+#define KNN_FUSED_SMALL (2 * KNN_FUSED_COLS + \
+                         2 * KNN_FUSED_LIST * KNN_FUSED_ROWS + KNN_FUSED_ROWS)
+
 static size_t knn_fused_smem_bytes(int k)
 {
-    size_t floats = KNN_FUSED_STAGING + (size_t)k * KNN_FUSED_ROWS +
-                    KNN_FUSED_ROWS;
+    size_t floats = KNN_FUSED_STAGING + KNN_FUSED_SMALL +
+                    (size_t)k * KNN_FUSED_ROWS;
     return floats * sizeof(float) + (KNN_FUSED_ROWS + 1) * sizeof(int);
 }
 
@@ -134,7 +143,8 @@ struct knn_fused_args {
     const float *fast_ref;  /* ldf x n_cols */
     const float *fast_rows; /* ldf x rows */
     int ldf;
-    uint64_t *survivor;     /* per-row slots as offsets gives them */
+    uint64_t *survivor;     /* per-row slots as surv_offsets gives them */
+    const int *surv_offsets; /* rows + 1 */
     int *survivors;         /* out: survivors per row (may exceed slots) */
 };
 
@@ -149,11 +159,50 @@ __device__ __forceinline__ void knn_mma_tf32(float (&d)[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
-/* The block's 128 x 128 products against column block cb into acc, by the
- * warp's 64 x 32 share: acc[mt][nt] is the m16n8 tile (mt, nt), entry e at
- * row g + 8 (e >> 1), column 2 t + (e & 1) (g = lane / 4, t = lane % 4).
- * The float bits go to the tensor cores as they are: TF32 reads their top
- * 19 bits (truncation, within knn_gemm_unit_in). */
+/* Queues chunk c (features [32 c, 32 c + 32)) of the block's rows and of
+ * column block col0 into staging buffer `buf`. */
+__device__ __forceinline__ void knn_fused_load(const knn_fused_args &a,
+                                               float *buf, int row0,
+                                               int col0, int c)
+{
+    int f0 = c * KNN_FUSED_FEAT;
+    knn_stage_nodes(buf, a.fast_rows, a.ldf, row0, a.sel.rows, f0);
+    knn_stage_nodes(buf + KNN_FUSED_ROWS * KNN_FUSED_LD, a.fast_ref, a.ldf,
+                    col0, a.sel.n_cols, f0);
+}
+
+/* Queues what column block col0 needs first: chunk 0 into the first
+ * staging buffer and, for distances, its nodes' squared norms (col_sq),
+ * as one cp.async group. */
+template <int KIND>
+__device__ __forceinline__ void knn_fused_prefetch(const knn_fused_args &a,
+                                                   float *stage,
+                                                   float *col_sq, int row0,
+                                                   int col0)
+{
+    knn_fused_load(a, stage, row0, col0, 0);
+    if (KIND == KNN_SCORE_DIST && threadIdx.x < KNN_FUSED_COLS / 4) {
+        int j = col0 + threadIdx.x * 4;
+        /* col_sqnorm has n_cols floats: a piece past them reads zeros,
+         * one that straddles the end is read float by float. */
+        if (j + 4 <= a.sel.n_cols && ((size_t)(a.sel.col_sqnorm + j) & 15)
+            == 0) {
+            knn_cp16(col_sq + threadIdx.x * 4, a.sel.col_sqnorm + j, true);
+        } else {
+            for (int e = 0; e < 4; e++)
+                col_sq[threadIdx.x * 4 + e] = j + e < a.sel.n_cols
+                    ? a.sel.col_sqnorm[j + e] : 0.0f;
+        }
+    }
+    knn_cp_commit();
+}
+
+/* The block's 128 x 128 products against column block col0 into acc, by
+ * the warp's 64 x 32 share: acc[mt][nt] is the m16n8 tile (mt, nt), entry
+ * e at row g + 8 (e >> 1), column 2 t + (e & 1) (g = lane / 4,
+ * t = lane % 4). Chunk 0 is already queued (knn_fused_prefetch). The
+ * float bits go to the tensor cores as they are: TF32 reads their top 19
+ * bits (truncation, within knn_gemm_unit_in). */
 __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
                                                    float *stage, int row0,
                                                    int col0,
@@ -170,17 +219,10 @@ __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
             for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
 
     int chunks = (a.ldf + KNN_FUSED_FEAT - 1) / KNN_FUSED_FEAT;
-    knn_stage_nodes(stage, a.fast_rows, a.ldf, row0, a.sel.rows, 0);
-    knn_stage_nodes(stage + KNN_FUSED_ROWS * KNN_FUSED_LD, a.fast_ref, a.ldf,
-                    col0, a.sel.n_cols, 0);
-    knn_cp_commit();
     for (int c = 0; c < chunks; c++) {
         if (c + 1 < chunks) {
-            float *next = stage + ((c + 1) & 1) * KNN_FUSED_STAGE;
-            int f0 = (c + 1) * KNN_FUSED_FEAT;
-            knn_stage_nodes(next, a.fast_rows, a.ldf, row0, a.sel.rows, f0);
-            knn_stage_nodes(next + KNN_FUSED_ROWS * KNN_FUSED_LD, a.fast_ref,
-                            a.ldf, col0, a.sel.n_cols, f0);
+            knn_fused_load(a, stage + ((c + 1) & 1) * KNN_FUSED_STAGE, row0,
+                           col0, c + 1);
             knn_cp_commit();
             knn_cp_wait<1>();
         } else {
@@ -222,16 +264,18 @@ __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
 
 /* ---- the rows' running k smallest -------------------------------------- */
 
-/* Shared memory of a block, carved from one dynamic array. The lists and
- * the whole-block tile lie over the staging buffers, which are idle from
- * the end of the products to the next block's first load. */
+/* Shared memory of a block, carved from one dynamic array. The
+ * whole-block tile, 64 rows at a time, lies over the second staging
+ * buffer, idle from the end of the products to the next block's second
+ * chunk (the next block's first lands in the first buffer meanwhile). */
 struct knn_fused_shared {
     float *stage;
+    float *tile;        /* [64][KNN_FUSED_TILE_LD] */
+    float *col_sq;      /* [2][128]: column blocks' |f_j|^2, by parity */
     float *list_score;  /* [KNN_FUSED_LIST][128] */
     int *list_col;      /* [KNN_FUSED_LIST][128], column in the block */
-    float *tile;        /* [128][KNN_FUSED_TILE_LD] */
-    float *best;        /* [k][128]: row r's sorted k smallest, column r */
     float *threshold;   /* [128] */
+    float *best;        /* [k][128]: row r's sorted k smallest, column r */
     int *list_count;    /* [128] */
     int *overflow;
 };
@@ -241,12 +285,13 @@ __device__ __forceinline__ knn_fused_shared knn_fused_carve(float *base,
 {
     knn_fused_shared sh;
     sh.stage = base;
-    sh.list_score = base;
-    sh.list_col = (int *)(base + KNN_FUSED_LIST * KNN_FUSED_ROWS);
-    sh.tile = base;
-    sh.best = base + KNN_FUSED_STAGING;
-    sh.threshold = sh.best + (size_t)k * KNN_FUSED_ROWS;
-    sh.list_count = (int *)(sh.threshold + KNN_FUSED_ROWS);
+    sh.tile = base + KNN_FUSED_STAGE;
+    sh.col_sq = base + KNN_FUSED_STAGING;
+    sh.list_score = sh.col_sq + 2 * KNN_FUSED_COLS;
+    sh.list_col = (int *)(sh.list_score + KNN_FUSED_LIST * KNN_FUSED_ROWS);
+    sh.threshold = (float *)(sh.list_col + KNN_FUSED_LIST * KNN_FUSED_ROWS);
+    sh.best = sh.threshold + KNN_FUSED_ROWS;
+    sh.list_count = (int *)(sh.best + (size_t)k * KNN_FUSED_ROWS);
     sh.overflow = sh.list_count + KNN_FUSED_ROWS;
     return sh;
 }
@@ -254,29 +299,33 @@ __device__ __forceinline__ knn_fused_shared knn_fused_carve(float *base,
 /* What the owner of a row keeps in registers. */
 struct knn_owner {
     knn_row w;
+    int sbegin, sslots; /* the row's survivor slots */
     int filled;     /* scores in best, <= k */
-    int survivors;  /* appended so far (may pass w.slots) */
+    int survivors;  /* appended so far (may pass sslots) */
     float bound;    /* the row's threshold */
 };
 
-/* Inserts s into the row's sorted k smallest (column `best`, stride 128). */
-__device__ __forceinline__ void knn_best_insert(float *best, int k,
-                                                int *filled, float s)
+/* Inserts s into the row's sorted k smallest (column `best`, stride 128);
+ * returns whether it went in. */
+__device__ __forceinline__ int knn_best_insert(float *best, int k,
+                                               int *filled, float s)
 {
     int i;
     if (*filled < k) i = (*filled)++;
     else if (s < best[(k - 1) * KNN_FUSED_ROWS]) i = k - 1;
-    else return;
+    else return 0;
     while (i > 0 && best[(i - 1) * KNN_FUSED_ROWS] > s) {
         best[i * KNN_FUSED_ROWS] = best[(i - 1) * KNN_FUSED_ROWS];
         i--;
     }
     best[i * KNN_FUSED_ROWS] = s;
+    return 1;
 }
 
 /* The row's threshold once its k smallest are known: the candidate bound,
  * rounded down to a float (a float score is at most the bound exactly when
- * it is at most that float). */
+ * it is at most that float). Called only when they changed: the bound
+ * costs some float64 square roots. */
 __device__ __forceinline__ void knn_owner_tighten(const knn_select_args &a,
                                                   knn_owner *o,
                                                   const float *best)
@@ -291,8 +340,8 @@ __device__ __forceinline__ void knn_owner_append(const knn_fused_args &a,
                                                  knn_owner *o, float s,
                                                  int node)
 {
-    if (o->survivors < o->w.slots)
-        a.survivor[o->w.begin + o->survivors] =
+    if (o->survivors < o->sslots)
+        a.survivor[o->sbegin + o->survivors] =
             ((uint64_t)knn_order_bits(s) << 32) | (unsigned)node;
     o->survivors++;
 }
@@ -317,9 +366,11 @@ __device__ void knn_owner_list(const knn_fused_args &a,
         score[(j + 1) * KNN_FUSED_ROWS] = s;
         col[(j + 1) * KNN_FUSED_ROWS] = c;
     }
+    int changed = 0;
     for (int i = 0; i < n; i++)
-        knn_best_insert(best, a.sel.k, &o->filled, score[i * KNN_FUSED_ROWS]);
-    knn_owner_tighten(a.sel, o, best);
+        changed |= knn_best_insert(best, a.sel.k, &o->filled,
+                                   score[i * KNN_FUSED_ROWS]);
+    if (changed) knn_owner_tighten(a.sel, o, best);
     for (int i = 0; i < n; i++) {
         float s = score[i * KNN_FUSED_ROWS];
         if (s <= o->bound)
@@ -328,20 +379,19 @@ __device__ void knn_owner_list(const knn_fused_args &a,
 }
 
 /* The owner's share of a column block taken whole: the row's 128 scores
- * (infinity where there is no node) under the old threshold go into the
- * k smallest, those under the new one are appended (no node: NaN, under
- * no threshold). */
+ * (`row`; NaN where there is no node, under no threshold) under the old
+ * threshold go into the k smallest, those under the new one are
+ * appended. */
 __device__ void knn_owner_tile(const knn_fused_args &a,
                                const knn_fused_shared &sh, knn_owner *o,
-                               int col0)
+                               const float *row, int col0)
 {
-    int r = threadIdx.x;
-    const float *row = sh.tile + r * KNN_FUSED_TILE_LD;
-    float *best = sh.best + r;
+    float *best = sh.best + threadIdx.x;
+    int changed = 0;
     for (int c = 0; c < KNN_FUSED_COLS; c++)
         if (row[c] <= o->bound)
-            knn_best_insert(best, a.sel.k, &o->filled, row[c]);
-    knn_owner_tighten(a.sel, o, best);
+            changed |= knn_best_insert(best, a.sel.k, &o->filled, row[c]);
+    if (changed) knn_owner_tighten(a.sel, o, best);
     for (int c = 0; c < KNN_FUSED_COLS; c++)
         if (row[c] <= o->bound) knn_owner_append(a, o, row[c], col0 + c);
 }
@@ -354,14 +404,46 @@ __device__ void knn_owner_finish(const knn_fused_args &a, knn_owner *o,
     const knn_select_args &s = a.sel;
     double bound = o->filled < s.k ? INFINITY
         : knn_row_bound(s, o->w, (double)best[(s.k - 1) * KNN_FUSED_ROWS]);
-    int stored = min(o->survivors, o->w.slots), kept = 0;
+    int stored = min(o->survivors, o->sslots), kept = 0;
     for (int i = 0; i < stored; i++) {
-        uint64_t u = a.survivor[o->w.begin + i];
-        if ((double)knn_order_float((unsigned)(u >> 32)) <= bound)
-            s.cand_index[o->w.begin + kept++] = (int)(u & 0xffffffffu);
+        uint64_t u = a.survivor[o->sbegin + i];
+        if ((double)knn_order_float((unsigned)(u >> 32)) <= bound) {
+            if (kept < o->w.slots)
+                s.cand_index[o->w.begin + kept] = (int)(u & 0xffffffffu);
+            kept++;
+        }
     }
     a.survivors[r] = o->survivors;
     knn_row_done(s, r, o->w, kept);
+}
+
+/* The block's scores of column block col0 for rows [64 h, 64 h + 64),
+ * whole, in the tile; NaN where there is no node. */
+template <int KIND>
+__device__ __forceinline__ void knn_fused_tile_half(
+    const knn_select_args &s, const knn_fused_shared &sh,
+    const float *col_sq, const float (&acc)[4][4][4],
+    const float (&row_sq)[4][2], const int (&self)[4][2], int col0)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, t = lane & 3, wn = warp & 3;
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            int cl = wn * 32 + nt * 8 + 2 * t + e, j = col0 + cl;
+#pragma unroll
+            for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    int rl = mt * 16 + g + 8 * h;
+                    float v = j < s.n_cols && j != self[mt][h]
+                        ? knn_score_of<KIND>(acc[mt][nt][2 * h + e],
+                                             row_sq[mt][h], col_sq[cl])
+                        : __int_as_float(0x7fffffff);
+                    sh.tile[rl * KNN_FUSED_TILE_LD + cl] = v;
+                }
+        }
 }
 
 /* ---- the kernel -------------------------------------------------------- */
@@ -379,9 +461,13 @@ knn_fused_kernel(knn_fused_args a)
     bool owner = threadIdx.x < KNN_FUSED_ROWS &&
                  row0 + (int)threadIdx.x < s.rows;
 
+    knn_fused_prefetch<KIND>(a, sh.stage, sh.col_sq, row0, 0);
     knn_owner o;
     if (owner) {
-        o.w = knn_row_of(s, row0 + threadIdx.x);
+        int r = row0 + threadIdx.x;
+        o.w = knn_row_of(s, r);
+        o.sbegin = a.surv_offsets[r];
+        o.sslots = a.surv_offsets[r + 1] - o.sbegin;
         o.filled = 0;
         o.survivors = 0;
         o.bound = INFINITY;
@@ -405,11 +491,17 @@ knn_fused_kernel(knn_fused_args a)
                                                          : 0.0f;
             self[mt][h] = s.self_first >= 0 && in ? s.self_first + r : -1;
         }
-    __syncthreads();
 
-    for (int col0 = 0; col0 < s.n_cols; col0 += KNN_FUSED_COLS) {
+    for (int col0 = 0, parity = 0; col0 < s.n_cols;
+         col0 += KNN_FUSED_COLS, parity ^= 1) {
         float acc[4][4][4];
         knn_fused_products(a, sh.stage, row0, col0, acc);
+        const float *col_sq = sh.col_sq + parity * KNN_FUSED_COLS;
+        if (col0 + KNN_FUSED_COLS < s.n_cols)
+            knn_fused_prefetch<KIND>(a, sh.stage,
+                                     sh.col_sq + (parity ^ 1) *
+                                                     KNN_FUSED_COLS,
+                                     row0, col0 + KNN_FUSED_COLS);
 
         /* Epilogue: scores under the rows' thresholds into the lists. */
         float bound[4][2];
@@ -424,13 +516,13 @@ knn_fused_kernel(knn_fused_args a)
             for (int e = 0; e < 2; e++) {
                 int cl = wn * 32 + nt * 8 + 2 * t + e, j = col0 + cl;
                 if (j >= s.n_cols) continue;
-                float col_sq = KIND == KNN_SCORE_DIST ? s.col_sqnorm[j] : 0.0f;
+                float csq = col_sq[cl];
 #pragma unroll
                 for (int mt = 0; mt < 4; mt++)
 #pragma unroll
                     for (int h = 0; h < 2; h++) {
                         float v = knn_score_of<KIND>(acc[mt][nt][2 * h + e],
-                                                     row_sq[mt][h], col_sq);
+                                                     row_sq[mt][h], csq);
                         if (!(v <= bound[mt][h]) || j == self[mt][h])
                             continue;
                         int rl = wm * 64 + mt * 16 + g + 8 * h;
@@ -444,37 +536,24 @@ knn_fused_kernel(knn_fused_args a)
                     }
             }
         __syncthreads();
-        bool whole = *sh.overflow != 0;
-        if (whole) {
-            /* Some list overflowed: the block's scores, whole, replace the
-             * lists in shared memory; NaN where there is no node, which no
-             * comparison takes. */
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    int cl = wn * 32 + nt * 8 + 2 * t + e, j = col0 + cl;
-                    float col_sq = KIND == KNN_SCORE_DIST && j < s.n_cols
-                        ? s.col_sqnorm[j] : 0.0f;
-#pragma unroll
-                    for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-                        for (int h = 0; h < 2; h++) {
-                            int rl = wm * 64 + mt * 16 + g + 8 * h;
-                            float v = j < s.n_cols && j != self[mt][h]
-                                ? knn_score_of<KIND>(acc[mt][nt][2 * h + e],
-                                                     row_sq[mt][h], col_sq)
-                                : __int_as_float(0x7fffffff);
-                            sh.tile[rl * KNN_FUSED_TILE_LD + cl] = v;
-                        }
-                }
-            __syncthreads();
+        if (*sh.overflow) {
+            /* Some list overflowed: the block is taken whole, 64 rows at a
+             * time (warps of row half h write, owners of those rows
+             * read). */
+            for (int h = 0; h < 2; h++) {
+                if (wm == h)
+                    knn_fused_tile_half<KIND>(s, sh, col_sq, acc, row_sq,
+                                              self, col0);
+                __syncthreads();
+                if (owner && (int)threadIdx.x / 64 == h)
+                    knn_owner_tile(a, sh, &o, sh.tile + (threadIdx.x - 64 * h)
+                                                  * KNN_FUSED_TILE_LD, col0);
+                __syncthreads();
+            }
+        } else if (owner) {
+            knn_owner_list(a, sh, &o, col0);
         }
-        if (owner) {
-            if (whole) knn_owner_tile(a, sh, &o, col0);
-            else knn_owner_list(a, sh, &o, col0);
-            sh.threshold[threadIdx.x] = o.bound;
-        }
+        if (owner) sh.threshold[threadIdx.x] = o.bound;
         if (threadIdx.x < KNN_FUSED_ROWS) sh.list_count[threadIdx.x] = 0;
         __syncthreads(); /* everyone has read the flag; lists are free */
         if (threadIdx.x == 0) *sh.overflow = 0;
@@ -501,7 +580,8 @@ static knn_status knn_fused_launch(const knn_fused_args *a, char *message,
 
 knn_status knn_fused_candidates(const knn_select_args *sel,
                                 const float *fast_ref, const float *fast_rows,
-                                int ldf, uint64_t *survivor, int *survivors,
+                                int ldf, uint64_t *survivor,
+                                const int *surv_offsets, int *survivors,
                                 char *message, cudaStream_t stream)
 {
     knn_fused_args a;
@@ -510,6 +590,7 @@ knn_status knn_fused_candidates(const knn_select_args *sel,
     a.fast_rows = fast_rows;
     a.ldf = ldf;
     a.survivor = survivor;
+    a.surv_offsets = surv_offsets;
     a.survivors = survivors;
     switch (sel->kind) {
     case KNN_SCORE_NEG:

@@ -62,8 +62,9 @@ static knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
 
 /* A tile's candidates: the fused kernel, or products into the panel and
  * a selection kernel. */
-static knn_status knn_tile_candidates(knn_gpu_dev *d, const knn_select_args *sa,
-                                      int node0)
+static knn_status knn_tile_candidates(knn_gpu_dev *d,
+                                      const knn_select_args *sa, int node0,
+                                      const int *surv_offsets)
 {
     const knn_request *req = d->req;
     const knn_gpu_nodes *nd = &d->nodes;
@@ -72,8 +73,8 @@ static knn_status knn_tile_candidates(knn_gpu_dev *d, const knn_select_args *sa,
                                       : NULL;
     if (d->fused)
         return knn_fused_candidates(sa, nd->fast, rows_fast, nd->ldf,
-                                    t->sort_key, t->survivors, d->message,
-                                    d->stream);
+                                    t->survivor, surv_offsets, t->survivors,
+                                    d->message, d->stream);
     if (knn_uses_product(req->metric))
         KNN_TRY(knn_panel_gemm(d->blas, nd->fast, rows_fast, nd->ldf,
                                req->n_ref, sa->rows, t->panel, sa->ld,
@@ -143,11 +144,25 @@ static knn_status knn_tile_transfer(knn_gpu_dev *d, knn_gpu_slot *sl)
     return KNN_OK;
 }
 
+/* Where a tile's rows keep their candidates (rows + 1 offsets, n_slots in
+ * all) and, on the fused path, their survivors. */
+typedef struct {
+    const int *offsets;
+    int64_t n_slots;
+    const int *surv_offsets;
+} knn_tile_slots;
+
+static knn_tile_slots knn_slots_uniform(const knn_gpu_tiles *t, int rows)
+{
+    knn_tile_slots ts = {t->offsets_uniform, (int64_t)rows * t->slots,
+                         t->surv_offsets_uniform};
+    return ts;
+}
+
 /* Queues tile work for global query rows [row0, row0 + rows) with the given
- * per-row slot offsets, and the transfer of its results into slot s. */
+ * slots, and the transfer of its results into slot s. */
 static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
-                                   const int *offsets, int64_t n_slots,
-                                   int s)
+                                   const knn_tile_slots *ts, int s)
 {
     knn_gpu_slot *sl = &d->t.slot[s];
     int node0 = d->self ? row0 : d->req->n_ref + (row0 - d->q0);
@@ -157,69 +172,116 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
     sl->fused = d->fused;
 
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
-    knn_select_args sa = knn_tile_select_args(d, row0, node0, rows, offsets,
-                                              sl->gemm);
-    KNN_TRY(knn_tile_candidates(d, &sa, node0));
+    knn_select_args sa = knn_tile_select_args(d, row0, node0, rows,
+                                              ts->offsets, sl->gemm);
+    KNN_TRY(knn_tile_candidates(d, &sa, node0, ts->surv_offsets));
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->selected, d->stream));
-    KNN_TRY(knn_tile_rerank(d, rows, node0, offsets, n_slots));
+    KNN_TRY(knn_tile_rerank(d, rows, node0, ts->offsets, ts->n_slots));
     KNN_TRY(knn_tile_transfer(d, sl));
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->done, d->stream));
     return KNN_OK;
 }
 
-/* The slots row r of slot sl's tile needed: its candidates on the panel
- * path, its survivors on the fused path. */
-static int knn_slot_need(const knn_gpu_slot *sl, int r)
+/* Whether row r of slot sl's tile needed more survivor slots than the
+ * uniform ones (fused path only). */
+static int knn_row_surv_over(const knn_gpu_tiles *t, const knn_gpu_slot *sl,
+                             int r)
 {
-    return sl->fused ? sl->survivors[r] : sl->count[r];
+    return sl->fused && sl->survivors[r] > t->surv_slots;
 }
 
-/* Runs the tile in slot s again with each row's exact candidate count as
- * its slots (the first run found more than its uniform slots held). */
+/* Exact offsets from per-row counts into the pinned array h (rows + 1);
+ * returns the total, or -1 past what one pass can index. */
+static int64_t knn_offsets_exact(const std::vector<int> &need, int *h)
+{
+    int64_t total = 0;
+    for (size_t r = 0; r < need.size(); r++) {
+        h[r] = (int)total;
+        total += need[r];
+        if (total > 2147483647) return -1;
+    }
+    h[need.size()] = (int)total;
+    return total;
+}
+
+/* Candidate slots for n of them and the sort's scratch for a tile of
+ * `rows` rows, kept when they suffice. */
+static knn_status knn_slots_fit(knn_gpu_dev *d, int64_t n, int rows)
+{
+    knn_gpu_tiles *t = &d->t;
+    size_t temp_bytes = 0;
+    KNN_TRY(knn_rerank_sort_bytes(n, rows, &temp_bytes, d->message));
+    if (n <= t->n_slots_alloc && temp_bytes <= t->sort_temp_bytes)
+        return KNN_OK;
+    int64_t want = n > t->n_slots_alloc ? n : t->n_slots_alloc;
+    knn_slots_free(t);
+    return knn_slots_alloc(d, want, temp_bytes);
+}
+
+static knn_status knn_survivors_fit(knn_gpu_dev *d, int64_t n)
+{
+    if (n <= d->t.surv_alloc) return KNN_OK;
+    knn_survivors_free(&d->t);
+    return knn_survivors_alloc(d, n);
+}
+
+static knn_status knn_redo_nomem(knn_gpu_dev *d, knn_status st,
+                                 long long total)
+{
+    if (st == KNN_E_NOMEM)
+        snprintf(d->message, sizeof d->message,
+                 "GPU %d: no memory for the %lld candidates that tied "
+                 "values produce in one row tile", d->device, total);
+    return st;
+}
+
+/* Runs the tile in slot s again with each row's exact counts as its slots
+ * (the first run found more than its uniform slots held): its candidates
+ * and, on the fused path, its survivors. A row whose survivors overflowed
+ * kept candidates among the stored ones only; it gets as many candidate
+ * slots as survivors. */
 static knn_status knn_tile_redo(knn_gpu_dev *d, int s)
 {
     knn_gpu_tiles *t = &d->t;
     knn_gpu_slot *sl = &t->slot[s];
+    int avail = d->req->n_ref;
     KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
-    std::vector<int> found(sl->rows);
-    for (int r = 0; r < sl->rows; r++) found[r] = knn_slot_need(sl, r);
-    int64_t total = 0;
+    std::vector<int> cand(sl->rows), surv(sl->fused ? sl->rows : 0);
     for (int r = 0; r < sl->rows; r++) {
-        t->h_offsets[r] = (int)total;
-        total += found[r];
+        cand[r] = knn_row_surv_over(t, sl, r)
+            ? (sl->survivors[r] < avail ? sl->survivors[r] : avail)
+            : sl->count[r];
+        if (sl->fused) surv[r] = sl->survivors[r];
     }
-    if (total > 2147483647) {
+    int64_t total = knn_offsets_exact(cand, t->h_offsets);
+    int64_t total_surv = sl->fused
+        ? knn_offsets_exact(surv, t->h_surv_offsets) : 0;
+    if (total < 0 || total_surv < 0) {
         snprintf(d->message, sizeof d->message,
-                 "a row tile has %lld tied candidates, more than one pass "
-                 "can sort; lower options(knngpu.gpu.memory)",
-                 (long long)total);
+                 "a row tile has more tied candidates than one pass can "
+                 "sort; lower options(knngpu.gpu.memory)");
         return KNN_E_NOMEM;
     }
-    t->h_offsets[sl->rows] = (int)total;
-    size_t temp_bytes = 0;
-    KNN_TRY(knn_rerank_sort_bytes(total, sl->rows, &temp_bytes, d->message));
-    if (total > t->n_slots_alloc || temp_bytes > t->sort_temp_bytes) {
-        int64_t want = total > t->n_slots_alloc ? total : t->n_slots_alloc;
-        knn_slots_free(t);
-        knn_status st = knn_slots_alloc(d, want, temp_bytes);
-        if (st != KNN_OK) {
-            if (st == KNN_E_NOMEM)
-                snprintf(d->message, sizeof d->message,
-                         "GPU %d: no memory for the %lld candidates that "
-                         "tied values produce in one row tile",
-                         d->device, (long long)total);
-            return st;
-        }
-    }
+    knn_status st = knn_slots_fit(d, total, sl->rows);
+    if (st == KNN_OK && sl->fused) st = knn_survivors_fit(d, total_surv);
+    if (st != KNN_OK)
+        return knn_redo_nomem(d, st, (long long)(total + total_surv));
+    size_t offsets_bytes = (size_t)(sl->rows + 1) * sizeof(int);
     KNN_CUDA_TRY(d->message,
                  cudaMemcpyAsync(t->offsets_exact, t->h_offsets,
-                                 (size_t)(sl->rows + 1) * sizeof(int),
-                                 cudaMemcpyHostToDevice, d->stream));
-    KNN_TRY(knn_tile_enqueue(d, sl->row0, sl->rows, t->offsets_exact, total,
-                             s));
+                                 offsets_bytes, cudaMemcpyHostToDevice,
+                                 d->stream));
+    if (sl->fused)
+        KNN_CUDA_TRY(d->message,
+                     cudaMemcpyAsync(t->surv_offsets_exact, t->h_surv_offsets,
+                                     offsets_bytes, cudaMemcpyHostToDevice,
+                                     d->stream));
+    knn_tile_slots ts = {t->offsets_exact, total, t->surv_offsets_exact};
+    KNN_TRY(knn_tile_enqueue(d, sl->row0, sl->rows, &ts, s));
     KNN_CUDA_TRY(d->message, cudaEventSynchronize(sl->done));
     for (int r = 0; r < sl->rows; r++) {
-        if (knn_slot_need(sl, r) != found[r])
+        if (sl->count[r] > cand[r] ||
+            (sl->fused && sl->survivors[r] != surv[r]))
             return knn_gpu_fail(d->message, KNN_E_DEVICE, "candidate redo",
                                 "a row's candidate count changed between "
                                 "two runs of the same tile", __FILE__,
@@ -284,15 +346,15 @@ static void knn_copy_out(const knn_gpu_dev *d, const knn_gpu_slot *sl)
         knn_copy_part(&job, total * i / parts, total * (i + 1) / parts);
 }
 
-/* Whether a row of the slot needed more than its `slots`; *found gets
- * the candidates of all its rows. */
-static int knn_slot_overflow(const knn_gpu_slot *sl, int slots,
+/* Whether a row of the slot needed more than its uniform slots; *found
+ * gets the candidates of all its rows. */
+static int knn_slot_overflow(const knn_gpu_tiles *t, const knn_gpu_slot *sl,
                              double *found)
 {
     int overflow = 0;
     *found = 0.0;
     for (int r = 0; r < sl->rows; r++) {
-        overflow |= knn_slot_need(sl, r) > slots;
+        overflow |= sl->count[r] > t->slots || knn_row_surv_over(t, sl, r);
         *found += sl->count[r];
     }
     return overflow;
@@ -305,8 +367,8 @@ static knn_status knn_tile_rerun(knn_gpu_dev *d, int s)
     knn_gpu_tiles *t = &d->t;
     knn_gpu_slot *sl = &t->slot[s];
     KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
-    KNN_TRY(knn_tile_enqueue(d, sl->row0, sl->rows, t->offsets_uniform,
-                             (int64_t)sl->rows * t->slots, s));
+    knn_tile_slots ts = knn_slots_uniform(t, sl->rows);
+    KNN_TRY(knn_tile_enqueue(d, sl->row0, sl->rows, &ts, s));
     KNN_CUDA_TRY(d->message, cudaEventSynchronize(sl->done));
     return KNN_OK;
 }
@@ -361,7 +423,7 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
     d->seconds_rerank += ms_rerank / 1000.0;
 
     double found = 0.0;
-    int overflow = knn_slot_overflow(sl, t->slots, &found);
+    int overflow = knn_slot_overflow(t, sl, &found);
     if (sl->fused && knn_dev_should_climb(d, found, sl->rows, 0)) {
         *rewind = 1;
         return KNN_OK;
@@ -372,7 +434,7 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
         double t0 = knn_seconds();
         KNN_TRY(knn_tile_rerun(d, s));
         d->seconds_search += knn_seconds() - t0;
-        overflow = knn_slot_overflow(sl, t->slots, &found);
+        overflow = knn_slot_overflow(t, sl, &found);
     }
     if (overflow) {
         double t0 = knn_seconds();
@@ -420,8 +482,8 @@ knn_status knn_dev_search(knn_gpu_dev *d)
         int queued = -1;
         if (next < end) {
             int rows = end - next < t->rows ? end - next : t->rows;
-            KNN_TRY(knn_tile_enqueue(d, next, rows, t->offsets_uniform,
-                                     (int64_t)rows * t->slots, s));
+            knn_tile_slots ts = knn_slots_uniform(t, rows);
+            KNN_TRY(knn_tile_enqueue(d, next, rows, &ts, s));
             queued = s;
             next += rows;
         }

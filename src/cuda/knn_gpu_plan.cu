@@ -71,6 +71,9 @@ static void knn_tiles_carve(knn_gpu_tiles *t, size_t ld, int k,
     t->seg_end = knn_carve<int>(dev, r);
     t->count = knn_carve<int>(dev, r);
     t->survivors = knn_carve<int>(dev, r);
+    t->surv_offsets_uniform = knn_carve<int>(dev, r + 1);
+    t->surv_offsets_exact = knn_carve<int>(dev, r + 1);
+    t->h_surv_offsets = knn_carve<int>(host, r + 1);
     t->out_index = knn_carve<int>(dev, rk);
     t->out_distance = knn_carve<double>(dev, rk);
     t->out_weight = knn_carve<double>(dev, rk);
@@ -98,8 +101,8 @@ static void knn_slots_carve(knn_gpu_tiles *t, size_t n, knn_carver *c)
 
 /* Bytes of device memory one tile row needs, the sort's scratch aside:
  * what the carvers above hand out, averaged over many rows so that their
- * alignment hardly counts. */
-static double knn_row_bytes(size_t ld, int slots, int k)
+ * alignment hardly counts, and its survivor slots. */
+static double knn_row_bytes(size_t ld, int slots, int surv_slots, int k)
 {
     const int rows = 1024;
     knn_gpu_tiles t;
@@ -108,7 +111,7 @@ static double knn_row_bytes(size_t ld, int slots, int k)
     knn_carver dev = {NULL, 0}, host = {NULL, 0};
     knn_tiles_carve(&t, ld, k, &dev, &host);
     knn_slots_carve(&t, (size_t)rows * slots, &dev);
-    return (double)dev.used / rows;
+    return (double)dev.used / rows + surv_slots * sizeof(uint64_t);
 }
 
 void knn_slots_free(knn_gpu_tiles *t)
@@ -123,6 +126,7 @@ void knn_slots_free(knn_gpu_tiles *t)
 void knn_tiles_free(knn_gpu_tiles *t)
 {
     knn_slots_free(t);
+    knn_survivors_free(t);
     cudaFree(t->device_block);
     if (t->host_own == KNN_HOST_PINNED) cudaFreeHost(t->host_block);
     else if (t->host_own == KNN_HOST_PLAIN) free(t->host_block);
@@ -133,6 +137,24 @@ void knn_tiles_free(knn_gpu_tiles *t)
         if (sl->done) cudaEventDestroy(sl->done);
     }
     memset(t, 0, sizeof *t);
+}
+
+void knn_survivors_free(knn_gpu_tiles *t)
+{
+    cudaFree(t->surv_block);
+    t->surv_block = NULL;
+    t->survivor = NULL;
+    t->surv_alloc = 0;
+}
+
+knn_status knn_survivors_alloc(knn_gpu_dev *d, int64_t n)
+{
+    knn_gpu_tiles *t = &d->t;
+    KNN_CUDA_TRY(d->message,
+                 cudaMalloc(&t->surv_block, (size_t)n * sizeof(uint64_t)));
+    t->survivor = (uint64_t *)t->surv_block;
+    t->surv_alloc = n;
+    return KNN_OK;
 }
 
 knn_status knn_slots_alloc(knn_gpu_dev *d, int64_t n_slots,
@@ -184,13 +206,27 @@ static size_t knn_dev_panel_ld(const knn_gpu_dev *d)
     return d->fused ? 0 : knn_panel_ld(d->req->n_ref);
 }
 
-static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots)
+/* Uniform offsets: row i's slots from i * slots, on the device from the
+ * pinned staging array h (rows + 1 ints). */
+static knn_status knn_offsets_uniform(knn_gpu_dev *d, int *dst, int *h,
+                                      int rows, int slots)
+{
+    for (int i = 0; i <= rows; i++) h[i] = i * slots;
+    KNN_CUDA_TRY(d->message,
+                 cudaMemcpyAsync(dst, h, ((size_t)rows + 1) * sizeof(int),
+                                 cudaMemcpyHostToDevice, d->stream));
+    return KNN_OK;
+}
+
+static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots,
+                                  int surv_slots)
 {
     knn_gpu_tiles *t = &d->t;
     int k = d->req->k;
     size_t ld = knn_dev_panel_ld(d);
     t->rows = rows;
     t->slots = slots;
+    t->surv_slots = surv_slots;
     knn_carver dev = {NULL, 0}, host = {NULL, 0};
     knn_tiles_carve(t, ld, k, &dev, &host);
     KNN_CUDA_TRY(d->message, cudaMalloc(&t->device_block, dev.used));
@@ -206,11 +242,13 @@ static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots)
         KNN_CUDA_TRY(d->message, cudaEventCreate(&sl->selected));
         KNN_CUDA_TRY(d->message, cudaEventCreate(&sl->done));
     }
-    for (int i = 0; i <= rows; i++) t->h_offsets[i] = i * slots;
-    KNN_CUDA_TRY(d->message,
-                 cudaMemcpyAsync(t->offsets_uniform, t->h_offsets,
-                                 ((size_t)rows + 1) * sizeof(int),
-                                 cudaMemcpyHostToDevice, d->stream));
+    KNN_TRY(knn_offsets_uniform(d, t->offsets_uniform, t->h_offsets, rows,
+                                slots));
+    if (surv_slots > 0) {
+        KNN_TRY(knn_survivors_alloc(d, (int64_t)rows * surv_slots));
+        KNN_TRY(knn_offsets_uniform(d, t->surv_offsets_uniform,
+                                    t->h_surv_offsets, rows, surv_slots));
+    }
     KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
     return KNN_OK;
 }
@@ -233,16 +271,19 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
     int k = req->k;
     int avail = req->n_ref - (d->self ? 1 : 0);
     KNN_TRY(knn_dev_choose_path(d));
-    int slots = d->fused ? knn_fused_slots(k, req->n_ref, avail)
-              : 2 * k + 256 < avail ? 2 * k + 256 : avail;
+    int slots = 2 * k + 256 < avail ? 2 * k + 256 : avail;
+    int surv_slots = d->fused ? knn_fused_survivor_slots(k, req->n_ref, avail)
+                              : 0;
     size_t free_b = 0, total_b = 0;
     KNN_CUDA_TRY(d->message, cudaMemGetInfo(&free_b, &total_b));
     double budget = (double)free_b - KNN_RESERVE_BYTES - 0.05 * total_b;
     if (req->memory_bytes > 0 && req->memory_bytes < budget)
         budget = req->memory_bytes;
-    double per_row = knn_row_bytes(knn_dev_panel_ld(d), slots, k);
+    double per_row = knn_row_bytes(knn_dev_panel_ld(d), slots, surv_slots,
+                                   k);
     double rows = budget / per_row;
     double limits[] = {(double)d->nq, 2147483647.0 / slots,
+                       2147483647.0 / (surv_slots > 0 ? surv_slots : 1),
                        KNN_SLOT_BYTES_MAX / (k * 20.0),
                        (d->fused ? KNN_FUSED_PAIRS_MAX
                                  : KNN_PANEL_FLOATS_MAX) / req->n_ref};
@@ -250,7 +291,7 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
         if (limits[i] < rows) rows = limits[i];
     int r = rows < 1.0 ? 1 : (int)rows;
     for (;;) {
-        knn_status st = knn_tiles_alloc(d, r, slots);
+        knn_status st = knn_tiles_alloc(d, r, slots, surv_slots);
         if (st == KNN_OK) {
             d->row_tile = r;
             return KNN_OK;

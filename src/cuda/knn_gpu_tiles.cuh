@@ -47,8 +47,16 @@ typedef struct {
     int *offsets_exact;     /* a redo's per-row counts, summed */
     int *h_offsets;         /* pinned, R + 1 */
     int *seg_end, *count;
-    int *survivors;         /* fused path: slots each row needed */
     int64_t n_slots_alloc;
+    /* The fused path's survivors (knn_gpu_fused.cu): their slots, uniform
+     * or a redo's exact ones, the buffer (re-sized by a redo) and the
+     * slots each row needed. */
+    int surv_slots;
+    int *surv_offsets_uniform, *surv_offsets_exact, *h_surv_offsets;
+    void *surv_block;
+    uint64_t *survivor;
+    int64_t surv_alloc;
+    int *survivors;
     int *cand_index;
     double *cand_key;
     uint64_t *sort_key, *sort_key_out;
@@ -103,6 +111,9 @@ void knn_tiles_free(knn_gpu_tiles *t);
 knn_status knn_slots_alloc(knn_gpu_dev *d, int64_t n_slots,
                            size_t min_temp);
 void knn_slots_free(knn_gpu_tiles *t);
+/* The fused path's survivor buffer of n slots; and its release. */
+knn_status knn_survivors_alloc(knn_gpu_dev *d, int64_t n);
+void knn_survivors_free(knn_gpu_tiles *t);
 void knn_dev_free(knn_gpu_dev *d);
 
 /* knn_gpu_loop.cu: the row tiles of the device's query rows. */
