@@ -9,8 +9,8 @@
  *    m16n8k8 TF32 with float32 accumulation (the tensor cores' TF32, the
  *    arithmetic whose margins knn_gemm_unit_in gives: inputs truncated to
  *    10 mantissa bits). Features are staged 32 at a time in shared memory
- *    by cp.async, two stages; rows are padded to 36 floats so that every
- *    fragment load is free of bank conflicts. The next column block's
+ *    by cp.async, two stages; rows are padded to 40 floats so that the
+ *    fragment loads are free of bank conflicts. The next column block's
  *    first stage (and its nodes' squared norms) is loaded while this one's
  *    scores are tested, so its latency hides behind them;
  *  - epilogue: each product becomes the row's fast score (knn_fast_score,
@@ -49,7 +49,9 @@
 #define KNN_FUSED_COLS 128            /* nodes per column block */
 #define KNN_FUSED_THREADS 256
 #define KNN_FUSED_FEAT 32             /* features per stage */
-#define KNN_FUSED_LD (KNN_FUSED_FEAT + 4)
+/* Staging row length: 40 floats keep the 8-byte fragment loads of a
+ * half-warp on 32 distinct banks. */
+#define KNN_FUSED_LD (KNN_FUSED_FEAT + 8)
 #define KNN_FUSED_LIST 16             /* list entries per row and block */
 #define KNN_FUSED_TILE_LD (KNN_FUSED_COLS + 1)
 /* Floats of one stage (rows, then columns) and of both. */
@@ -235,22 +237,29 @@ __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
 #pragma unroll
         for (int ks = 0; ks < KNN_FUSED_FEAT / 8; ks++) {
             if (ks >= steps) break;
+            /* The fragments take feature 2t where the instruction's
+             * layout says t, and 2t + 1 for t + 4, in A and B alike: the
+             * same products, summed in another order (which the margins
+             * allow), from one 8-byte load instead of two. */
             unsigned fa[4][4], fb[4][2];
 #pragma unroll
             for (int mt = 0; mt < 4; mt++) {
                 const float *r = As + (wm * 64 + mt * 16 + g) * KNN_FUSED_LD +
-                                 ks * 8 + t;
-                fa[mt][0] = __float_as_uint(r[0]);
-                fa[mt][1] = __float_as_uint(r[8 * KNN_FUSED_LD]);
-                fa[mt][2] = __float_as_uint(r[4]);
-                fa[mt][3] = __float_as_uint(r[8 * KNN_FUSED_LD + 4]);
+                                 ks * 8 + 2 * t;
+                float2 lo = *(const float2 *)r;
+                float2 hi = *(const float2 *)(r + 8 * KNN_FUSED_LD);
+                fa[mt][0] = __float_as_uint(lo.x);
+                fa[mt][1] = __float_as_uint(hi.x);
+                fa[mt][2] = __float_as_uint(lo.y);
+                fa[mt][3] = __float_as_uint(hi.y);
             }
 #pragma unroll
             for (int nt = 0; nt < 4; nt++) {
                 const float *r = Bs + (wn * 32 + nt * 8 + g) * KNN_FUSED_LD +
-                                 ks * 8 + t;
-                fb[nt][0] = __float_as_uint(r[0]);
-                fb[nt][1] = __float_as_uint(r[4]);
+                                 ks * 8 + 2 * t;
+                float2 v = *(const float2 *)r;
+                fb[nt][0] = __float_as_uint(v.x);
+                fb[nt][1] = __float_as_uint(v.y);
             }
 #pragma unroll
             for (int mt = 0; mt < 4; mt++)
@@ -423,10 +432,10 @@ template <int KIND>
 __device__ __forceinline__ void knn_fused_tile_half(
     const knn_select_args &s, const knn_fused_shared &sh,
     const float *col_sq, const float (&acc)[4][4][4],
-    const float (&row_sq)[4][2], const int (&self)[4][2], int col0)
+    const float (&row_sq)[4][2], int self0, int col0)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int g = lane >> 2, t = lane & 3, wn = warp & 3;
+    int g = lane >> 2, t = lane & 3, wm = warp >> 2, wn = warp & 3;
 #pragma unroll
     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
@@ -437,11 +446,68 @@ __device__ __forceinline__ void knn_fused_tile_half(
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     int rl = mt * 16 + g + 8 * h;
-                    float v = j < s.n_cols && j != self[mt][h]
-                        ? knn_score_of<KIND>(acc[mt][nt][2 * h + e],
+                    float v = j < s.n_cols &&
+                              !(self0 >= 0 && j == self0 + wm * 64 + rl)
+                        ? knn_score_from<KIND>(acc[mt][nt][2 * h + e],
                                              row_sq[mt][h], col_sq[cl])
                         : __int_as_float(0x7fffffff);
                     sh.tile[rl * KNN_FUSED_TILE_LD + cl] = v;
+                }
+        }
+}
+
+/* Lists score v of column cl (node col0 + cl) for block row rl, unless
+ * there is no such node or it is the row's own. */
+__device__ __forceinline__ void knn_fused_list(const knn_select_args &s,
+                                               const knn_fused_shared &sh,
+                                               float v, int rl, int cl,
+                                               int self0, int col0)
+{
+    int j = col0 + cl;
+    if (j >= s.n_cols || (self0 >= 0 && j == self0 + rl)) return;
+    int pos = atomicAdd(&sh.list_count[rl], 1);
+    if (pos < KNN_FUSED_LIST) {
+        sh.list_score[pos * KNN_FUSED_ROWS + rl] = v;
+        sh.list_col[pos * KNN_FUSED_ROWS + rl] = cl;
+    } else {
+        *sh.overflow = 1;
+    }
+}
+
+/* Epilogue of a column block: the scores at or below their rows'
+ * thresholds into the rows' lists (a full list sets the overflow flag).
+ * Per score, a fused multiply-add or two and one comparison; the rare
+ * score that passes is checked for a node that exists and is not the
+ * row's own. */
+template <int KIND>
+__device__ __forceinline__ void knn_fused_epilogue(
+    const knn_select_args &s, const knn_fused_shared &sh,
+    const float *col_sq, const float (&acc)[4][4][4],
+    const float (&row_sq)[4][2], int self0, int col0)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int g = lane >> 2, t = lane & 3, wm = warp >> 2, wn = warp & 3;
+    float bound[4][2];
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            bound[mt][h] = sh.threshold[wm * 64 + mt * 16 + g + 8 * h];
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            int cl = wn * 32 + nt * 8 + 2 * t + e;
+            float csq = KIND == KNN_SCORE_DIST ? col_sq[cl] : 0.0f;
+#pragma unroll
+            for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float v = knn_score_from<KIND>(acc[mt][nt][2 * h + e],
+                                                   row_sq[mt][h], csq);
+                    if (v <= bound[mt][h])
+                        knn_fused_list(s, sh, v, wm * 64 + mt * 16 + g + 8 * h,
+                                       cl, self0, col0);
                 }
         }
 }
@@ -478,19 +544,18 @@ knn_fused_kernel(knn_fused_args a)
     }
     if (threadIdx.x == 0) *sh.overflow = 0;
 
-    /* This thread's 8 rows (mt, h): their squared norms and self nodes. */
+    /* This thread's 8 rows (mt, h): their squared norms; the node of the
+     * block's row rl is self0 + rl in a self search (else self0 < 0). */
     float row_sq[4][2];
-    int self[4][2];
 #pragma unroll
     for (int mt = 0; mt < 4; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
             int r = row0 + wm * 64 + mt * 16 + g + 8 * h;
-            bool in = r < s.rows;
-            row_sq[mt][h] = KIND == KNN_SCORE_DIST && in ? s.row_sqnorm[r]
-                                                         : 0.0f;
-            self[mt][h] = s.self_first >= 0 && in ? s.self_first + r : -1;
+            row_sq[mt][h] = KIND == KNN_SCORE_DIST && r < s.rows
+                ? s.row_sqnorm[r] : 0.0f;
         }
+    int self0 = s.self_first >= 0 ? s.self_first + row0 : -1;
 
     for (int col0 = 0, parity = 0; col0 < s.n_cols;
          col0 += KNN_FUSED_COLS, parity ^= 1) {
@@ -503,38 +568,7 @@ knn_fused_kernel(knn_fused_args a)
                                                      KNN_FUSED_COLS,
                                      row0, col0 + KNN_FUSED_COLS);
 
-        /* Epilogue: scores under the rows' thresholds into the lists. */
-        float bound[4][2];
-#pragma unroll
-        for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++)
-                bound[mt][h] = sh.threshold[wm * 64 + mt * 16 + g + 8 * h];
-#pragma unroll
-        for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-            for (int e = 0; e < 2; e++) {
-                int cl = wn * 32 + nt * 8 + 2 * t + e, j = col0 + cl;
-                if (j >= s.n_cols) continue;
-                float csq = col_sq[cl];
-#pragma unroll
-                for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-                    for (int h = 0; h < 2; h++) {
-                        float v = knn_score_of<KIND>(acc[mt][nt][2 * h + e],
-                                                     row_sq[mt][h], csq);
-                        if (!(v <= bound[mt][h]) || j == self[mt][h])
-                            continue;
-                        int rl = wm * 64 + mt * 16 + g + 8 * h;
-                        int pos = atomicAdd(&sh.list_count[rl], 1);
-                        if (pos < KNN_FUSED_LIST) {
-                            sh.list_score[pos * KNN_FUSED_ROWS + rl] = v;
-                            sh.list_col[pos * KNN_FUSED_ROWS + rl] = cl;
-                        } else {
-                            *sh.overflow = 1;
-                        }
-                    }
-            }
+        knn_fused_epilogue<KIND>(s, sh, col_sq, acc, row_sq, self0, col0);
         __syncthreads();
         if (*sh.overflow) {
             /* Some list overflowed: the block is taken whole, 64 rows at a
@@ -543,7 +577,7 @@ knn_fused_kernel(knn_fused_args a)
             for (int h = 0; h < 2; h++) {
                 if (wm == h)
                     knn_fused_tile_half<KIND>(s, sh, col_sq, acc, row_sq,
-                                              self, col0);
+                                              self0, col0);
                 __syncthreads();
                 if (owner && (int)threadIdx.x / 64 == h)
                     knn_owner_tile(a, sh, &o, sh.tile + (threadIdx.x - 64 * h)

@@ -14,13 +14,16 @@
  * node of col_sq (distances only); smaller is closer. Rounded operations:
  * every pass and path must see the same score bits. */
 template <int KIND>
-__device__ __forceinline__ float knn_score_of(float v, float row_sq,
-                                              float col_sq)
+__device__ __forceinline__ float knn_score_from(float v, float row_sq,
+                                                float col_sq)
 {
     if (KIND == KNN_SCORE_NEG) return -v;
     if (KIND == KNN_SCORE_NEGABS) return -fabsf(v);
+    /* (row_sq + col_sq) - 2v, rounded twice: 2v is exact (a power of two
+     * times a float far from overflow), so one fused multiply-add gives
+     * the bits of the subtraction of the rounded product. */
     if (KIND == KNN_SCORE_DIST)
-        return __fsub_rn(__fadd_rn(row_sq, col_sq), __fmul_rn(2.0f, v));
+        return __fmaf_rn(-2.0f, v, __fadd_rn(row_sq, col_sq));
     return v;
 }
 
@@ -29,7 +32,7 @@ __device__ __forceinline__ float knn_fast_score(float v, int j,
                                                 const knn_select_args &a,
                                                 float row_sq)
 {
-    return knn_score_of<KIND>(v, row_sq,
+    return knn_score_from<KIND>(v, row_sq,
                               KIND == KNN_SCORE_DIST ? a.col_sqnorm[j]
                                                      : 0.0f);
 }
