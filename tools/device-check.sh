@@ -3,7 +3,7 @@
 # CUDA, runs the whole test suite (the GPU tests run, not skip), the C-level
 # parity harness (tools/gpu-harness.c: knn_gpu_search against a plain
 # float64 reference), and compute-sanitizer memcheck and racecheck on a
-# small knnGraph. Logs and summary.txt go to $OUT (default /tmp/knngpu-check).
+# small knnGraph (panel and fused paths). Logs and summary.txt go to $OUT (default /tmp/knngpu-check).
 #
 # Through the device tool, from this machine (R does not exist there):
 #   cd /work/main && ../shared/device/pack-r ALL Biobase BiocGenerics
@@ -87,6 +87,12 @@ sanitize() {
                 g <- knnGraph(x, k = 20, metric = m, device = "gpu",
                               progress = FALSE)
             g <- knnGraph(x, k = 600, device = "gpu", progress = FALSE)
+            g <- knnGraph(t, k = 5, metric = "cosine", device = "gpu",
+                          progress = FALSE)
+            Sys.setenv(KNNGPU_SELECT = "fused")
+            for (m in c("pearson", "euclidean"))
+                g <- knnGraph(x, k = 20, metric = m, device = "gpu",
+                              progress = FALSE)
             g <- knnGraph(t, k = 5, metric = "cosine", device = "gpu",
                           progress = FALSE)
             cat("sanitized run done\n")'

@@ -215,11 +215,13 @@ const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
 
 /* The fused path (knn_gpu_fused.cu): products and selection in one
  * kernel, so the panel never exists. Whether a device's search of `rows`
- * query rows takes it: the forced choice where the kernel can run, else
- * product metrics in TF32 with k <= 128 and rows enough to give every SM
- * two blocks. */
+ * query rows of p features takes it: the forced choice where the kernel
+ * can run (product metrics in TF32, k <= 128), else where it was measured
+ * to win (small k, at most a few hundred features, rows enough to give
+ * every SM two blocks). */
 int knn_fused_choose(knn_select_force force, knn_metric metric,
-                     knn_gemm_mode gemm, int k, int rows, int sm_count);
+                     knn_gemm_mode gemm, int k, int p, int rows,
+                     int sm_count);
 /* Survivor slots per row for the fused path: the nodes that passed a
  * row's running threshold, which outnumber its final candidates. */
 int knn_fused_survivor_slots(int k, int n_ref, int avail);

@@ -58,16 +58,24 @@
 #define KNN_FUSED_STAGE ((KNN_FUSED_ROWS + KNN_FUSED_COLS) * KNN_FUSED_LD)
 #define KNN_FUSED_STAGING (2 * KNN_FUSED_STAGE)
 
-/* Where the fused path is used, by knn_fused_choose(). The kernel's
- * shared memory grows by 512 bytes per unit of k; past KNN_FUSED_MAX_K a
- * block would not leave room for a second one on an SM. Below two blocks
- * per SM the panel path, whose GEMM splits columns too, keeps the device
- * busier (a small query set). */
+/* Where the fused path is used, by knn_fused_choose(), from the
+ * crossovers inst/bench/fused_crossover.R measured (inst/bench/RESULTS.md,
+ * "Fused candidates"): it wins for k up to 10 at every width up to 128
+ * features (0.35x to 0.84x the panel path's time at 200000 nodes) and
+ * loses from k = 32 on, and at 295 features, where the products dominate
+ * and cuBLAS computes them faster. Below two blocks per SM the panel
+ * path, whose GEMM splits columns too, keeps the device busier (a small
+ * query set: 8192 queries took 1.19x, 32768 0.54x). KNN_FUSED_MAX_K is
+ * the kernel's limit, for forced runs: its shared memory grows by 512
+ * bytes per unit of k. */
 #define KNN_FUSED_MAX_K 128
+#define KNN_FUSED_AUTO_MAX_K 16
+#define KNN_FUSED_AUTO_MAX_FEATURES 160
 #define KNN_FUSED_MIN_BLOCKS_PER_SM 2
 
 int knn_fused_choose(knn_select_force force, knn_metric metric,
-                     knn_gemm_mode gemm, int k, int rows, int sm_count)
+                     knn_gemm_mode gemm, int k, int p, int rows,
+                     int sm_count)
 {
     if (force == KNN_SELECT_FORCE_WARP || force == KNN_SELECT_FORCE_RADIX)
         return 0;
@@ -76,7 +84,8 @@ int knn_fused_choose(knn_select_force force, knn_metric metric,
         return 0;
     if (force == KNN_SELECT_FORCE_FUSED) return 1;
     long long blocks = (rows + KNN_FUSED_ROWS - 1) / KNN_FUSED_ROWS;
-    return blocks >= (long long)KNN_FUSED_MIN_BLOCKS_PER_SM * sm_count;
+    return k <= KNN_FUSED_AUTO_MAX_K && p <= KNN_FUSED_AUTO_MAX_FEATURES &&
+           blocks >= (long long)KNN_FUSED_MIN_BLOCKS_PER_SM * sm_count;
 }
 
 int knn_fused_survivor_slots(int k, int n_ref, int avail)
@@ -126,17 +135,23 @@ __device__ __forceinline__ void knn_cp_wait()
 
 /* Queues features [f0, f0 + 32) of n nodes from node `first` (ldf floats
  * apart) into 128 staging rows; absent nodes and features past ldf read as
- * zero (cp.async's zero fill). 256 threads, four 16-byte pieces each. */
+ * zero (cp.async's zero fill). 256 threads, four 16-byte pieces each: the
+ * thread's piece q = tid % 8 of rows tid / 8 + 32 i, so the four share
+ * one feature offset and step by 32 rows. */
 __device__ __forceinline__ void knn_stage_nodes(float *dst, const float *x,
                                                 int ldf, int first, int n,
                                                 int f0)
 {
-    for (int i = threadIdx.x; i < KNN_FUSED_ROWS * KNN_FUSED_FEAT / 4;
-         i += KNN_FUSED_THREADS) {
-        int r = i >> 3, f = f0 + (i & 7) * 4;
-        bool valid = first + r < n && f < ldf;
-        const float *src = valid ? x + (size_t)(first + r) * ldf + f : x;
-        knn_cp16(dst + r * KNN_FUSED_LD + (i & 7) * 4, src, valid);
+    int r = threadIdx.x >> 3, f = f0 + (threadIdx.x & 7) * 4;
+    bool f_in = f < ldf;
+    const float *src = x + (size_t)(first + r) * ldf + f;
+    float *to = dst + r * KNN_FUSED_LD + (threadIdx.x & 7) * 4;
+    size_t step = (size_t)32 * ldf;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        bool valid = f_in && first + r + 32 * i < n;
+        knn_cp16(to + 32 * i * KNN_FUSED_LD, valid ? src + i * step : x,
+                 valid);
     }
 }
 
@@ -523,7 +538,7 @@ knn_fused_kernel(knn_fused_args a)
     knn_fused_shared sh = knn_fused_carve(knn_fused_smem, s.k);
     int row0 = blockIdx.x * KNN_FUSED_ROWS;
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int g = lane >> 2, t = lane & 3, wm = warp >> 2, wn = warp & 3;
+    int g = lane >> 2, wm = warp >> 2;
     bool owner = threadIdx.x < KNN_FUSED_ROWS &&
                  row0 + (int)threadIdx.x < s.rows;
 

@@ -261,7 +261,7 @@ static knn_status knn_dev_choose_path(knn_gpu_dev *d)
                  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
                                         d->device));
     d->fused = knn_fused_choose(d->req->select, d->req->metric, d->gemm,
-                                d->req->k, d->nq, sms);
+                                d->req->k, d->req->p, d->nq, sms);
     return KNN_OK;
 }
 
