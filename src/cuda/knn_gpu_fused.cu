@@ -9,8 +9,9 @@
  *    m16n8k8 TF32 with float32 accumulation (the tensor cores' TF32, the
  *    arithmetic whose margins knn_gemm_unit_in gives: inputs truncated to
  *    10 mantissa bits). Features are staged 32 at a time in shared memory
- *    by cp.async, two stages; rows are padded to 40 floats so that the
- *    fragment loads are free of bank conflicts. The next column block's
+ *    by cp.async, two stages, and read into fragments by ldmatrix; rows
+ *    are padded to 36 floats so that those reads are free of bank
+ *    conflicts. The next column block's
  *    first stage (and its nodes' squared norms) is loaded while this one's
  *    scores are tested, so its latency hides behind them;
  *  - epilogue: each product becomes the row's fast score (knn_fast_score,
@@ -49,9 +50,9 @@
 #define KNN_FUSED_COLS 128            /* nodes per column block */
 #define KNN_FUSED_THREADS 256
 #define KNN_FUSED_FEAT 32             /* features per stage */
-/* Staging row length: 40 floats keep the 8-byte fragment loads of a
- * half-warp on 32 distinct banks. */
-#define KNN_FUSED_LD (KNN_FUSED_FEAT + 8)
+/* Staging row length: 36 floats put the 8 rows of an ldmatrix phase on
+ * 32 distinct banks. */
+#define KNN_FUSED_LD (KNN_FUSED_FEAT + 4)
 #define KNN_FUSED_LIST 16             /* list entries per row and block */
 #define KNN_FUSED_TILE_LD (KNN_FUSED_COLS + 1)
 /* Floats of one stage (rows, then columns) and of both. */
@@ -176,6 +177,16 @@ __device__ __forceinline__ void knn_mma_tf32(float (&d)[4],
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
 }
 
+__device__ __forceinline__ void knn_ldmatrix4(unsigned &r0, unsigned &r1,
+                                              unsigned &r2, unsigned &r3,
+                                              const float *row)
+{
+    unsigned a = (unsigned)__cvta_generic_to_shared(row);
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 "
+                 "{%0,%1,%2,%3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
+}
+
 /* Queues chunk c (features [32 c, 32 c + 32)) of the block's rows and of
  * column block col0 into staging buffer `buf`. */
 __device__ __forceinline__ void knn_fused_load(const knn_fused_args &a,
@@ -226,7 +237,6 @@ __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
                                                    float (&acc)[4][4][4])
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int g = lane >> 2, t = lane & 3;
     int wm = warp >> 2, wn = warp & 3;
 #pragma unroll
     for (int mt = 0; mt < 4; mt++)
@@ -252,30 +262,25 @@ __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
 #pragma unroll
         for (int ks = 0; ks < KNN_FUSED_FEAT / 8; ks++) {
             if (ks >= steps) break;
-            /* The fragments take feature 2t where the instruction's
-             * layout says t, and 2t + 1 for t + 4, in A and B alike: the
-             * same products, summed in another order (which the margins
-             * allow), from one 8-byte load instead of two. */
+            /* ldmatrix hands each lane its fragment of four 8 x 4 tf32
+             * pieces (8 x 8 in b16 units) in one instruction: lane l
+             * names row l % 8 of piece l / 8. A's pieces: rows +0/+8,
+             * features +0/+4; B's: features +0/+4 of two n tiles. */
             unsigned fa[4][4], fb[4][2];
+            int piece = lane >> 3, prow = lane & 7;
 #pragma unroll
-            for (int mt = 0; mt < 4; mt++) {
-                const float *r = As + (wm * 64 + mt * 16 + g) * KNN_FUSED_LD +
-                                 ks * 8 + 2 * t;
-                float2 lo = *(const float2 *)r;
-                float2 hi = *(const float2 *)(r + 8 * KNN_FUSED_LD);
-                fa[mt][0] = __float_as_uint(lo.x);
-                fa[mt][1] = __float_as_uint(hi.x);
-                fa[mt][2] = __float_as_uint(lo.y);
-                fa[mt][3] = __float_as_uint(hi.y);
-            }
+            for (int mt = 0; mt < 4; mt++)
+                knn_ldmatrix4(fa[mt][0], fa[mt][1], fa[mt][2], fa[mt][3],
+                              As + (wm * 64 + mt * 16 + prow +
+                                    8 * (piece & 1)) * KNN_FUSED_LD +
+                                  ks * 8 + 4 * (piece >> 1));
 #pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const float *r = Bs + (wn * 32 + nt * 8 + g) * KNN_FUSED_LD +
-                                 ks * 8 + 2 * t;
-                float2 v = *(const float2 *)r;
-                fb[nt][0] = __float_as_uint(v.x);
-                fb[nt][1] = __float_as_uint(v.y);
-            }
+            for (int nt = 0; nt < 4; nt += 2)
+                knn_ldmatrix4(fb[nt][0], fb[nt][1], fb[nt + 1][0],
+                              fb[nt + 1][1],
+                              Bs + (wn * 32 + nt * 8 + 8 * (piece >> 1) +
+                                    prow) * KNN_FUSED_LD +
+                                  ks * 8 + 4 * (piece & 1));
 #pragma unroll
             for (int mt = 0; mt < 4; mt++)
 #pragma unroll
@@ -491,9 +496,10 @@ __device__ __forceinline__ void knn_fused_list(const knn_select_args &s,
 
 /* Epilogue of a column block: the scores at or below their rows'
  * thresholds into the rows' lists (a full list sets the overflow flag).
- * Per score, a fused multiply-add or two and one comparison; the rare
- * score that passes is checked for a node that exists and is not the
- * row's own. */
+ * Per score, an addition, a fused multiply-add and a comparison, with no
+ * branch: a column's 8 scores are tested together, and only a column
+ * where one passes is taken score by score, each checked for a node that
+ * exists and is not the row's own. */
 template <int KIND>
 __device__ __forceinline__ void knn_fused_epilogue(
     const knn_select_args &s, const knn_fused_shared &sh,
@@ -514,12 +520,25 @@ __device__ __forceinline__ void knn_fused_epilogue(
         for (int e = 0; e < 2; e++) {
             int cl = wn * 32 + nt * 8 + 2 * t + e;
             float csq = KIND == KNN_SCORE_DIST ? col_sq[cl] : 0.0f;
+            bool any = false;
+#pragma unroll
+            for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    any |= knn_score_from<KIND>(acc[mt][nt][2 * h + e],
+                                                row_sq[mt][h], csq) <=
+                           bound[mt][h];
+            if (!any) continue;
 #pragma unroll
             for (int mt = 0; mt < 4; mt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    float v = knn_score_from<KIND>(acc[mt][nt][2 * h + e],
-                                                   row_sq[mt][h], csq);
+                    /* Computed again, not kept from the test (live scores
+                     * would spill); the empty asm keeps the compiler from
+                     * reusing them. Same bits. */
+                    float a = acc[mt][nt][2 * h + e];
+                    asm("" : "+f"(a));
+                    float v = knn_score_from<KIND>(a, row_sq[mt][h], csq);
                     if (v <= bound[mt][h])
                         knn_fused_list(s, sh, v, wm * 64 + mt * 16 + g + 8 * h,
                                        cl, self0, col0);
