@@ -19,7 +19,7 @@
  *    row's running threshold go on, into a short list per row in shared
  *    memory;
  *  - owners: thread r < 128 owns row r. It inserts its list into the row's
- *    k smallest scores so far (a sorted array in shared memory), takes the
+ *    k smallest scores so far (an array in shared memory), takes the
  *    threshold knn_row_bound(k-th of them), rounded down to float, and
  *    appends the listed nodes under the new threshold, in node order, to
  *    the row's survivors in device memory (score bits and node packed in
@@ -304,7 +304,7 @@ struct knn_fused_shared {
     float *list_score;  /* [KNN_FUSED_LIST][128] */
     int *list_col;      /* [KNN_FUSED_LIST][128], column in the block */
     float *threshold;   /* [128] */
-    float *best;        /* [k][128]: row r's sorted k smallest, column r */
+    float *best;        /* [k][128]: row r's k smallest, column r */
     int *list_count;    /* [128] */
     int *overflow;
 };
@@ -330,24 +330,45 @@ struct knn_owner {
     knn_row w;
     int sbegin, sslots; /* the row's survivor slots */
     int filled;     /* scores in best, <= k */
+    float kth;      /* once filled == k: the largest of them, the row's */
+    int kth_at;     /* k-th smallest so far, and its place in best */
     int survivors;  /* appended so far (may pass sslots) */
     float bound;    /* the row's threshold */
 };
 
-/* Inserts s into the row's sorted k smallest (column `best`, stride 128);
- * returns whether it went in. */
-__device__ __forceinline__ int knn_best_insert(float *best, int k,
-                                               int *filled, float s)
+/* The largest of the row's k smallest and its place: k independent
+ * loads, where keeping them sorted would shift them one after another. */
+__device__ __forceinline__ void knn_best_max(const float *best, int k,
+                                             knn_owner *o)
 {
-    int i;
-    if (*filled < k) i = (*filled)++;
-    else if (s < best[(k - 1) * KNN_FUSED_ROWS]) i = k - 1;
-    else return 0;
-    while (i > 0 && best[(i - 1) * KNN_FUSED_ROWS] > s) {
-        best[i * KNN_FUSED_ROWS] = best[(i - 1) * KNN_FUSED_ROWS];
-        i--;
+    float m = best[0];
+    int at = 0;
+    for (int i = 1; i < k; i++) {
+        float v = best[i * KNN_FUSED_ROWS];
+        if (v > m) {
+            m = v;
+            at = i;
+        }
     }
-    best[i * KNN_FUSED_ROWS] = s;
+    o->kth = m;
+    o->kth_at = at;
+}
+
+/* Inserts s into the row's k smallest (column `best`, stride 128, in no
+ * order): into a free place, or over the largest when s is below it;
+ * returns whether it went in. The multiset kept is the k smallest seen,
+ * whatever the order they came in. */
+__device__ __forceinline__ int knn_best_insert(float *best, int k,
+                                               knn_owner *o, float s)
+{
+    if (o->filled < k) {
+        best[o->filled++ * KNN_FUSED_ROWS] = s;
+        if (o->filled == k) knn_best_max(best, k, o);
+        return 1;
+    }
+    if (!(s < o->kth)) return 0;
+    best[o->kth_at * KNN_FUSED_ROWS] = s;
+    knn_best_max(best, k, o);
     return 1;
 }
 
@@ -356,12 +377,10 @@ __device__ __forceinline__ int knn_best_insert(float *best, int k,
  * it is at most that float). Called only when they changed: the bound
  * costs some float64 square roots. */
 __device__ __forceinline__ void knn_owner_tighten(const knn_select_args &a,
-                                                  knn_owner *o,
-                                                  const float *best)
+                                                  knn_owner *o)
 {
     if (o->filled < a.k) return;
-    double b = knn_row_bound(a, o->w, (double)best[(a.k - 1) *
-                                                   KNN_FUSED_ROWS]);
+    double b = knn_row_bound(a, o->w, (double)o->kth);
     o->bound = fminf(o->bound, __double2float_rd(b));
 }
 
@@ -397,9 +416,9 @@ __device__ void knn_owner_list(const knn_fused_args &a,
     }
     int changed = 0;
     for (int i = 0; i < n; i++)
-        changed |= knn_best_insert(best, a.sel.k, &o->filled,
+        changed |= knn_best_insert(best, a.sel.k, o,
                                    score[i * KNN_FUSED_ROWS]);
-    if (changed) knn_owner_tighten(a.sel, o, best);
+    if (changed) knn_owner_tighten(a.sel, o);
     for (int i = 0; i < n; i++) {
         float s = score[i * KNN_FUSED_ROWS];
         if (s <= o->bound)
@@ -419,8 +438,8 @@ __device__ void knn_owner_tile(const knn_fused_args &a,
     int changed = 0;
     for (int c = 0; c < KNN_FUSED_COLS; c++)
         if (row[c] <= o->bound)
-            changed |= knn_best_insert(best, a.sel.k, &o->filled, row[c]);
-    if (changed) knn_owner_tighten(a.sel, o, best);
+            changed |= knn_best_insert(best, a.sel.k, o, row[c]);
+    if (changed) knn_owner_tighten(a.sel, o);
     for (int c = 0; c < KNN_FUSED_COLS; c++)
         if (row[c] <= o->bound) knn_owner_append(a, o, row[c], col0 + c);
 }
@@ -428,11 +447,11 @@ __device__ void knn_owner_tile(const knn_fused_args &a,
 /* After the last column block: the final bound from the row's k smallest,
  * and the survivors under it, in node order, become the candidates. */
 __device__ void knn_owner_finish(const knn_fused_args &a, knn_owner *o,
-                                 const float *best, int r)
+                                 int r)
 {
     const knn_select_args &s = a.sel;
     double bound = o->filled < s.k ? INFINITY
-        : knn_row_bound(s, o->w, (double)best[(s.k - 1) * KNN_FUSED_ROWS]);
+        : knn_row_bound(s, o->w, (double)o->kth);
     int stored = min(o->survivors, o->sslots), kept = 0;
     for (int i = 0; i < stored; i++) {
         uint64_t u = a.survivor[o->sbegin + i];
@@ -569,6 +588,8 @@ knn_fused_kernel(knn_fused_args a)
         o.sbegin = a.surv_offsets[r];
         o.sslots = a.surv_offsets[r + 1] - o.sbegin;
         o.filled = 0;
+        o.kth = INFINITY;
+        o.kth_at = 0;
         o.survivors = 0;
         o.bound = INFINITY;
     }
@@ -627,7 +648,7 @@ knn_fused_kernel(knn_fused_args a)
         if (threadIdx.x == 0) *sh.overflow = 0;
     }
     if (owner)
-        knn_owner_finish(a, &o, sh.best + threadIdx.x, row0 + threadIdx.x);
+        knn_owner_finish(a, &o, row0 + threadIdx.x);
 }
 
 /* ---- dispatch ---------------------------------------------------------- */
