@@ -217,11 +217,13 @@ const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
  * kernel, so the panel never exists. Whether a device's search of `rows`
  * query rows of p features takes it: the forced choice where the kernel
  * can run (product metrics in TF32, k <= 128), else where it was measured
- * to win (small k, at most a few hundred features, rows enough to give
- * every SM two blocks). */
+ * to win (small k, at most 160 features, a block of 128 rows per 4 SMs
+ * at least). */
 int knn_fused_choose(knn_select_force force, knn_metric metric,
                      knn_gemm_mode gemm, int k, int p, int rows,
                      int sm_count);
+/* Rows of one wave of the fused kernel's blocks on sm_count SMs. */
+int knn_fused_wave_rows(int sm_count);
 /* Survivor slots per row for the fused path: the nodes that passed a
  * row's running threshold, which outnumber its final candidates. */
 int knn_fused_survivor_slots(int k, int n_ref, int avail);

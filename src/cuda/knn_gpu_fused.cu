@@ -61,18 +61,25 @@
 
 /* Where the fused path is used, by knn_fused_choose(), from the
  * crossovers inst/bench/fused_crossover.R measured (inst/bench/RESULTS.md,
- * "Fused candidates"): it wins for k up to 10 at every width up to 128
- * features (0.35x to 0.84x the panel path's time at 200000 nodes) and
- * loses from k = 32 on, and at 295 features, where the products dominate
- * and cuBLAS computes them faster. Below two blocks per SM the panel
- * path, whose GEMM splits columns too, keeps the device busier (a small
- * query set: 8192 queries took 1.19x, 32768 0.54x). KNN_FUSED_MAX_K is
- * the kernel's limit, for forced runs: its shared memory grows by 512
- * bytes per unit of k. */
+ * "Fused candidates", 200000 nodes on an H200): 0.22x to 0.67x the panel
+ * path's time for k up to 10 at up to 128 features, 0.91x at k = 32 up to
+ * 50 features but 1.15x at 128; it loses at k = 100 and at 295 features,
+ * where the products dominate and cuBLAS computes them faster. With few
+ * blocks the panel path, whose GEMM splits columns too, keeps the device
+ * busier: 2048 queries (16 blocks) took 1.63x, 8192 (64) 0.83x, 32768
+ * 0.38x; the fused path needs a block per 4 SMs. KNN_FUSED_MAX_K is the kernel's limit, for forced runs:
+ * its shared memory grows by 512 bytes per unit of k. */
 #define KNN_FUSED_MAX_K 128
 #define KNN_FUSED_AUTO_MAX_K 16
 #define KNN_FUSED_AUTO_MAX_FEATURES 160
-#define KNN_FUSED_MIN_BLOCKS_PER_SM 2
+#define KNN_FUSED_NARROW_MAX_K 32       /* up to 64 features */
+#define KNN_FUSED_NARROW_FEATURES 64
+#define KNN_FUSED_SMS_PER_BLOCK 4        /* fewest blocks: SMs / 4 */
+
+int knn_fused_wave_rows(int sm_count)
+{
+    return KNN_FUSED_ROWS * sm_count;
+}
 
 int knn_fused_choose(knn_select_force force, knn_metric metric,
                      knn_gemm_mode gemm, int k, int p, int rows,
@@ -85,8 +92,10 @@ int knn_fused_choose(knn_select_force force, knn_metric metric,
         return 0;
     if (force == KNN_SELECT_FORCE_FUSED) return 1;
     long long blocks = (rows + KNN_FUSED_ROWS - 1) / KNN_FUSED_ROWS;
-    return k <= KNN_FUSED_AUTO_MAX_K && p <= KNN_FUSED_AUTO_MAX_FEATURES &&
-           blocks >= (long long)KNN_FUSED_MIN_BLOCKS_PER_SM * sm_count;
+    int wins = (k <= KNN_FUSED_AUTO_MAX_K &&
+                p <= KNN_FUSED_AUTO_MAX_FEATURES) ||
+               (k <= KNN_FUSED_NARROW_MAX_K && p <= KNN_FUSED_NARROW_FEATURES);
+    return wins && blocks * KNN_FUSED_SMS_PER_BLOCK >= sm_count;
 }
 
 int knn_fused_survivor_slots(int k, int n_ref, int avail)

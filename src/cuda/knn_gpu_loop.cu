@@ -471,32 +471,42 @@ static knn_status knn_dev_leave_fused(knn_gpu_dev *d)
     return KNN_OK;
 }
 
-/* Two tiles in flight: tile t is queued before tile t-1 is collected. */
+/* Two tiles in flight: tile t is queued before tile t-1 is collected.
+ * A fused search that may still climb starts with a probe: one wave of
+ * blocks (a row per SM thread block), collected before any other tile is
+ * queued, so that data which needs float32 costs that wave, not a whole
+ * tile, in TF32. */
 knn_status knn_dev_search(knn_gpu_dev *d)
 {
     knn_gpu_tiles *t = &d->t;
     int end = d->q0 + d->nq, next = d->q0; /* first row not yet queued */
     int pending = -1; /* slot whose results are not yet collected */
     int s = 0;
+    int probe = d->fused && d->gemm_adaptive;
     while (!d->shared->stop) {
-        int queued = -1;
+        int queued = -1, rewind = 0;
         if (next < end) {
             int rows = end - next < t->rows ? end - next : t->rows;
+            if (probe && rows > d->probe_rows) rows = d->probe_rows;
             knn_tile_slots ts = knn_slots_uniform(t, rows);
             KNN_TRY(knn_tile_enqueue(d, next, rows, &ts, s));
             queued = s;
             next += rows;
         }
-        if (pending >= 0) {
-            int rewind = 0;
-            KNN_TRY(knn_tile_collect(d, pending, &rewind));
-            if (rewind) {
-                next = t->slot[pending].row0;
-                KNN_TRY(knn_dev_leave_fused(d));
-                pending = -1;
-                s = 0;
-                continue;
-            }
+        if (pending >= 0) KNN_TRY(knn_tile_collect(d, pending, &rewind));
+        if (!rewind && queued >= 0 && probe) {
+            pending = -1;
+            KNN_TRY(knn_tile_collect(d, queued, &rewind));
+            probe = 0;
+            if (!rewind) continue;
+            pending = queued;
+        }
+        if (rewind) {
+            next = t->slot[pending].row0;
+            KNN_TRY(knn_dev_leave_fused(d));
+            pending = -1;
+            s = 0;
+            continue;
         }
         if (queued < 0) break;
         pending = queued;

@@ -262,6 +262,7 @@ static knn_status knn_dev_choose_path(knn_gpu_dev *d)
                                         d->device));
     d->fused = knn_fused_choose(d->req->select, d->req->metric, d->gemm,
                                 d->req->k, d->req->p, d->nq, sms);
+    d->probe_rows = knn_fused_wave_rows(sms);
     return KNN_OK;
 }
 

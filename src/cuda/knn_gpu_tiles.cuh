@@ -85,6 +85,7 @@ typedef struct {
     int leave_fused;        /* a fused tile asked for float32: the search
                                goes on on the panel path once the tiles
                                in flight are collected */
+    int probe_rows;         /* fused: rows of one wave of blocks */
     knn_gpu_context *ctx;   /* the device's stream, handle, staging */
     cudaStream_t stream;    /* ctx's */
     cublasHandle_t blas;
