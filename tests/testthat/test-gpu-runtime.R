@@ -220,11 +220,16 @@ test_that("a forked child gets a clear error, not a crash", {
 test_that("Ctrl-C reaches R as an interrupt and leaves device memory", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     skip_on_os("windows")
+    ## The first search in the child takes the interrupted one's path and
+    ## tiles (euclidean, several tiles of the budget), so that what CUDA
+    ## loads on first use of a kernel (its code, its local memory) is in
+    ## place before memory is counted.
     got <- rscriptInterrupted(
         setup = paste(
             "set.seed(1); x <- matrix(rnorm(600000 * 64), 600000);",
             "options(knngpu.gpu.memory = 2e8);",
-            "invisible(knnSearch(x[1:5000, ], k = 10, device = 'gpu'));",
+            "invisible(knnSearch(x[1:200000, ], k = 10, device = 'gpu',",
+            "metric = 'euclidean'));",
             "free <- function() .Call(knngpu:::C_knn_gpu_info)$devices$",
             "memory_free[1]; before <- free()"),
         code = paste("knnSearch(x, k = 10, metric = 'euclidean',",
