@@ -315,6 +315,8 @@ static void check_metric(const char *data, knn_metric m, const double *ref,
             check_case(data, m, ref, n_ref, query, n_query, p, k, 2e6, 0,
                        NULL, "fused", 0, ri, rd, rw);
             check_case(data, m, ref, n_ref, query, n_query, p, k, 3e6, 2,
+                       dev0, "fused", 1, ri, rd, rw);
+            check_case(data, m, ref, n_ref, query, n_query, p, k, 3e6, 2,
                        dev0, NULL, 0, ri, rd, rw);
             /* Edge order: one tile, then several tiles on two devices. */
             check_case(data, m, ref, n_ref, query, n_query, p, k, 0, 0, NULL,
