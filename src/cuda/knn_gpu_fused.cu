@@ -111,9 +111,11 @@ int knn_fused_survivor_slots(int k, int n_ref, int avail)
 }
 
 /* Floats of the block's shared memory besides the staging buffers: the
- * column blocks' squared norms (two), the lists, the thresholds. */
+ * column blocks' squared norms (two), the lists, the thresholds and the
+ * rows' squared norms. */
 #define KNN_FUSED_SMALL (2 * KNN_FUSED_COLS + \
-                         2 * KNN_FUSED_LIST * KNN_FUSED_ROWS + KNN_FUSED_ROWS)
+                         2 * KNN_FUSED_LIST * KNN_FUSED_ROWS + \
+                         2 * KNN_FUSED_ROWS)
 
 static size_t knn_fused_smem_bytes(int k)
 {
@@ -313,6 +315,7 @@ struct knn_fused_shared {
     float *list_score;  /* [KNN_FUSED_LIST][128] */
     int *list_col;      /* [KNN_FUSED_LIST][128], column in the block */
     float *threshold;   /* [128] */
+    float *row_sq;      /* [128]: distances, the rows' |f_i|^2 */
     float *best;        /* [k][128]: row r's k smallest, column r */
     int *list_count;    /* [128] */
     int *overflow;
@@ -328,7 +331,8 @@ __device__ __forceinline__ knn_fused_shared knn_fused_carve(float *base,
     sh.list_score = sh.col_sq + 2 * KNN_FUSED_COLS;
     sh.list_col = (int *)(sh.list_score + KNN_FUSED_LIST * KNN_FUSED_ROWS);
     sh.threshold = (float *)(sh.list_col + KNN_FUSED_LIST * KNN_FUSED_ROWS);
-    sh.best = sh.threshold + KNN_FUSED_ROWS;
+    sh.row_sq = sh.threshold + KNN_FUSED_ROWS;
+    sh.best = sh.row_sq + KNN_FUSED_ROWS;
     sh.list_count = (int *)(sh.best + (size_t)k * KNN_FUSED_ROWS);
     sh.overflow = sh.list_count + KNN_FUSED_ROWS;
     return sh;
@@ -341,6 +345,7 @@ struct knn_owner {
     int filled;     /* scores in best, <= k */
     float kth;      /* once filled == k: the largest of them, the row's */
     int kth_at;     /* k-th smallest so far, and its place in best */
+    int stale;      /* they changed since the bound was last taken */
     int survivors;  /* appended so far (may pass sslots) */
     float bound;    /* the row's threshold */
 };
@@ -383,14 +388,25 @@ __device__ __forceinline__ int knn_best_insert(float *best, int k,
 
 /* The row's threshold once its k smallest are known: the candidate bound,
  * rounded down to a float (a float score is at most the bound exactly when
- * it is at most that float). Called only when they changed: the bound
- * costs some float64 square roots. */
+ * it is at most that float). The bound costs float64 square roots and
+ * divisions, a long chain the block's other warps would wait for at the
+ * next barrier, so it is taken when the k smallest first fill up and then
+ * at most every KNN_FUSED_TIGHTEN_EVERY column blocks (when they changed
+ * since): a threshold from an older, larger k-th smallest only lets a few
+ * more survivors through, since the bound grows with the k-th. */
+#define KNN_FUSED_TIGHTEN_EVERY 8
+
 __device__ __forceinline__ void knn_owner_tighten(const knn_select_args &a,
-                                                  knn_owner *o)
+                                                  knn_owner *o, int changed,
+                                                  int col0)
 {
-    if (o->filled < a.k) return;
+    o->stale |= changed;
+    if (!o->stale || o->filled < a.k) return;
+    int block = col0 / KNN_FUSED_COLS;
+    if (o->bound < INFINITY && block % KNN_FUSED_TIGHTEN_EVERY != 0) return;
     double b = knn_row_bound(a, o->w, (double)o->kth);
     o->bound = fminf(o->bound, __double2float_rd(b));
+    o->stale = 0;
 }
 
 __device__ __forceinline__ void knn_owner_append(const knn_fused_args &a,
@@ -427,7 +443,7 @@ __device__ void knn_owner_list(const knn_fused_args &a,
     for (int i = 0; i < n; i++)
         changed |= knn_best_insert(best, a.sel.k, o,
                                    score[i * KNN_FUSED_ROWS]);
-    if (changed) knn_owner_tighten(a.sel, o);
+    knn_owner_tighten(a.sel, o, changed, col0);
     for (int i = 0; i < n; i++) {
         float s = score[i * KNN_FUSED_ROWS];
         if (s <= o->bound)
@@ -448,7 +464,7 @@ __device__ void knn_owner_tile(const knn_fused_args &a,
     for (int c = 0; c < KNN_FUSED_COLS; c++)
         if (row[c] <= o->bound)
             changed |= knn_best_insert(best, a.sel.k, o, row[c]);
-    if (changed) knn_owner_tighten(a.sel, o);
+    knn_owner_tighten(a.sel, o, changed, col0);
     for (int c = 0; c < KNN_FUSED_COLS; c++)
         if (row[c] <= o->bound) knn_owner_append(a, o, row[c], col0 + c);
 }
@@ -474,16 +490,32 @@ __device__ void knn_owner_finish(const knn_fused_args &a, knn_owner *o,
     knn_row_done(s, r, o->w, kept);
 }
 
+/* This thread's 8 rows' squared norms (distances; zeros otherwise). */
+template <int KIND>
+__device__ __forceinline__ void knn_fused_row_sq(const knn_fused_shared &sh,
+                                                 float (&row_sq)[4][2])
+{
+    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++)
+            row_sq[mt][h] = KIND == KNN_SCORE_DIST
+                ? sh.row_sq[(warp >> 2) * 64 + mt * 16 + g + 8 * h] : 0.0f;
+}
+
 /* The block's scores of column block col0 for rows [64 h, 64 h + 64),
  * whole, in the tile; NaN where there is no node. */
 template <int KIND>
 __device__ __forceinline__ void knn_fused_tile_half(
     const knn_select_args &s, const knn_fused_shared &sh,
     const float *col_sq, const float (&acc)[4][4][4],
-    const float (&row_sq)[4][2], int self0, int col0)
+    int self0, int col0)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, t = lane & 3, wm = warp >> 2, wn = warp & 3;
+    float row_sq[4][2];
+    knn_fused_row_sq<KIND>(sh, row_sq);
 #pragma unroll
     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
@@ -532,10 +564,12 @@ template <int KIND>
 __device__ __forceinline__ void knn_fused_epilogue(
     const knn_select_args &s, const knn_fused_shared &sh,
     const float *col_sq, const float (&acc)[4][4][4],
-    const float (&row_sq)[4][2], int self0, int col0)
+    int self0, int col0)
 {
     int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int g = lane >> 2, t = lane & 3, wm = warp >> 2, wn = warp & 3;
+    float row_sq[4][2];
+    knn_fused_row_sq<KIND>(sh, row_sq);
     float bound[4][2];
 #pragma unroll
     for (int mt = 0; mt < 4; mt++)
@@ -584,8 +618,7 @@ knn_fused_kernel(knn_fused_args a)
     const knn_select_args &s = a.sel;
     knn_fused_shared sh = knn_fused_carve(knn_fused_smem, s.k);
     int row0 = blockIdx.x * KNN_FUSED_ROWS;
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int g = lane >> 2, wm = warp >> 2;
+    int wm = threadIdx.x >> 7; /* the warp's half of the rows */
     bool owner = threadIdx.x < KNN_FUSED_ROWS &&
                  row0 + (int)threadIdx.x < s.rows;
 
@@ -599,26 +632,20 @@ knn_fused_kernel(knn_fused_args a)
         o.filled = 0;
         o.kth = INFINITY;
         o.kth_at = 0;
+        o.stale = 0;
         o.survivors = 0;
         o.bound = INFINITY;
     }
     if (threadIdx.x < KNN_FUSED_ROWS) {
         sh.threshold[threadIdx.x] = owner ? INFINITY : -INFINITY;
+        sh.row_sq[threadIdx.x] = KIND == KNN_SCORE_DIST && owner
+            ? s.row_sqnorm[row0 + threadIdx.x] : 0.0f;
         sh.list_count[threadIdx.x] = 0;
     }
     if (threadIdx.x == 0) *sh.overflow = 0;
 
-    /* This thread's 8 rows (mt, h): their squared norms; the node of the
-     * block's row rl is self0 + rl in a self search (else self0 < 0). */
-    float row_sq[4][2];
-#pragma unroll
-    for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            int r = row0 + wm * 64 + mt * 16 + g + 8 * h;
-            row_sq[mt][h] = KIND == KNN_SCORE_DIST && r < s.rows
-                ? s.row_sqnorm[r] : 0.0f;
-        }
+    /* The node of the block's row rl is self0 + rl in a self search (else
+     * self0 < 0). */
     int self0 = s.self_first >= 0 ? s.self_first + row0 : -1;
 
     for (int col0 = 0, parity = 0; col0 < s.n_cols;
@@ -632,7 +659,7 @@ knn_fused_kernel(knn_fused_args a)
                                                      KNN_FUSED_COLS,
                                      row0, col0 + KNN_FUSED_COLS);
 
-        knn_fused_epilogue<KIND>(s, sh, col_sq, acc, row_sq, self0, col0);
+        knn_fused_epilogue<KIND>(s, sh, col_sq, acc, self0, col0);
         __syncthreads();
         if (*sh.overflow) {
             /* Some list overflowed: the block is taken whole, 64 rows at a
@@ -640,8 +667,8 @@ knn_fused_kernel(knn_fused_args a)
              * read). */
             for (int h = 0; h < 2; h++) {
                 if (wm == h)
-                    knn_fused_tile_half<KIND>(s, sh, col_sq, acc, row_sq,
-                                              self0, col0);
+                    knn_fused_tile_half<KIND>(s, sh, col_sq, acc, self0,
+                                              col0);
                 __syncthreads();
                 if (owner && (int)threadIdx.x / 64 == h)
                     knn_owner_tile(a, sh, &o, sh.tile + (threadIdx.x - 64 * h)
