@@ -61,19 +61,19 @@
 
 /* Where the fused path is used, by knn_fused_choose(), from the
  * crossovers inst/bench/fused_crossover.R measured (inst/bench/RESULTS.md,
- * "Fused candidates", 200000 nodes on an H200): 0.22x to 0.67x the panel
- * path's time for k up to 10 at up to 128 features, 0.91x at k = 32 up to
- * 50 features but 1.15x at 128; it loses at k = 100 and at 295 features,
- * where the products dominate and cuBLAS computes them faster. With few
- * blocks the panel path, whose GEMM splits columns too, keeps the device
- * busier: 2048 queries (16 blocks) took 1.63x, 8192 (64) 0.83x, 32768
- * 0.38x; the fused path needs a block per 4 SMs. KNN_FUSED_MAX_K is the kernel's limit, for forced runs:
- * its shared memory grows by 512 bytes per unit of k. */
+ * "Fused candidates", 200000 nodes on an H200, two runs): 0.22x to 0.67x
+ * the panel path's time for k up to 10 at up to 128 features; at k = 32
+ * it was 0.91x to 1.16x (within the runs' noise at 16 and 50 features),
+ * and it loses at k = 100 and at 295 features, where the products
+ * dominate and cuBLAS computes them faster. With few blocks the panel
+ * path, whose GEMM splits columns too, keeps the device busier: 2048
+ * queries (16 blocks) took 1.63x to 1.75x, 8192 (64) 0.76x to 0.83x,
+ * 32768 0.38x to 0.56x; the fused path needs a block per 4 SMs.
+ * KNN_FUSED_MAX_K is the kernel's limit, for forced runs: its shared
+ * memory grows by 512 bytes per unit of k. */
 #define KNN_FUSED_MAX_K 128
 #define KNN_FUSED_AUTO_MAX_K 16
 #define KNN_FUSED_AUTO_MAX_FEATURES 160
-#define KNN_FUSED_NARROW_MAX_K 32       /* up to 64 features */
-#define KNN_FUSED_NARROW_FEATURES 64
 #define KNN_FUSED_SMS_PER_BLOCK 4        /* fewest blocks: SMs / 4 */
 
 int knn_fused_wave_rows(int sm_count)
@@ -92,10 +92,8 @@ int knn_fused_choose(knn_select_force force, knn_metric metric,
         return 0;
     if (force == KNN_SELECT_FORCE_FUSED) return 1;
     long long blocks = (rows + KNN_FUSED_ROWS - 1) / KNN_FUSED_ROWS;
-    int wins = (k <= KNN_FUSED_AUTO_MAX_K &&
-                p <= KNN_FUSED_AUTO_MAX_FEATURES) ||
-               (k <= KNN_FUSED_NARROW_MAX_K && p <= KNN_FUSED_NARROW_FEATURES);
-    return wins && blocks * KNN_FUSED_SMS_PER_BLOCK >= sm_count;
+    return k <= KNN_FUSED_AUTO_MAX_K && p <= KNN_FUSED_AUTO_MAX_FEATURES &&
+           blocks * KNN_FUSED_SMS_PER_BLOCK >= sm_count;
 }
 
 int knn_fused_survivor_slots(int k, int n_ref, int avail)
