@@ -22,8 +22,9 @@
 #define KNN_SLOT_BYTES_MAX (256.0 * 1048576.0)
 #define KNN_PANEL_FLOATS_MAX 2147483648.0 /* keeps one tile well under 1 s */
 /* Pairs of a fused tile: 2^36 take some 0.1 s on an H200 at p = 50, so an
- * interrupt is answered well within a second at any p up to a few
- * hundred. */
+ * interrupt is answered well within a second. A reference of more than
+ * about 4M nodes gets a wave of blocks per tile instead (16896 rows on an
+ * H200: 0.3 s at 10M nodes and p = 50). */
 #define KNN_FUSED_PAIRS_MAX 68719476736.0
 
 /* Copies ref and this device's query rows into one p x n_nodes array. */
@@ -283,11 +284,14 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
     double per_row = knn_row_bytes(knn_dev_panel_ld(d), slots, surv_slots,
                                    k);
     double rows = budget / per_row;
+    /* A fused tile keeps at least one wave of blocks, however wide the
+     * reference: fewer rows would leave SMs idle for the whole tile. */
+    double tile_rows = d->fused
+        ? fmax(KNN_FUSED_PAIRS_MAX / req->n_ref, (double)d->probe_rows)
+        : KNN_PANEL_FLOATS_MAX / req->n_ref;
     double limits[] = {(double)d->nq, 2147483647.0 / slots,
                        2147483647.0 / (surv_slots > 0 ? surv_slots : 1),
-                       KNN_SLOT_BYTES_MAX / (k * 20.0),
-                       (d->fused ? KNN_FUSED_PAIRS_MAX
-                                 : KNN_PANEL_FLOATS_MAX) / req->n_ref};
+                       KNN_SLOT_BYTES_MAX / (k * 20.0), tile_rows};
     for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++)
         if (limits[i] < rows) rows = limits[i];
     int r = rows < 1.0 ? 1 : (int)rows;
