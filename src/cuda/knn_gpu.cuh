@@ -1,11 +1,14 @@
 /*
  * knn_gpu.cuh: what the CUDA backend's files share (not part of the engine
  * contract; knn_backend.h is). One device's search runs through a
- * knn_gpu_dev: the prepared nodes (knn_gpu_prepare.cu), the row-tile buffers
- * (knn_gpu_search.cu), the products of a tile (knn_gpu_products.cu), the
- * candidate selection (knn_gpu_select.cu) and the exact re-rank
- * (knn_gpu_rerank.cu). Every function returns a knn_status and, on failure,
- * writes the failing call into dev->message; kernels never allocate, and
+ * knn_gpu_dev (knn_gpu_search.cu starts one per device): the prepared nodes
+ * (knn_gpu_prepare.cu), the row tile and its buffers (knn_gpu_plan.cu), the
+ * loop over tiles (knn_gpu_loop.cu), a tile's candidates from a panel of
+ * products (knn_gpu_products.cu) and a selection kernel
+ * (knn_gpu_select.cu) or from the fused kernel (knn_gpu_fused.cu), and the
+ * exact re-rank (knn_gpu_rerank.cu). Every function returns a knn_status
+ * and, on failure, writes the failing call into dev->message; kernels
+ * never allocate, and
  * streams are passed explicitly, last.
  */
 #ifndef KNN_GPU_CUH

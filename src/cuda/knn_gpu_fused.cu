@@ -11,27 +11,29 @@
  *    10 mantissa bits). Features are staged 32 at a time in shared memory
  *    by cp.async, two stages, and read into fragments by ldmatrix; rows
  *    are padded to 36 floats so that those reads are free of bank
- *    conflicts. The next column block's
- *    first stage (and its nodes' squared norms) is loaded while this one's
- *    scores are tested, so its latency hides behind them;
- *  - epilogue: each product becomes the row's fast score (knn_fast_score,
+ *    conflicts. The next column block's first stage (and its nodes'
+ *    squared norms) is loaded while this one's scores are tested, so its
+ *    latency hides behind them;
+ *  - epilogue: each product becomes the row's fast score (knn_score_from,
  *    the panel path's rounded operations) and only scores at or below the
  *    row's running threshold go on, into a short list per row in shared
  *    memory;
  *  - owners: thread r < 128 owns row r. It inserts its list into the row's
- *    k smallest scores so far (an array in shared memory), takes the
- *    threshold knn_row_bound(k-th of them), rounded down to float, and
- *    appends the listed nodes under the new threshold, in node order, to
- *    the row's survivors in device memory (score bits and node packed in
- *    64 bits, in the re-rank's sort_key array, which is free until then).
+ *    k smallest scores so far (an array in shared memory), takes now and
+ *    then the threshold knn_row_bound(k-th of them), rounded down to
+ *    float (knn_owner_tighten), and appends the listed nodes under the
+ *    threshold, in node order, to the row's survivors in device memory
+ *    (score bits and node packed in 64 bits; a buffer of their own, since
+ *    they include nodes that passed looser thresholds and so outnumber the
+ *    candidates).
  * A column block where some row's list overflows (the first always does:
  * thresholds start at infinity) is taken whole instead: its scores go to
  * shared memory, 64 rows at a time (over the second staging buffer, idle
  * then), and each owner scans its row.
  *
  * Why this is the panel path's candidate set, or a superset of it: a
- * threshold is the bound of the k-th smallest score of the nodes seen so
- * far, never below the bound of the row's k-th over all nodes, so every
+ * threshold is the bound of the k-th smallest score of nodes already seen,
+ * never below the bound of the row's k-th over all nodes, so every
  * node under the final bound, and every one of the row's k smallest
  * scores, passed when its block did. After the last block the owner thus
  * holds exactly the row's k smallest fast scores, takes the final bound
