@@ -8,8 +8,7 @@
  * (knn_gpu_select.cu) or from the fused kernel (knn_gpu_fused.cu), and the
  * exact re-rank (knn_gpu_rerank.cu). Every function returns a knn_status
  * and, on failure, writes the failing call into dev->message; kernels
- * never allocate, and
- * streams are passed explicitly, last.
+ * never allocate, and streams are passed explicitly, last.
  */
 #ifndef KNN_GPU_CUH
 #define KNN_GPU_CUH
