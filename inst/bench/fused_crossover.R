@@ -44,7 +44,7 @@ set.seed(1)
 grid <- list()
 for (d in c(16L, 50L, 128L, 295L)) {
     x <- matrix(rnorm(d * n), d)
-    for (k in c(1L, 10L, 32L, 100L, 128L)) {
+    for (k in c(1L, 10L, 16L, 24L, 32L, 100L, 128L)) {
         grid[[length(grid) + 1L]] <- row("self", x, NULL, k, "euclidean")
     }
     if (d == 128L) {
