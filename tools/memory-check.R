@@ -1,10 +1,10 @@
 ## Peak memory of knnGraph() against the O(n d + n k) promise: for each n,
 ## a child R builds an n x 50 N(0,1) matrix and its kNN graph (Euclidean,
 ## or --metric; k = 15) on the chosen device, and reports its peak
-## resident memory (VmHWM) with the bound 2 (n d 8 + n k 16) bytes + 100 MB (the input and
-## the edge table, with room for one working copy of each, and R itself),
-## and the same peak for 1000 nodes, the fixed cost of R, the package and
-## (on the GPU) the CUDA runtime.
+## resident memory (VmHWM) with the bound 2 (n d 8 + n k 16) bytes + 100 MB
+## (the input and the edge table, with room for one working copy of each,
+## and R itself), and the same peak for 1000 nodes, the fixed cost of R,
+## the package and (on the GPU) the CUDA runtime.
 ##
 ## Usage (from the repository root, with knngpu installed in R_LIBS):
 ##   Rscript tools/memory-check.R [--device=cpu|gpu] [--n=50000,200000]

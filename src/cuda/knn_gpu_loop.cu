@@ -473,9 +473,9 @@ static knn_status knn_dev_leave_fused(knn_gpu_dev *d)
 
 /* Two tiles in flight: tile t is queued before tile t-1 is collected.
  * A fused search that may still climb starts with a probe: one wave of
- * blocks (a row per SM thread block), collected before any other tile is
- * queued, so that data which needs float32 costs that wave, not a whole
- * tile, in TF32. */
+ * blocks (128 rows per SM), collected before any other tile is queued, so
+ * that data which needs float32 costs that wave, not a whole tile, in
+ * TF32. */
 knn_status knn_dev_search(knn_gpu_dev *d)
 {
     knn_gpu_tiles *t = &d->t;

@@ -82,9 +82,6 @@ typedef struct {
     int gemm_adaptive;      /* may still give TF32 up for float32 */
     int gemm_switched;      /* did */
     int fused;              /* tiles take the fused path (TF32 only) */
-    int leave_fused;        /* a fused tile asked for float32: the search
-                               goes on on the panel path once the tiles
-                               in flight are collected */
     int probe_rows;         /* fused: rows of one wave of blocks */
     knn_gpu_context *ctx;   /* the device's stream, handle, staging */
     cudaStream_t stream;    /* ctx's */
