@@ -124,6 +124,33 @@ static size_t knn_fused_smem_bytes(int k)
     return floats * sizeof(float) + (KNN_FUSED_ROWS + 1) * sizeof(int);
 }
 
+/* This thread's place in the block's 128 x 128 tile of products: warp
+ * (wm, wn) computes rows 64 wm .. + 64 and columns 32 wn .. + 32; in each
+ * m16n8 piece, lane (g, t) = (lane / 4, lane % 4) holds rows g and g + 8,
+ * columns 2t and 2t + 1. */
+struct knn_frag {
+    int g, t, wm, wn;
+};
+
+__device__ __forceinline__ knn_frag knn_frag_of()
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    knn_frag f = {lane >> 2, lane & 3, warp >> 2, warp & 3};
+    return f;
+}
+
+/* Block row of entry (mt, h) and column of entry (nt, e) of acc[mt][nt]
+ * (entry 2h + e). */
+__device__ __forceinline__ int knn_frag_row(const knn_frag &f, int mt, int h)
+{
+    return f.wm * 64 + mt * 16 + f.g + 8 * h;
+}
+
+__device__ __forceinline__ int knn_frag_col(const knn_frag &f, int nt, int e)
+{
+    return f.wn * 32 + nt * 8 + 2 * f.t + e;
+}
+
 /* ---- products ---------------------------------------------------------- */
 
 __device__ __forceinline__ void knn_cp16(float *dst, const float *src,
@@ -237,9 +264,7 @@ __device__ __forceinline__ void knn_fused_prefetch(const knn_fused_args &a,
 }
 
 /* The block's 128 x 128 products against column block col0 into acc, by
- * the warp's 64 x 32 share: acc[mt][nt] is the m16n8 tile (mt, nt), entry
- * e at row g + 8 (e >> 1), column 2 t + (e & 1) (g = lane / 4,
- * t = lane % 4). Chunk 0 is already queued (knn_fused_prefetch). The
+ * the warp's 64 x 32 share (knn_frag). Chunk 0 is already queued (knn_fused_prefetch). The
  * float bits go to the tensor cores as they are: TF32 reads their top 19
  * bits (truncation, within knn_gemm_unit_in). */
 __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
@@ -247,8 +272,8 @@ __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
                                                    int col0,
                                                    float (&acc)[4][4][4])
 {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int wm = warp >> 2, wn = warp & 3;
+    knn_frag fr = knn_frag_of();
+    int lane = threadIdx.x & 31;
 #pragma unroll
     for (int mt = 0; mt < 4; mt++)
 #pragma unroll
@@ -282,14 +307,14 @@ __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
 #pragma unroll
             for (int mt = 0; mt < 4; mt++)
                 knn_ldmatrix4(fa[mt][0], fa[mt][1], fa[mt][2], fa[mt][3],
-                              As + (wm * 64 + mt * 16 + prow +
+                              As + (fr.wm * 64 + mt * 16 + prow +
                                     8 * (piece & 1)) * KNN_FUSED_LD +
                                   ks * 8 + 4 * (piece >> 1));
 #pragma unroll
             for (int nt = 0; nt < 4; nt += 2)
                 knn_ldmatrix4(fb[nt][0], fb[nt][1], fb[nt + 1][0],
                               fb[nt + 1][1],
-                              Bs + (wn * 32 + nt * 8 + 8 * (piece >> 1) +
+                              Bs + (fr.wn * 32 + nt * 8 + 8 * (piece >> 1) +
                                     prow) * KNN_FUSED_LD +
                                   ks * 8 + 4 * (piece & 1));
 #pragma unroll
@@ -495,13 +520,21 @@ template <int KIND>
 __device__ __forceinline__ void knn_fused_row_sq(const knn_fused_shared &sh,
                                                  float (&row_sq)[4][2])
 {
-    int warp = threadIdx.x >> 5, g = (threadIdx.x & 31) >> 2;
+    knn_frag fr = knn_frag_of();
 #pragma unroll
     for (int mt = 0; mt < 4; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
             row_sq[mt][h] = KIND == KNN_SCORE_DIST
-                ? sh.row_sq[(warp >> 2) * 64 + mt * 16 + g + 8 * h] : 0.0f;
+                ? sh.row_sq[knn_frag_row(fr, mt, h)] : 0.0f;
+}
+
+/* Whether column j is a node, and not block row rl's own (self0: see the
+ * kernel). */
+__device__ __forceinline__ bool knn_fused_is_node(const knn_select_args &s,
+                                                  int self0, int rl, int j)
+{
+    return j < s.n_cols && !(self0 >= 0 && j == self0 + rl);
 }
 
 /* The block's scores of column block col0 for rows [64 h, 64 h + 64),
@@ -512,26 +545,24 @@ __device__ __forceinline__ void knn_fused_tile_half(
     const float *col_sq, const float (&acc)[4][4][4],
     int self0, int col0)
 {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int g = lane >> 2, t = lane & 3, wm = warp >> 2, wn = warp & 3;
+    knn_frag fr = knn_frag_of();
     float row_sq[4][2];
     knn_fused_row_sq<KIND>(sh, row_sq);
 #pragma unroll
     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            int cl = wn * 32 + nt * 8 + 2 * t + e, j = col0 + cl;
+            int cl = knn_frag_col(fr, nt, e), j = col0 + cl;
 #pragma unroll
             for (int mt = 0; mt < 4; mt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    int rl = mt * 16 + g + 8 * h;
-                    float v = j < s.n_cols &&
-                              !(self0 >= 0 && j == self0 + wm * 64 + rl)
+                    int rl = knn_frag_row(fr, mt, h);
+                    float v = knn_fused_is_node(s, self0, rl, j)
                         ? knn_score_from<KIND>(acc[mt][nt][2 * h + e],
-                                             row_sq[mt][h], col_sq[cl])
+                                               row_sq[mt][h], col_sq[cl])
                         : __int_as_float(0x7fffffff);
-                    sh.tile[rl * KNN_FUSED_TILE_LD + cl] = v;
+                    sh.tile[(rl - 64 * fr.wm) * KNN_FUSED_TILE_LD + cl] = v;
                 }
         }
 }
@@ -543,8 +574,7 @@ __device__ __forceinline__ void knn_fused_list(const knn_select_args &s,
                                                float v, int rl, int cl,
                                                int self0, int col0)
 {
-    int j = col0 + cl;
-    if (j >= s.n_cols || (self0 >= 0 && j == self0 + rl)) return;
+    if (!knn_fused_is_node(s, self0, rl, col0 + cl)) return;
     int pos = atomicAdd(&sh.list_count[rl], 1);
     if (pos < KNN_FUSED_LIST) {
         sh.list_score[pos * KNN_FUSED_ROWS + rl] = v;
@@ -566,8 +596,7 @@ __device__ __forceinline__ void knn_fused_epilogue(
     const float *col_sq, const float (&acc)[4][4][4],
     int self0, int col0)
 {
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    int g = lane >> 2, t = lane & 3, wm = warp >> 2, wn = warp & 3;
+    knn_frag fr = knn_frag_of();
     float row_sq[4][2];
     knn_fused_row_sq<KIND>(sh, row_sq);
     float bound[4][2];
@@ -575,12 +604,12 @@ __device__ __forceinline__ void knn_fused_epilogue(
     for (int mt = 0; mt < 4; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++)
-            bound[mt][h] = sh.threshold[wm * 64 + mt * 16 + g + 8 * h];
+            bound[mt][h] = sh.threshold[knn_frag_row(fr, mt, h)];
 #pragma unroll
     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            int cl = wn * 32 + nt * 8 + 2 * t + e;
+            int cl = knn_frag_col(fr, nt, e);
             float csq = KIND == KNN_SCORE_DIST ? col_sq[cl] : 0.0f;
             bool any = false;
 #pragma unroll
@@ -602,8 +631,8 @@ __device__ __forceinline__ void knn_fused_epilogue(
                     asm("" : "+f"(a));
                     float v = knn_score_from<KIND>(a, row_sq[mt][h], csq);
                     if (v <= bound[mt][h])
-                        knn_fused_list(s, sh, v, wm * 64 + mt * 16 + g + 8 * h,
-                                       cl, self0, col0);
+                        knn_fused_list(s, sh, v, knn_frag_row(fr, mt, h), cl,
+                                       self0, col0);
                 }
         }
 }
@@ -618,7 +647,7 @@ knn_fused_kernel(knn_fused_args a)
     const knn_select_args &s = a.sel;
     knn_fused_shared sh = knn_fused_carve(knn_fused_smem, s.k);
     int row0 = blockIdx.x * KNN_FUSED_ROWS;
-    int wm = threadIdx.x >> 7; /* the warp's half of the rows */
+    int wm = knn_frag_of().wm; /* the thread's half of the rows */
     bool owner = threadIdx.x < KNN_FUSED_ROWS &&
                  row0 + (int)threadIdx.x < s.rows;
 
