@@ -264,9 +264,10 @@ __device__ __forceinline__ void knn_fused_prefetch(const knn_fused_args &a,
 }
 
 /* The block's 128 x 128 products against column block col0 into acc, by
- * the warp's 64 x 32 share (knn_frag). Chunk 0 is already queued (knn_fused_prefetch). The
- * float bits go to the tensor cores as they are: TF32 reads their top 19
- * bits (truncation, within knn_gemm_unit_in). */
+ * the warp's 64 x 32 share (knn_frag). Chunk 0 is already queued
+ * (knn_fused_prefetch). The float bits go to the tensor cores as they
+ * are: TF32 reads their top 19 bits (truncation, within
+ * knn_gemm_unit_in). */
 __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
                                                    float *stage, int row0,
                                                    int col0,
