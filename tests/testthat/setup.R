@@ -82,3 +82,23 @@ hardMatrix <- function(kind, n, seed) {
 }
 
 hardKinds <- names(hardFeatures)
+
+## Runs knnSearch(...) under an elapsed-time limit of `seconds`, which
+## raises its error at the engine's next interrupt poll, the path Ctrl-C
+## takes. The limit is lifted first thing in the handler: a limit still
+## set would fire again inside whatever handles the error (testthat's
+## backtrace, for one). Returns the error's message (or "finished") and
+## the seconds from the start to the answer.
+searchUnderTimeLimit <- function(seconds, ...) {
+    started <- proc.time()[["elapsed"]]
+    outcome <- tryCatch({
+        setTimeLimit(elapsed = seconds, transient = TRUE)
+        knnSearch(...)
+        setTimeLimit()
+        "finished"
+    }, error = function(e) {
+        setTimeLimit()
+        conditionMessage(e)
+    })
+    list(err = outcome, took = proc.time()[["elapsed"]] - started)
+}
