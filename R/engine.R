@@ -59,7 +59,7 @@
 
 ## The rungs of the candidate arithmetic (knn_precision, in order): "auto"
 ## climbs from the cheapest as the data asks; the others force one.
-.precisions <- c("auto", "tf32", "fp32", "fp64")
+.precisions <- c("auto", "tf32", "fp32", "fp64", "tf32x3")
 
 ## What an environment variable forces among `choices`; "auto" when unset
 ## or unknown. Read once per search, never by the engine.

@@ -64,7 +64,7 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
                      device = c("auto", "cpu", "gpu"), threads = NULL,
                      progress = interactive(), verbose = FALSE, assay = 1L,
                      devices = NULL,
-                     precision = c("auto", "tf32", "fp32", "fp64"),
+                     precision = c("auto", "tf32", "fp32", "fp64", "tf32x3"),
                      use.dimred = NULL,
                      BPPARAM = BiocParallel::SerialParam()) {
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")

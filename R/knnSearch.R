@@ -46,11 +46,15 @@
 #'   float64 re-rank; the result is the same bits on every choice, only
 #'   the time differs. \code{"auto"} (the default) starts on the cheapest
 #'   (TF32 tensor cores on the GPU, float32 BLAS on the CPU) and goes on in
-#'   the next (float32 on the GPU, float64 BLAS on the CPU) once the data
-#'   show its proven margin lets too many candidates through, e.g. nodes
-#'   whose neighbours are nearly equidistant. \code{"tf32"} (GPU only),
-#'   \code{"fp32"} (both) and \code{"fp64"} (CPU only) force one; the
-#'   result's \code{precision} attribute says which ran.
+#'   the next (split TF32 on the GPU, float64 BLAS on the CPU) once the
+#'   data show its proven margin lets too many candidates through, e.g.
+#'   nodes whose neighbours are nearly equidistant. Split TF32
+#'   (\code{"tf32x3"}) writes each float32 value as the sum of two TF32
+#'   values and adds three tensor-core products, for float32's accuracy at
+#'   about half its cost; where its arrays do not fit in GPU memory the
+#'   climb goes to float32 instead. \code{"tf32"}, \code{"tf32x3"} (GPU
+#'   only), \code{"fp32"} (both) and \code{"fp64"} (CPU only) force one;
+#'   the result's \code{precision} attribute says which ran.
 #' @param BPPARAM A \code{BiocParallelParam} (BiocParallel) whose workers
 #'   search blocks of the query nodes (of \code{x} itself without
 #'   \code{query}), each against every reference node, on the worker's GPU
@@ -136,7 +140,7 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
                       by = c("rows", "columns"), device = c("auto", "cpu",
                       "gpu"), threads = NULL, progress = interactive(),
                       verbose = FALSE, assay = 1L, devices = NULL,
-                      precision = c("auto", "tf32", "fp32", "fp64"),
+                      precision = c("auto", "tf32", "fp32", "fp64", "tf32x3"),
                       use.dimred = NULL,
                       BPPARAM = BiocParallel::SerialParam()) {
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")

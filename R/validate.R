@@ -52,17 +52,18 @@
 
 ## 'precision' as one choice (the verbs' default, the whole vector of
 ## choices, is "auto"); with the backend known, also a rung that backend
-## has (TF32 is the GPU's tensor-core arithmetic, float64 BLAS the CPU's).
+## has (TF32 and split TF32 are the GPU's tensor-core arithmetic, float64
+## BLAS the CPU's).
 .checkPrecision <- function(precision, backend = NULL) {
     if (identical(precision, .precisions)) precision <- "auto"
     precision <- .checkChoice(precision, .precisions, "precision")
-    lacks <- c(cpu = "tf32", gpu = "fp64")
-    if (!is.null(backend) && identical(precision, lacks[[backend]])) {
+    lacks <- list(cpu = c("tf32", "tf32x3"), gpu = "fp64")
+    if (!is.null(backend) && precision %in% lacks[[backend]]) {
+        has <- setdiff(.precisions[-1L], lacks[[backend]])
         stop(sprintf(paste("'precision = \"%s\"' is not a rung of the %s;",
                            "it has %s (or \"auto\")"), precision,
                      toupper(backend),
-                     paste0('"', setdiff(.precisions[-1L], precision), '"',
-                            collapse = " and ")), call. = FALSE)
+                     paste0('"', has, '"', collapse = ", ")), call. = FALSE)
     }
     precision
 }

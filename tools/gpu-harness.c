@@ -263,14 +263,15 @@ static void check_case(const char *data, knn_metric m, const double *ref,
     int pass = st == KNN_OK && bad == 0;
     pass ? n_pass++ : n_fail++;
     const char *gemm = force_gemm == KNN_PRECISION_FP32 ? "fp32"
-                     : force_gemm == KNN_PRECISION_TF32 ? "tf32" : NULL;
+                     : force_gemm == KNN_PRECISION_TF32 ? "tf32"
+                     : force_gemm == KNN_PRECISION_TF32X3 ? "tf32x3" : NULL;
     printf("%s %-6s %-11s %s k=%-5d n=%d p=%d budget=%.0f dev=%d sel=%s "
            "gemm=%s out=%s tile=%d cand=%.1f %.3fs [%.6s%s]",
            pass ? "PASS" : "FAIL", data, metric_name[m],
            query ? "query" : "self ", k, n_ref, p, budget, n_dev,
            select ? select : "auto", gemm ? gemm : "auto",
            edges ? "edges" : "matrix", rep.row_tile, rep.candidates, secs,
-           rep.precision, strstr(rep.precision, "then") ? " then fp32" : "");
+           rep.precision, strstr(rep.precision, "then") ? " climbed" : "");
     if (st != KNN_OK) printf(" status=%d %s", (int)st, rep.message);
     if (bad) {
         long r = first % nq, c = first / nq;
@@ -323,11 +324,17 @@ static void check_metric(const char *data, knn_metric m, const double *ref,
                        NULL, 1, ri, rd, rw);
             check_case(data, m, ref, n_ref, query, n_query, p, k, 3e6, 2,
                        dev0, NULL, 1, ri, rd, rw);
-            /* Forced arithmetic: float32, and TF32 without the
-             * fall-back to float32, for every metric. */
+            /* Forced arithmetic: float32, split TF32 (one tile, then
+             * several on two devices), and TF32 without the climb, for
+             * every metric. */
             force_gemm = KNN_PRECISION_FP32;
             check_case(data, m, ref, n_ref, query, n_query, p, k, 0, 0, NULL,
                        NULL, 0, ri, rd, rw);
+            force_gemm = KNN_PRECISION_TF32X3;
+            check_case(data, m, ref, n_ref, query, n_query, p, k, 0, 0, NULL,
+                       NULL, 0, ri, rd, rw);
+            check_case(data, m, ref, n_ref, query, n_query, p, k, 3e6, 2,
+                       dev0, NULL, 0, ri, rd, rw);
             force_gemm = KNN_PRECISION_TF32;
             check_case(data, m, ref, n_ref, query, n_query, p, k, 2e6, 0,
                        NULL, NULL, 0, ri, rd, rw);

@@ -141,6 +141,9 @@ typedef struct {
     float *fast;      /* product metrics: fast vectors f, ldf x n_nodes */
     int ldf;          /* p rounded up to 4, zero padded: aligned rows let
                          cuBLAS use its tensor-core kernels */
+    float *split;     /* split TF32 (knn_nodes_split): per node 3 ldf
+                         floats, [hi | lo | hi] with f = hi + lo (to
+                         2^-22), both TF32 values; else NULL */
     float *sqnorm;    /* distances: |f|^2 */
     double *margin2;  /* per node: twice its candidate margin */
     double *norm;     /* distances: |node - means| (float64), and the */
@@ -188,30 +191,45 @@ knn_status knn_select_candidates(const knn_select_args *a,
                                  knn_select_algo algo, char *message,
                                  cudaStream_t stream);
 
-/* Arithmetic of the candidate products: TF32 (tensor cores, float32
- * accumulation) or float32. TF32 inputs keep 10 mantissa bits, so the
- * margins grow by about 2^15 / (p + 6), some 250 times at p = 128 (the
- * fast term of knn_margin_*). For the correlation metrics that is an
+/* Arithmetic of the candidate products, all with float32 accumulation:
+ * TF32 (tensor cores), split TF32 (tensor cores, three products of the
+ * halves of f = hi + lo) or float32. TF32 inputs keep 10 mantissa bits,
+ * so the margins grow by about 2^15 / (p + 6), some 250 times at p = 128
+ * (the fast term of knn_margin_*). For the correlation metrics that is an
  * absolute 0.008 or so in r and costs a few candidates. For the distances
  * the margin scales with (|f_i| + |f_max|)^2; where neighbours lie close
  * against those norms (genes of an expression matrix at different levels)
  * TF32 would admit far more than k candidates per row; for correlations,
  * so would nodes whose neighbours' r are all within that 0.008 (positive
  * data at different levels under cosine, log-counts full of near
- * duplicates). So a product search starts in TF32 and goes on in float32
- * after a tile that shows it (knn_gemm_adaptive, knn_rung_too_wide;
- * knn_gpu_tiles.cu). The request's `precision` can force one arithmetic
- * for the whole search. */
-typedef enum { KNN_GEMM_FP32 = 0, KNN_GEMM_TF32 } knn_gemm_mode;
+ * duplicates). So a product search starts in TF32 and goes on in split
+ * TF32 (float32 where its arrays do not fit) after a tile that shows it
+ * (knn_gemm_adaptive, knn_rung_too_wide; knn_gpu_loop.cu). Split TF32
+ * errs about as float32 does (its margins are about twice float32's, from
+ * the accumulation) and runs on tensor cores: some 2x float32's speed on
+ * an H100 or H200. The request's `precision` can force one arithmetic for
+ * the whole search. */
+typedef enum {
+    KNN_GEMM_FP32 = 0,
+    KNN_GEMM_TF32,
+    KNN_GEMM_TF32X3
+} knn_gemm_mode;
 
 /* The arithmetic a search starts with: TF32 unless forced. */
 knn_gemm_mode knn_gemm_choose(knn_precision force);
-/* Whether the search may give TF32 up for float32 (not forced, a product
- * metric). */
+/* Whether the search may give TF32 up for a finer arithmetic (not
+ * forced, a product metric). */
 int knn_gemm_adaptive(knn_precision force, knn_metric metric);
-/* unit_in of knn_margin_*: TF32 keeps 10 mantissa bits, so rounding or
- * truncating an input errs by less than 2^-10 relative. */
-double knn_gemm_unit_in(knn_gemm_mode mode);
+/* Whether the arithmetic runs on tensor cores (the cuBLAS handle's math
+ * mode). */
+int knn_gemm_tensor(knn_gemm_mode mode);
+
+/* unit_in and unit_acc of knn_margin_* for an arithmetic and p features
+ * (knn_gpu_products.cu says why each holds). */
+typedef struct {
+    double in, acc;
+} knn_gemm_units;
+knn_gemm_units knn_gemm_units_of(knn_gemm_mode mode, int p);
 const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
                                int switched);
 
@@ -241,10 +259,12 @@ knn_status knn_fused_candidates(const knn_select_args *sel,
                                 const int *surv_offsets, int *survivors,
                                 char *message, cudaStream_t stream);
 
-/* Products of a row tile into the panel. */
-knn_status knn_panel_gemm(cublasHandle_t blas, const float *fast_ref,
-                          const float *fast_rows, int ldf, int n_ref,
-                          int rows, float *panel, size_t ld, char *message);
+/* Products of a row tile (nodes node0..node0 + rows - 1) against the
+ * reference into the panel, in the given arithmetic (split TF32: from
+ * nodes->split). */
+knn_status knn_panel_gemm(cublasHandle_t blas, const knn_gpu_nodes *nodes,
+                          knn_gemm_mode mode, int node0, int rows,
+                          float *panel, size_t ld, char *message);
 knn_status knn_panel_manhattan(const double *x_rows, const double *x_ref,
                                int p, int rows, int n_ref, float *panel,
                                size_t ld, char *message, cudaStream_t stream);
@@ -288,16 +308,21 @@ knn_status knn_rerank(const knn_rerank_args *a, char *message,
  * are not in x (distances). */
 knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
                              int n_nodes, double query_max_abs,
-                             double unit_in,
+                             knn_gemm_mode gemm,
                              knn_gpu_nodes *nodes, char *message,
                              cudaStream_t stream);
 void knn_nodes_free(knn_gpu_nodes *nodes);
-/* Product metrics: recomputes the margins for another unit_in (the search
- * changed its GEMM arithmetic), on the stream after the work already
- * queued there. */
+/* Product metrics: recomputes the margins for another arithmetic (the
+ * search changed it), on the stream after the work already queued
+ * there. */
 knn_status knn_nodes_remargin(knn_metric metric, knn_gpu_nodes *nodes,
-                              double unit_in, char *message,
+                              knn_gemm_mode gemm, char *message,
                               cudaStream_t stream);
+/* Product metrics: the split TF32 arrays (nodes->split) from the fast
+ * vectors, on the stream after the work already queued there.
+ * KNN_E_NOMEM (nothing changed) where they do not fit. */
+knn_status knn_nodes_split(knn_gpu_nodes *nodes, char *message,
+                           cudaStream_t stream);
 
 /* Fork guard (knn_gpu_errors.cu). */
 knn_status knn_gpu_claim_process(char *message, size_t size);

@@ -7,8 +7,8 @@
  * reference in column blocks of 128 nodes, in node order. Per column block:
  *  - products: 8 warps (2 x 4), each 64 rows x 32 columns, mma.sync
  *    m16n8k8 TF32 with float32 accumulation (the tensor cores' TF32, the
- *    arithmetic whose margins knn_gemm_unit_in gives: inputs truncated to
- *    10 mantissa bits). Features are staged 32 at a time in shared memory
+ *    arithmetic whose margins knn_gemm_units_of gives: inputs truncated
+ *    to 10 mantissa bits). Features are staged 32 at a time in shared memory
  *    by cp.async, two stages, and read into fragments by ldmatrix; rows
  *    are padded to 36 floats so that those reads are free of bank
  *    conflicts. The next column block's first stage (and its nodes'
@@ -267,7 +267,7 @@ __device__ __forceinline__ void knn_fused_prefetch(const knn_fused_args &a,
  * the warp's 64 x 32 share (knn_frag). Chunk 0 is already queued
  * (knn_fused_prefetch). The float bits go to the tensor cores as they
  * are: TF32 reads their top 19 bits (truncation, within
- * knn_gemm_unit_in). */
+ * knn_gemm_units_of). */
 __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
                                                    float *stage, int row0,
                                                    int col0,

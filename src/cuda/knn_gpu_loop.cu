@@ -48,8 +48,8 @@ static knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
     sa.row_margin2 = nd->margin2 + node0;
     sa.row_norm = d->score_kind == KNN_SCORE_DIST && nd->norm
                       ? nd->norm + node0 : NULL;
-    sa.margin_unit = knn_margin_dist_unit(p, knn_gemm_unit_in(gemm),
-                                          KNN_U32);
+    knn_gemm_units u = knn_gemm_units_of(gemm, p);
+    sa.margin_unit = knn_margin_dist_unit(p, u.in, u.acc);
     sa.margin_floor = knn_margin_floor(p, KNN_TINY32);
     sa.metric = req->metric;
     sa.scale_exp = nd->scale_exp;
@@ -69,16 +69,14 @@ static knn_status knn_tile_candidates(knn_gpu_dev *d,
     const knn_request *req = d->req;
     const knn_gpu_nodes *nd = &d->nodes;
     knn_gpu_tiles *t = &d->t;
-    const float *rows_fast = nd->fast ? nd->fast + (size_t)node0 * nd->ldf
-                                      : NULL;
     if (d->fused)
-        return knn_fused_candidates(sa, nd->fast, rows_fast, nd->ldf,
-                                    t->survivor, surv_offsets, t->survivors,
-                                    d->message, d->stream);
+        return knn_fused_candidates(sa, nd->fast,
+                                    nd->fast + (size_t)node0 * nd->ldf,
+                                    nd->ldf, t->survivor, surv_offsets,
+                                    t->survivors, d->message, d->stream);
     if (knn_uses_product(req->metric))
-        KNN_TRY(knn_panel_gemm(d->blas, nd->fast, rows_fast, nd->ldf,
-                               req->n_ref, sa->rows, t->panel, sa->ld,
-                               d->message));
+        KNN_TRY(knn_panel_gemm(d->blas, nd, d->gemm, node0, sa->rows,
+                               t->panel, sa->ld, d->message));
     else
         KNN_TRY(knn_panel_manhattan(nd->exact + (size_t)node0 * req->p,
                                     nd->exact, req->p, sa->rows, req->n_ref,
@@ -373,13 +371,13 @@ static knn_status knn_tile_rerun(knn_gpu_dev *d, int s)
     return KNN_OK;
 }
 
-/* A product search starts in TF32 (knn_gpu.cuh) and goes on in float32,
- * its margins recomputed, once a tile's rows average more candidates than
- * knn_rung_too_wide allows or, on the panel path, one overflows its
- * slots: the re-rank of the extra candidates, or the tile's redo, would
- * cost more than the faster products save. (A fused tile's survivors
- * overflow for other reasons too: the thresholds they passed were looser
- * at first.) */
+/* A product search starts in TF32 (knn_gpu.cuh) and goes on in split
+ * TF32, its margins recomputed, once a tile's rows average more
+ * candidates than knn_rung_too_wide allows or, on the panel path, one
+ * overflows its slots: the re-rank of the extra candidates, or the tile's
+ * redo, would cost more than the faster products save. (A fused tile's
+ * survivors overflow for other reasons too: the thresholds they passed
+ * were looser at first.) */
 static int knn_dev_should_climb(const knn_gpu_dev *d, double found,
                                 int rows, int overflow)
 {
@@ -387,26 +385,32 @@ static int knn_dev_should_climb(const knn_gpu_dev *d, double found,
            (overflow || knn_rung_too_wide(found, rows, d->req->k));
 }
 
-/* The climb: float32 from here on. Tiles already queued keep their TF32
- * margins: the new ones are computed on the stream after them. */
+/* The climb: split TF32 from here on, or float32 where the split's arrays
+ * do not fit. Tiles already queued keep their TF32 margins and fast
+ * vectors: the new ones are computed on the stream after them. */
 static knn_status knn_dev_climb(knn_gpu_dev *d)
 {
-    d->gemm = KNN_GEMM_FP32;
+    knn_status st = knn_nodes_split(&d->nodes, d->message, d->stream);
+    if (st != KNN_OK && st != KNN_E_NOMEM) return st;
+    d->message[0] = '\0';
+    d->gemm = st == KNN_OK ? KNN_GEMM_TF32X3 : KNN_GEMM_FP32;
     d->gemm_adaptive = 0;
     d->gemm_switched = 1;
-    KNN_BLAS_TRY(d->message, cublasSetMathMode(d->blas, CUBLAS_DEFAULT_MATH));
-    return knn_nodes_remargin(d->req->metric, &d->nodes,
-                              knn_gemm_unit_in(KNN_GEMM_FP32), d->message,
+    KNN_BLAS_TRY(d->message,
+                 cublasSetMathMode(d->blas, knn_gemm_tensor(d->gemm)
+                                                ? CUBLAS_TF32_TENSOR_OP_MATH
+                                                : CUBLAS_DEFAULT_MATH));
+    return knn_nodes_remargin(d->req->metric, &d->nodes, d->gemm, d->message,
                               d->stream);
 }
 
 /* Waits for slot s, re-runs its tile if a row overflowed (first with the
- * uniform slots in float32, when the tile ran in TF32 and the search has
- * changed since: a redo must see the counts of the same arithmetic), and
- * copies its rows x k results into the caller's n_query x k arrays.
- * A fused tile that shows the search must climb to float32 is not
- * collected: *rewind is set, and the search goes on from its first row on
- * the panel path (the fused kernel runs TF32 only). */
+ * uniform slots in the finer arithmetic, when the tile ran in TF32 and the
+ * search has climbed since: a redo must see the counts of the same
+ * arithmetic), and copies its rows x k results into the caller's
+ * n_query x k arrays. A fused tile that shows the search must climb is
+ * not collected: *rewind is set, and the search goes on from its first
+ * row on the panel path (the fused kernel runs TF32 only). */
 static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
 {
     knn_gpu_tiles *t = &d->t;
@@ -457,9 +461,9 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
     return KNN_OK;
 }
 
-/* Leaves the fused path for the panel path in float32: the tiles in
- * flight are dropped, the margins recomputed and the tiles planned
- * again. */
+/* Leaves the fused path for the panel path in the finer arithmetic: the
+ * tiles in flight are dropped (which frees room for the split's arrays),
+ * the margins recomputed and the tiles planned again. */
 static knn_status knn_dev_leave_fused(knn_gpu_dev *d)
 {
     double t0 = knn_seconds();
@@ -474,8 +478,8 @@ static knn_status knn_dev_leave_fused(knn_gpu_dev *d)
 /* Two tiles in flight: tile t is queued before tile t-1 is collected.
  * A fused search that may still climb starts with a probe: one wave of
  * blocks (128 rows per SM), collected before any other tile is queued, so
- * that data which needs float32 costs that wave, not a whole tile, in
- * TF32. */
+ * that data which needs a finer arithmetic costs that wave, not a whole
+ * tile, in TF32. */
 knn_status knn_dev_search(knn_gpu_dev *d)
 {
     knn_gpu_tiles *t = &d->t;

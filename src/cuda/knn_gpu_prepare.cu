@@ -162,28 +162,52 @@ __global__ static void knn_translation_kernel(const double *x, int p,
 }
 
 __global__ static void knn_margin_corr_kernel(double *margin2, int n, int p,
-                                              double unit_in,
+                                              knn_gemm_units u,
                                               const double *kappa_max,
                                               int cosine)
 {
     int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= n) return;
     double kappa = cosine ? 1.0 : *kappa_max;
-    margin2[g] = 2.0 * knn_margin_corr(p, unit_in, KNN_U32, KNN_TINY32,
-                                       kappa);
+    margin2[g] = 2.0 * knn_margin_corr(p, u.in, u.acc, KNN_TINY32, kappa);
 }
 
 /* Twice each node's margin, from its norm and the largest ref norm. */
 __global__ static void knn_margin_dist_kernel(double *margin2, int n, int p,
-                                              double unit_in,
+                                              knn_gemm_units u,
                                               const double *norm,
                                               const double *norm_max)
 {
     int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= n) return;
-    margin2[g] =
-        2.0 * knn_margin_dist(p, unit_in, KNN_U32, KNN_TINY32, norm[g],
-                              *norm_max);
+    margin2[g] = 2.0 * knn_margin_dist(p, u.in, u.acc, KNN_TINY32, norm[g],
+                                       *norm_max);
+}
+
+/* A float rounded to the nearest TF32 value (10 mantissa bits; ties away
+ * from zero): adding half the dropped unit to the magnitude's bits carries
+ * into the kept ones exactly when the dropped part is at least half. The
+ * values here are far below the largest float, so nothing overflows. */
+__device__ __forceinline__ float knn_round_tf32(float v)
+{
+    return __uint_as_float((__float_as_uint(v) + 0x1000u) & 0xffffe000u);
+}
+
+/* One thread per value of the fast vectors (padding included, zeros):
+ * f = hi + lo, written [hi | lo | hi] per node (knn_gpu_nodes.split). */
+__global__ static void knn_split_kernel(const float *fast, int ldf,
+                                        size_t n_vals, float *split)
+{
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n_vals) return;
+    size_t node = t / (size_t)ldf;
+    int f = (int)(t - node * (size_t)ldf);
+    float v = fast[t];
+    float hi = knn_round_tf32(v);
+    float *s = split + node * 3 * ldf;
+    s[f] = hi;
+    s[ldf + f] = knn_round_tf32(v - hi);
+    s[2 * ldf + f] = hi;
 }
 
 static knn_status knn_alloc(void **ptr, size_t bytes, char *message)
@@ -221,7 +245,7 @@ static void knn_nodes_carve(knn_metric m, knn_gpu_nodes *nd,
 }
 
 static knn_status knn_prepare_corr(knn_metric m, double *x, knn_gpu_nodes *nd,
-                                   double unit_in, const knn_prep_scratch *sc,
+                                   const knn_prep_scratch *sc,
                                    char *message, cudaStream_t stream)
 {
     size_t n_vals = (size_t)nd->p * nd->n_nodes;
@@ -241,7 +265,7 @@ static knn_status knn_prepare_corr(knn_metric m, double *x, knn_gpu_nodes *nd,
                                  nd->css, nd->fast, nd->ldf, sc->scalar);
     KNN_LAUNCH_TRY(message, "knn_canon_kernel");
     nd->kappa_max = sc->scalar;
-    return knn_nodes_remargin(m, nd, unit_in, message, stream);
+    return KNN_OK;
 }
 
 /* Leaves the means (sc->mean_parts' first p values) as the fast vectors'
@@ -270,7 +294,7 @@ static knn_status knn_choose_translation(const knn_gpu_nodes *nd,
 }
 
 static knn_status knn_prepare_dist(knn_metric m, double *x, knn_gpu_nodes *nd,
-                                   double query_max_abs, double unit_in,
+                                   double query_max_abs,
                                    const knn_prep_scratch *sc, char *message,
                                    cudaStream_t stream)
 {
@@ -310,36 +334,54 @@ static knn_status knn_prepare_dist(knn_metric m, double *x, knn_gpu_nodes *nd,
         x, nd->p, nd->n_nodes, nd->n_ref, sc->mean_parts, nd->fast, nd->ldf,
         nd->sqnorm, nd->norm, nd->norm_max);
     KNN_LAUNCH_TRY(message, "knn_dist_fast_kernel");
-    return knn_nodes_remargin(m, nd, unit_in, message, stream);
+    return KNN_OK;
 }
 
 knn_status knn_nodes_remargin(knn_metric metric, knn_gpu_nodes *nodes,
-                              double unit_in, char *message,
+                              knn_gemm_mode gemm, char *message,
                               cudaStream_t stream)
 {
     if (!knn_uses_product(metric))
         return knn_gpu_fail(message, KNN_E_INVALID, "knn_nodes_remargin",
                             "only the product metrics have margins to "
                             "recompute", __FILE__, __LINE__);
+    knn_gemm_units u = knn_gemm_units_of(gemm, nodes->p);
     if (knn_is_correlation(metric)) {
         knn_margin_corr_kernel<<<knn_blocks(nodes->n_nodes),
                                  KNN_PREP_THREADS, 0, stream>>>(
-            nodes->margin2, nodes->n_nodes, nodes->p, unit_in,
-            nodes->kappa_max, metric == KNN_COSINE);
+            nodes->margin2, nodes->n_nodes, nodes->p, u, nodes->kappa_max,
+            metric == KNN_COSINE);
         KNN_LAUNCH_TRY(message, "knn_margin_corr_kernel");
         return KNN_OK;
     }
     knn_margin_dist_kernel<<<knn_blocks(nodes->n_nodes), KNN_PREP_THREADS, 0,
                              stream>>>(nodes->margin2, nodes->n_nodes,
-                                       nodes->p, unit_in, nodes->norm,
+                                       nodes->p, u, nodes->norm,
                                        nodes->norm_max);
     KNN_LAUNCH_TRY(message, "knn_margin_dist_kernel");
     return KNN_OK;
 }
 
+knn_status knn_nodes_split(knn_gpu_nodes *nodes, char *message,
+                           cudaStream_t stream)
+{
+    size_t n_vals = (size_t)nodes->ldf * nodes->n_nodes;
+    if (cudaMalloc((void **)&nodes->split, 3 * n_vals * sizeof(float)) !=
+        cudaSuccess) {
+        cudaGetLastError();
+        nodes->split = NULL;
+        return knn_gpu_fail(message, KNN_E_NOMEM, "split TF32 arrays",
+                            "out of GPU memory", __FILE__, __LINE__);
+    }
+    knn_split_kernel<<<knn_blocks(n_vals), KNN_PREP_THREADS, 0, stream>>>(
+        nodes->fast, nodes->ldf, n_vals, nodes->split);
+    KNN_LAUNCH_TRY(message, "knn_split_kernel");
+    return KNN_OK;
+}
+
 knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
                              int n_nodes, double query_max_abs,
-                             double unit_in, knn_gpu_nodes *nodes,
+                             knn_gemm_mode gemm, knn_gpu_nodes *nodes,
                              char *message,
                              cudaStream_t stream)
 {
@@ -362,11 +404,14 @@ knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
                                          sizeof(float),
                                      stream));
     if (knn_is_correlation(metric))
-        KNN_TRY(knn_prepare_corr(metric, x, nodes, unit_in, &sc, message,
-                                 stream));
+        KNN_TRY(knn_prepare_corr(metric, x, nodes, &sc, message, stream));
     else
-        KNN_TRY(knn_prepare_dist(metric, x, nodes, query_max_abs, unit_in,
-                                 &sc, message, stream));
+        KNN_TRY(knn_prepare_dist(metric, x, nodes, query_max_abs, &sc,
+                                 message, stream));
+    if (knn_uses_product(metric))
+        KNN_TRY(knn_nodes_remargin(metric, nodes, gemm, message, stream));
+    if (knn_uses_product(metric) && gemm == KNN_GEMM_TF32X3)
+        KNN_TRY(knn_nodes_split(nodes, message, stream));
     KNN_CUDA_TRY(message, cudaStreamSynchronize(stream));
     return KNN_OK;
 }
@@ -375,6 +420,8 @@ void knn_nodes_free(knn_gpu_nodes *nodes)
 {
     cudaFree(nodes->exact);
     cudaFree(nodes->block);
+    cudaFree(nodes->split);
+    nodes->split = NULL;
     nodes->exact = nodes->sum = nodes->css = nodes->margin2 = NULL;
     nodes->fast = nodes->sqnorm = NULL;
     nodes->norm = nodes->norm_max = nodes->kappa_max = NULL;

@@ -5,8 +5,9 @@
  *
  *  - Product metrics: one cuBLAS GEMM, panel = F_rows^T F_ref with the fast
  *    vectors of knn_gpu_prepare.cu, float32 or TF32 inputs (knn_gemm_mode)
- *    with float32 accumulation; the caller sets the handle's math mode and
- *    the margins use the matching unit_in.
+ *    with float32 accumulation; or, in split TF32, two GEMMs on tensor
+ *    cores: hi.hi, then (hi, lo).(lo, hi) added to it. The caller sets the
+ *    handle's math mode and the margins use knn_gemm_units_of.
  *  - Manhattan: a direct float64 kernel. A 16 x 16 thread block computes a
  *    64 x 64 tile of pairs, 4 x 4 per thread, staging 16 features of both
  *    node sets in shared memory at a time. Each pair's sum runs over the
@@ -25,7 +26,8 @@
 
 knn_gemm_mode knn_gemm_choose(knn_precision force)
 {
-    return force == KNN_PRECISION_FP32 ? KNN_GEMM_FP32 : KNN_GEMM_TF32;
+    if (force == KNN_PRECISION_FP32) return KNN_GEMM_FP32;
+    return force == KNN_PRECISION_TF32X3 ? KNN_GEMM_TF32X3 : KNN_GEMM_TF32;
 }
 
 int knn_gemm_adaptive(knn_precision force, knn_metric metric)
@@ -33,33 +35,93 @@ int knn_gemm_adaptive(knn_precision force, knn_metric metric)
     return force == KNN_PRECISION_AUTO && knn_uses_product(metric);
 }
 
-double knn_gemm_unit_in(knn_gemm_mode mode)
+int knn_gemm_tensor(knn_gemm_mode mode)
 {
-    return mode == KNN_GEMM_TF32 ? 1.0 / 1024.0 : KNN_U32;
+    return mode != KNN_GEMM_FP32;
+}
+
+/*
+ * The units of knn_margin_*: a product of p features errs by at most
+ * ((p + 4) unit_acc + 2 unit_in) |f_i| |f_j| (and the margin floor).
+ *
+ * float32: inputs rounded once from float64 (2^-24), sums rounded to
+ * nearest (2^-24).
+ *
+ * Tensor cores multiply exactly and add with truncation, not rounding to
+ * nearest (Fasi et al., "Numerical behavior of NVIDIA tensor cores", 2021),
+ * so their unit_acc is 2^-23. TF32 keeps 10 mantissa bits of each input
+ * and may truncate: below 2^-10 relative.
+ *
+ * Split TF32: hi and lo are rounded to nearest TF32 (knn_nodes_split), so
+ * f = hi + lo + e, |f - hi| <= 2^-11 |f|, |e| <= 2^-22 |f|. The dropped
+ * terms lo.lo, hi.e, e.f add up to less than 3.01 2^-22 |f_i| |f_j|, with
+ * f's own rounding from float64 3.51 2^-22. The first GEMM, hi.hi, errs
+ * by (p + 4) unit_acc sum |hi_i hi_j|, which exceeds (p + 4) unit_acc |f_i|
+ * |f_j| by (p + 4) 2^-33 at most; the second's 2p terms are below 2.01
+ * 2^-11 |f_i| |f_j| together, so its sum errs by (p + 2) 1.005 2^-32, and
+ * adding it to the first rounds once (1.01 2^-24). All but the first
+ * GEMM's own error fit in 2 unit_in with unit_in = 2^-21 + (p + 4) 2^-32.
+ */
+knn_gemm_units knn_gemm_units_of(knn_gemm_mode mode, int p)
+{
+    knn_gemm_units u;
+    if (mode == KNN_GEMM_FP32) {
+        u.in = KNN_U32;
+        u.acc = KNN_U32;
+    } else if (mode == KNN_GEMM_TF32) {
+        u.in = 0x1p-10;
+        u.acc = 0x1p-23;
+    } else {
+        u.in = 0x1p-21 + (p + 4.0) * 0x1p-32;
+        u.acc = 0x1p-23;
+    }
+    return u;
 }
 
 const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
                                int switched)
 {
+    static const char *const climbed[] = {
+        "tf32, then fp32 GEMM candidates + fp64 exact re-rank", NULL,
+        "tf32, then tf32x3 GEMM candidates + fp64 exact re-rank"};
+    static const char *const one[] = {
+        "fp32 GEMM candidates + fp64 exact re-rank",
+        "tf32 GEMM candidates + fp64 exact re-rank",
+        "tf32x3 GEMM candidates + fp64 exact re-rank"};
     if (!knn_uses_product(metric))
         return "fp64 direct candidates + fp64 exact re-rank";
-    if (switched)
-        return "tf32, then fp32 GEMM candidates + fp64 exact re-rank";
-    return mode == KNN_GEMM_TF32
-        ? "tf32 GEMM candidates + fp64 exact re-rank"
-        : "fp32 GEMM candidates + fp64 exact re-rank";
+    return switched && climbed[mode] ? climbed[mode] : one[mode];
 }
 
-knn_status knn_panel_gemm(cublasHandle_t blas, const float *fast_ref,
-                          const float *fast_rows, int ldf, int n_ref,
-                          int rows, float *panel, size_t ld, char *message)
+static knn_status knn_sgemm(cublasHandle_t blas, const float *ref,
+                            const float *rows_f, int ldf, int depth,
+                            int n_ref, int rows, float beta, float *panel,
+                            size_t ld, char *message)
 {
-    const float one = 1.0f, zero = 0.0f;
+    const float one = 1.0f;
     KNN_BLAS_TRY(message, cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, n_ref,
-                                      rows, ldf, &one, fast_ref, ldf,
-                                      fast_rows, ldf, &zero, panel,
-                                      (int)ld));
+                                      rows, depth, &one, ref, ldf, rows_f,
+                                      ldf, &beta, panel, (int)ld));
     return KNN_OK;
+}
+
+knn_status knn_panel_gemm(cublasHandle_t blas, const knn_gpu_nodes *nodes,
+                          knn_gemm_mode mode, int node0, int rows,
+                          float *panel, size_t ld, char *message)
+{
+    int ldf = nodes->ldf, n_ref = nodes->n_ref;
+    if (mode != KNN_GEMM_TF32X3)
+        return knn_sgemm(blas, nodes->fast, nodes->fast + (size_t)node0 * ldf,
+                         ldf, ldf, n_ref, rows, 0.0f, panel, ld, message);
+    /* [hi | lo | hi] per node: hi.hi over the first ldf values, then the
+     * ref's (hi, lo) against the rows' (lo, hi), from their second. */
+    int lds = 3 * ldf;
+    const float *ref = nodes->split;
+    const float *tile = nodes->split + (size_t)node0 * lds;
+    KNN_TRY(knn_sgemm(blas, ref, tile, lds, ldf, n_ref, rows, 0.0f, panel,
+                      ld, message));
+    return knn_sgemm(blas, ref, tile + ldf, lds, 2 * ldf, n_ref, rows, 1.0f,
+                     panel, ld, message);
 }
 
 __device__ static void knn_mh_stage(double (*dst)[KNN_MH_TILE + 1],

@@ -131,7 +131,7 @@ static knn_status knn_dev_open(knn_gpu_dev *d)
     d->stream = d->ctx->stream;
     d->blas = d->ctx->blas;
     KNN_BLAS_TRY(d->message, cublasSetMathMode(d->blas,
-        d->gemm == KNN_GEMM_TF32 ? CUBLAS_TF32_TENSOR_OP_MATH
+        knn_gemm_tensor(d->gemm) ? CUBLAS_TF32_TENSOR_OP_MATH
                                  : CUBLAS_DEFAULT_MATH));
     return KNN_OK;
 }

@@ -73,16 +73,18 @@ typedef enum {
  * policy); every rung is followed by the float64 re-rank, so the bits are
  * the same on every rung, only the time differs. AUTO starts on the
  * cheapest rung of the backend (the GPU's TF32, the CPU's float32 BLAS)
- * and climbs to the next (float32, float64 BLAS) for the rest of the
- * search once a tile's rows average more candidates than the re-rank can
- * afford (knn_rung_too_wide). TF32 exists on the GPU only and FP64 on the
- * CPU only: forcing a rung the backend lacks is KNN_E_INVALID. Order
- * matches the R layer's names (R/engine.R). */
+ * and climbs to the next (the GPU's split TF32, TF32X3, or float32 where
+ * the split's arrays do not fit; the CPU's float64 BLAS) for the rest of
+ * the search once a tile's rows average more candidates than the re-rank
+ * can afford (knn_rung_too_wide). TF32 and TF32X3 exist on the GPU only
+ * and FP64 on the CPU only: forcing a rung the backend lacks is
+ * KNN_E_INVALID. Order matches the R layer's names (R/engine.R). */
 typedef enum {
     KNN_PRECISION_AUTO = 0,
     KNN_PRECISION_TF32,
     KNN_PRECISION_FP32,
-    KNN_PRECISION_FP64
+    KNN_PRECISION_FP64,
+    KNN_PRECISION_TF32X3
 } knn_precision;
 
 /* Whether rows that found `candidates` candidates in all, `rows` of them

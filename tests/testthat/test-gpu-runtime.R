@@ -83,7 +83,7 @@ test_that("the fused kernel gives the CPU's bits on every data kind", {
     })
 })
 
-test_that("a fused search that must climb goes on in float32", {
+test_that("a fused search that must climb goes on in split TF32", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     old <- Sys.getenv("KNNGPU_SELECT")
     on.exit(Sys.setenv(KNNGPU_SELECT = old))
@@ -95,7 +95,7 @@ test_that("a fused search that must climb goes on in float32", {
     withOptions(list(knngpu.gpu.memory = 5e7), {
         got <- expectGpuIdentical(x, 10, "cosine", label = "fused climb")
     })
-    expect_match(attr(got$gpu, "precision"), "^tf32, then fp32")
+    expect_match(attr(got$gpu, "precision"), "^tf32, then tf32x3")
 })
 
 test_that("inputs larger than the staging ring arrive intact", {
@@ -154,7 +154,7 @@ test_that("distance searches give TF32 up where it admits too many", {
         matrix(rnorm(3000 * 16, sd = 0.01), 3000)
     for (metric in c("euclidean", "sqeuclidean")) {
         got <- expectGpuIdentical(levels, 5, metric, label = "levels")
-        expect_match(attr(got$gpu, "precision"), "then fp32")
+        expect_match(attr(got$gpu, "precision"), "then tf32x3")
         withOptions(list(knngpu.gpu.memory = 2e6), {
             expectGpuIdentical(levels, 5, metric, label = "levels, tiles")
         })
@@ -301,12 +301,12 @@ test_that("rows of small norm among large ones keep their candidates few", {
     set.seed(32)
     level <- rlnorm(4000, meanlog = 6, sdlog = 1.5)
     x <- level * (1 + matrix(rnorm(4000 * 30, sd = 0.05), 4000))
-    for (gemm in c("tf32", "fp32")) {
+    for (gemm in c("tf32", "tf32x3", "fp32")) {
         for (metric in c("euclidean", "sqeuclidean")) {
             got <- expectGpuIdentical(x, 10, metric,
                                       label = paste("levels", gemm),
                                       gpuPrecision = gemm)
-            if (gemm == "fp32") {
+            if (gemm != "tf32") {
                 expect_lt(attr(got$gpu, "timings")$candidates, 40)
             }
         }
@@ -318,7 +318,7 @@ test_that("every GPU rung gives the CPU's bits on hard data", {
     for (kind in hardKinds) {
         x <- hardMatrix(kind, 3000, 45)
         for (metric in c("pearson", "cosine", "euclidean", "abspearson")) {
-            for (rung in c("auto", "tf32", "fp32")) {
+            for (rung in c("auto", "tf32", "tf32x3", "fp32")) {
                 got <- expectGpuIdentical(x, 10, metric,
                                           label = paste(kind, rung),
                                           gpuPrecision = rung)
@@ -334,11 +334,13 @@ test_that("every GPU rung gives the CPU's bits on hard data", {
                  "is not a rung of the GPU")
 })
 
-test_that("correlations give TF32 up for float32 where candidates explode", {
+test_that("correlations give TF32 up for split TF32 where candidates explode", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     ## Positive data at very different levels: under cosine every r is
-    ## within TF32's margin of 1, so auto goes on in float32.
+    ## within TF32's margin of 1, so auto goes on in split TF32, whose
+    ## margin (about float32's) keeps the candidates near k.
     x <- hardMatrix("levels", 20000, 47)
     got <- expectGpuIdentical(x, 10, "cosine", label = "levels auto")
-    expect_match(attr(got$gpu, "precision"), "^tf32, then fp32")
+    expect_match(attr(got$gpu, "precision"), "^tf32, then tf32x3")
+    expect_lt(attr(got$gpu, "timings")$candidates, 40)
 })

@@ -343,8 +343,11 @@ test_that("the float32 rung climbs to float64 where candidates explode", {
 
 test_that("a rung the device lacks is refused by name", {
     x <- randomMatrix(30, 4, 44)
-    expect_error(knnSearch(x, k = 3, device = "cpu", precision = "tf32"),
-                 "'precision = \"tf32\"' is not a rung of the CPU")
+    for (rung in c("tf32", "tf32x3")) {
+        expect_error(knnSearch(x, k = 3, device = "cpu", precision = rung),
+                     sprintf("'precision = \"%s\"' is not a rung of the CPU",
+                             rung))
+    }
     expect_error(knnSearch(x, k = 3, device = "cpu", precision = "fp16"),
                  "'precision' must be one of")
     expect_error(knnGraph(x, k = 3, device = "cpu", precision = NA),
@@ -362,7 +365,8 @@ test_that("'precision' takes one choice, checked before the data is read", {
     expect_error(knnSearch(list("not", "nodes"), k = 3, precision = NA),
                  "'precision' must be one of")
     default <- knnSearch(x, k = 3, device = "cpu",
-                         precision = c("auto", "tf32", "fp32", "fp64"))
+                         precision = c("auto", "tf32", "fp32", "fp64",
+                                       "tf32x3"))
     auto <- knnSearch(x, k = 3, device = "cpu", precision = "auto")
     expect_identical(default[c("index", "distance")],
                      auto[c("index", "distance")])
