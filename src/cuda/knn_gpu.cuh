@@ -141,8 +141,8 @@ typedef struct {
     float *fast;      /* product metrics: fast vectors f, ldf x n_nodes */
     int ldf;          /* p rounded up to 4, zero padded: aligned rows let
                          cuBLAS use its tensor-core kernels */
-    float *split;     /* split TF32 (knn_nodes_split): per node 3 ldf
-                         floats, [hi | lo | hi] with f = hi + lo (to
+    float *split;     /* split TF32 (knn_nodes_split): per node 4 ldf
+                         floats, [hi | hi | lo | hi] with f = hi + lo (to
                          2^-22), both TF32 values; else NULL */
     float *sqnorm;    /* distances: |f|^2 */
     double *margin2;  /* per node: twice its candidate margin */
@@ -205,10 +205,10 @@ knn_status knn_select_candidates(const knn_select_args *a,
  * duplicates). So a product search starts in TF32 and goes on in split
  * TF32 (float32 where its arrays do not fit) after a tile that shows it
  * (knn_gemm_adaptive, knn_rung_too_wide; knn_gpu_loop.cu). Split TF32
- * errs about as float32 does (its margins are about twice float32's, from
- * the accumulation) and runs on tensor cores: some 2x float32's speed on
- * an H100 or H200. The request's `precision` can force one arithmetic for
- * the whole search. */
+ * errs nearly as little as float32 (its margins are some three times
+ * float32's, from the accumulation over 3p terms) and runs on tensor
+ * cores, faster than float32 on an H100 or H200. The request's
+ * `precision` can force one arithmetic for the whole search. */
 typedef enum {
     KNN_GEMM_FP32 = 0,
     KNN_GEMM_TF32,

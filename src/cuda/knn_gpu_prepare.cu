@@ -194,7 +194,7 @@ __device__ __forceinline__ float knn_round_tf32(float v)
 }
 
 /* One thread per value of the fast vectors (padding included, zeros):
- * f = hi + lo, written [hi | lo | hi] per node (knn_gpu_nodes.split). */
+ * f = hi + lo, written [hi | hi | lo | hi] per node (knn_gpu_nodes.split). */
 __global__ static void knn_split_kernel(const float *fast, int ldf,
                                         size_t n_vals, float *split)
 {
@@ -204,10 +204,11 @@ __global__ static void knn_split_kernel(const float *fast, int ldf,
     int f = (int)(t - node * (size_t)ldf);
     float v = fast[t];
     float hi = knn_round_tf32(v);
-    float *s = split + node * 3 * ldf;
+    float *s = split + node * 4 * ldf;
     s[f] = hi;
-    s[ldf + f] = knn_round_tf32(v - hi);
-    s[2 * ldf + f] = hi;
+    s[ldf + f] = hi;
+    s[2 * ldf + f] = knn_round_tf32(v - hi);
+    s[3 * ldf + f] = hi;
 }
 
 static knn_status knn_alloc(void **ptr, size_t bytes, char *message)
@@ -366,7 +367,7 @@ knn_status knn_nodes_split(knn_gpu_nodes *nodes, char *message,
                            cudaStream_t stream)
 {
     size_t n_vals = (size_t)nodes->ldf * nodes->n_nodes;
-    if (cudaMalloc((void **)&nodes->split, 3 * n_vals * sizeof(float)) !=
+    if (cudaMalloc((void **)&nodes->split, 4 * n_vals * sizeof(float)) !=
         cudaSuccess) {
         cudaGetLastError();
         nodes->split = NULL;

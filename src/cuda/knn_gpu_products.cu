@@ -5,8 +5,8 @@
  *
  *  - Product metrics: one cuBLAS GEMM, panel = F_rows^T F_ref with the fast
  *    vectors of knn_gpu_prepare.cu, float32 or TF32 inputs (knn_gemm_mode)
- *    with float32 accumulation; or, in split TF32, two GEMMs on tensor
- *    cores: hi.hi, then (hi, lo).(lo, hi) added to it. The caller sets the
+ *    with float32 accumulation; or, in split TF32, one GEMM on tensor
+ *    cores over (hi, hi, lo).(hi, lo, hi). The caller sets the
  *    handle's math mode and the margins use knn_gemm_units_of.
  *  - Manhattan: a direct float64 kernel. A 16 x 16 thread block computes a
  *    64 x 64 tile of pairs, 4 x 4 per thread, staging 16 features of both
@@ -53,14 +53,15 @@ int knn_gemm_tensor(knn_gemm_mode mode)
  * and may truncate: below 2^-10 relative.
  *
  * Split TF32: hi and lo are rounded to nearest TF32 (knn_nodes_split), so
- * f = hi + lo + e, |f - hi| <= 2^-11 |f|, |e| <= 2^-22 |f|. The dropped
- * terms lo.lo, hi.e, e.f add up to less than 3.01 2^-22 |f_i| |f_j|, with
- * f's own rounding from float64 3.51 2^-22. The first GEMM, hi.hi, errs
- * by (p + 4) unit_acc sum |hi_i hi_j|, which exceeds (p + 4) unit_acc |f_i|
- * |f_j| by (p + 4) 2^-33 at most; the second's 2p terms are below 2.01
- * 2^-11 |f_i| |f_j| together, so its sum errs by (p + 2) 1.005 2^-32, and
- * adding it to the first rounds once (1.01 2^-24). All but the first
- * GEMM's own error fit in 2 unit_in with unit_in = 2^-21 + (p + 4) 2^-32.
+ * f = hi + lo + e, |f - hi| <= 2^-11 |f|, |e| <= 2^-22 |f|. One GEMM over
+ * 3p terms sums hi.hi, hi.lo and lo.hi; it errs by (3p + 4) unit_acc
+ * times their absolute sum, at most (1 + 2^-9) |f_i| |f_j|. The dropped
+ * terms lo.lo, hi.e, e.f add up to less than 3.01 2^-22 |f_i| |f_j|, 3.51
+ * 2^-22 with f's own rounding from float64 (2^-24 on each side). All but
+ * (p + 4) unit_acc of that fit in 2 unit_in with unit_in = p 2^-23 +
+ * 2^-21 + (3p + 4) 2^-33: three times float32's margin, for a third of
+ * the passes over the panel that a GEMM of the small terms added to hi.hi
+ * would take (one write, not a write, a read and a write).
  */
 knn_gemm_units knn_gemm_units_of(knn_gemm_mode mode, int p)
 {
@@ -72,7 +73,7 @@ knn_gemm_units knn_gemm_units_of(knn_gemm_mode mode, int p)
         u.in = 0x1p-10;
         u.acc = 0x1p-23;
     } else {
-        u.in = 0x1p-21 + (p + 4.0) * 0x1p-32;
+        u.in = p * 0x1p-23 + 0x1p-21 + (3.0 * p + 4.0) * 0x1p-33;
         u.acc = 0x1p-23;
     }
     return u;
@@ -93,15 +94,16 @@ const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
     return switched && climbed[mode] ? climbed[mode] : one[mode];
 }
 
+/* panel = ref^T rows over `depth` values of vectors ldf floats apart. */
 static knn_status knn_sgemm(cublasHandle_t blas, const float *ref,
                             const float *rows_f, int ldf, int depth,
-                            int n_ref, int rows, float beta, float *panel,
-                            size_t ld, char *message)
+                            int n_ref, int rows, float *panel, size_t ld,
+                            char *message)
 {
-    const float one = 1.0f;
+    const float one = 1.0f, zero = 0.0f;
     KNN_BLAS_TRY(message, cublasSgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N, n_ref,
                                       rows, depth, &one, ref, ldf, rows_f,
-                                      ldf, &beta, panel, (int)ld));
+                                      ldf, &zero, panel, (int)ld));
     return KNN_OK;
 }
 
@@ -112,16 +114,13 @@ knn_status knn_panel_gemm(cublasHandle_t blas, const knn_gpu_nodes *nodes,
     int ldf = nodes->ldf, n_ref = nodes->n_ref;
     if (mode != KNN_GEMM_TF32X3)
         return knn_sgemm(blas, nodes->fast, nodes->fast + (size_t)node0 * ldf,
-                         ldf, ldf, n_ref, rows, 0.0f, panel, ld, message);
-    /* [hi | lo | hi] per node: hi.hi over the first ldf values, then the
-     * ref's (hi, lo) against the rows' (lo, hi), from their second. */
-    int lds = 3 * ldf;
-    const float *ref = nodes->split;
-    const float *tile = nodes->split + (size_t)node0 * lds;
-    KNN_TRY(knn_sgemm(blas, ref, tile, lds, ldf, n_ref, rows, 0.0f, panel,
-                      ld, message));
-    return knn_sgemm(blas, ref, tile + ldf, lds, 2 * ldf, n_ref, rows, 1.0f,
-                     panel, ld, message);
+                         ldf, ldf, n_ref, rows, panel, ld, message);
+    /* [hi | hi | lo | hi] per node: the ref's first three quarters against
+     * the rows' last three pair hi.hi, hi.lo and lo.hi. */
+    int lds = 4 * ldf;
+    return knn_sgemm(blas, nodes->split,
+                     nodes->split + (size_t)node0 * lds + ldf, lds, 3 * ldf,
+                     n_ref, rows, panel, ld, message);
 }
 
 __device__ static void knn_mh_stage(double (*dst)[KNN_MH_TILE + 1],
