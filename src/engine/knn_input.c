@@ -12,21 +12,28 @@
 /* Values below which the input checks stay on one thread. */
 #define KNN_PARALLEL_CHECK_MIN 131072.0
 
-/* Transposes in square blocks so both sides stay in cache. */
+/* Transposes in square blocks so both sides stay in cache, bands of
+ * nodes on several threads: a large matrix (1.2 GB of log-counts) is
+ * bound by memory bandwidth and by faulting in the fresh pages of `out`,
+ * neither of which one core saturates. */
 #define KNN_LAYOUT_BLOCK 32
 
 static void knn_transpose(const double *x, int nrow, int ncol, double *out)
 {
-    for (int r0 = 0; r0 < nrow; r0 += KNN_LAYOUT_BLOCK)
+    int nt = (double)nrow * ncol < KNN_PARALLEL_CHECK_MIN ? 1
+                                                          : knn_threads(0);
+    (void)nt; /* read only by the pragma, absent without OpenMP */
+    #pragma omp parallel for num_threads(nt) schedule(static)
+    for (int r0 = 0; r0 < nrow; r0 += KNN_LAYOUT_BLOCK) {
+        int r1 = r0 + KNN_LAYOUT_BLOCK < nrow ? r0 + KNN_LAYOUT_BLOCK : nrow;
         for (int c0 = 0; c0 < ncol; c0 += KNN_LAYOUT_BLOCK) {
-            int r1 = r0 + KNN_LAYOUT_BLOCK < nrow ? r0 + KNN_LAYOUT_BLOCK
-                                                  : nrow;
             int c1 = c0 + KNN_LAYOUT_BLOCK < ncol ? c0 + KNN_LAYOUT_BLOCK
                                                   : ncol;
             for (int r = r0; r < r1; r++)
                 for (int c = c0; c < c1; c++)
                     out[(size_t)r * ncol + c] = x[(size_t)c * nrow + r];
         }
+    }
 }
 
 static int knn_all_finite(const double *x, int p)
