@@ -3,7 +3,8 @@
 # CUDA, runs the whole test suite (the GPU tests run, not skip), the C-level
 # parity harness (tools/gpu-harness.c: knn_gpu_search against a plain
 # float64 reference), and compute-sanitizer memcheck and racecheck on a
-# small knnGraph (panel and fused paths). Logs and summary.txt go to $OUT (default /tmp/knngpu-check).
+# small knnGraph (panel, split TF32 and fused paths). Logs and summary.txt
+# go to $OUT (default /tmp/knngpu-check).
 #
 # Through the device tool, from this machine (R does not exist there):
 #   cd /work/main && ../shared/device/pack-r ALL Biobase BiocGenerics
@@ -89,6 +90,9 @@ sanitize() {
             g <- knnGraph(x, k = 600, device = "gpu", progress = FALSE)
             g <- knnGraph(t, k = 5, metric = "cosine", device = "gpu",
                           progress = FALSE)
+            for (m in c("pearson", "euclidean"))
+                g <- knnGraph(x, k = 20, metric = m, device = "gpu",
+                              precision = "tf32x3", progress = FALSE)
             Sys.setenv(KNNGPU_SELECT = "fused")
             for (m in c("pearson", "euclidean"))
                 g <- knnGraph(x, k = 20, metric = m, device = "gpu",
