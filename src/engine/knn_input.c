@@ -79,14 +79,17 @@ int knn_nonfinite_nodes(const double *x, int p, int n, int *bad, int max_bad)
 }
 
 /* A node a metric cannot use: constant (correlations), all zero (cosine).
- * A row of NaN has largest |value| 0 and a row of Inf is constant to these
- * tests, so a node that looks degenerate is one only if it is finite: the
- * finiteness check costs nothing on the nodes that pass. */
+ * Both tests stop at the first value that clears the node, which on real
+ * data is among its first few. A row of NaN compares unequal to anything,
+ * a row of Inf is constant to these tests, so a node that looks degenerate
+ * is one only if it is finite: the finiteness check costs nothing on the
+ * nodes that pass. */
 static int knn_is_degenerate(knn_metric metric, const double *x, int p)
 {
     if (!knn_is_correlation(metric)) return 0;
     if (metric == KNN_COSINE) {
-        if (knn_max_abs(x, p) != 0.0) return 0;
+        for (int f = 0; f < p; f++)
+            if (x[f] != 0.0) return 0;
     } else {
         for (int f = 1; f < p; f++)
             if (x[f] != x[0]) return 0;
@@ -94,9 +97,27 @@ static int knn_is_degenerate(knn_metric metric, const double *x, int p)
     return knn_all_finite(x, p);
 }
 
+/* Whether any node is degenerate, on several threads as
+ * knn_all_nodes_finite: the check runs on every search, and a node
+ * whose first values are all zero reads on. */
+static int knn_any_degenerate(knn_metric metric, const double *x, int p,
+                              int n)
+{
+    if (!knn_is_correlation(metric)) return 0;
+    int any = 0;
+    int nt = (double)p * n < KNN_PARALLEL_CHECK_MIN ? 1 : knn_threads(0);
+    (void)nt; /* read only by the pragma, absent without OpenMP */
+    #pragma omp parallel for num_threads(nt) schedule(static) \
+        reduction(||: any)
+    for (int j = 0; j < n; j++)
+        any = any || knn_is_degenerate(metric, x + (size_t)j * p, p);
+    return any;
+}
+
 int knn_degenerate_nodes(knn_metric metric, const double *x, int p, int n,
                          int *rows, int max_rows)
 {
+    if (!knn_any_degenerate(metric, x, p, n)) return 0;
     int found = 0;
     for (int j = 0; j < n; j++) {
         if (!knn_is_degenerate(metric, x + (size_t)j * p, p)) continue;
