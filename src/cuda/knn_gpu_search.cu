@@ -198,8 +198,11 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
 {
     double cand = 0.0;
     int switched = 0;
+    /* What the devices ended on: one that climbed says to what. */
+    knn_gemm_mode gemm = devs.empty() ? KNN_GEMM_FP32 : devs[0].gemm;
     rep->row_tile = 0;
     for (const knn_gpu_dev &d : devs) {
+        if (d.gemm_switched) gemm = d.gemm;
         switched |= d.gemm_switched;
         if (d.seconds_setup > rep->seconds_setup)
             rep->seconds_setup = d.seconds_setup;
@@ -218,9 +221,7 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
     rep->candidates = n_q > 0 ? cand / n_q : 0.0;
     rep->col_tile = devs.empty() ? 0 : devs[0].req->n_ref;
     snprintf(rep->precision, sizeof rep->precision, "%s",
-             knn_gemm_precision(m, devs.empty() ? KNN_GEMM_FP32
-                                                : devs[0].gemm,
-                                switched));
+             knn_gemm_precision(m, gemm, switched));
 }
 
 /* Whether a search runs on the calling thread: one device, and work that
