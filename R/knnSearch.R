@@ -50,11 +50,12 @@
 #'   data show its proven margin lets too many candidates through, e.g.
 #'   nodes whose neighbours are nearly equidistant. Split TF32
 #'   (\code{"tf32x3"}) writes each float32 value as the sum of two TF32
-#'   values and adds three tensor-core products, for float32's accuracy at
-#'   about half its cost; where its arrays do not fit in GPU memory the
-#'   climb goes to float32 instead. \code{"tf32"}, \code{"tf32x3"} (GPU
-#'   only), \code{"fp32"} (both) and \code{"fp64"} (CPU only) force one;
-#'   the result's \code{precision} attribute says which ran.
+#'   values and adds three tensor-core products, for nearly float32's
+#'   accuracy in about 0.6 of its time; where its arrays do not fit in GPU
+#'   memory the climb goes to float32 instead. \code{"tf32"},
+#'   \code{"tf32x3"} (GPU only), \code{"fp32"} (both) and \code{"fp64"}
+#'   (CPU only) force one; the result's \code{precision} attribute says
+#'   which ran.
 #' @param BPPARAM A \code{BiocParallelParam} (BiocParallel) whose workers
 #'   search blocks of the query nodes (of \code{x} itself without
 #'   \code{query}), each against every reference node, on the worker's GPU
