@@ -1,10 +1,15 @@
 /*
  * knn_gpu_rerank.cu: the exact float64 ranking of a row tile's candidates.
  *
- * 1. Keys: one block per query row, its threads striding over the row's
- *    candidate slots; each thread computes one candidate's canonical key
- *    with knn_key_corr / knn_key_dist of knn_exact.h (sequential over
- *    features, rounded operations), the same bits as the C engine.
+ * 1. Keys: one warp per query row, a lane per candidate slot, 32 slots at
+ *    a time. Each lane computes its candidate's canonical key as the C
+ *    engine does (knn_key_corr_of_dot over knn_dot_more, or
+ *    knn_key_dist_more, of knn_exact.h: sequential over the features,
+ *    rounded operations), so the bits are the same. The candidates'
+ *    values are read 32 features at a time into shared memory, a whole
+ *    warp per candidate (coalesced, where a lane reading its own node's
+ *    values would touch 32 nodes per load), and each lane then runs
+ *    through its own candidate's stretch there.
  * 2. Order: each key's reported distance (knn_key_distance, what results
  *    are ordered by) becomes 64 unsigned bits whose integer order is its
  *    order (-0 folded into +0, since the C engine's comparison treats them
@@ -19,7 +24,8 @@
 #include <cub/device/device_segmented_sort.cuh>
 #include "knn_gpu.cuh"
 
-#define KNN_KEY_THREADS 128
+#define KNN_KEY_WARPS 4  /* rows per block */
+#define KNN_KEY_CHUNK 32 /* features staged at a time */
 #define KNN_OUT_THREADS 256
 
 __device__ __forceinline__ uint64_t knn_order_bits64(double key)
@@ -28,22 +34,52 @@ __device__ __forceinline__ uint64_t knn_order_bits64(double key)
     return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
 }
 
-__global__ static void __launch_bounds__(KNN_KEY_THREADS)
+/* Stages features [f0, f0 + w) of the warp's n candidates (lane c holds
+ * candidate c's node j) into tile[c][0..w), one coalesced read each. */
+__device__ __forceinline__ void knn_key_stage(double (*tile)[KNN_KEY_CHUNK + 1],
+                                              const double *exact, int p,
+                                              int j, int n, int f0, int w,
+                                              int lane)
+{
+#pragma unroll 8
+    for (int c = 0; c < n; c++) {
+        int jc = __shfl_sync(0xffffffffu, j, c);
+        if (lane < w) tile[c][lane] = exact[(size_t)jc * p + f0 + lane];
+    }
+}
+
+__global__ static void __launch_bounds__(KNN_KEY_WARPS * 32)
 knn_key_kernel(knn_rerank_args a)
 {
+    __shared__ double stage[KNN_KEY_WARPS][32][KNN_KEY_CHUNK + 1];
     const knn_gpu_nodes *nd = &a.nodes;
-    int r = blockIdx.x, p = nd->p;
-    int i = a.row_node0 + r;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * KNN_KEY_WARPS + warp;
+    if (r >= a.rows) return; /* the whole warp: only warp syncs below */
+    double (*tile)[KNN_KEY_CHUNK + 1] = stage[warp];
+    int p = nd->p, i = a.row_node0 + r;
     const double *xi = nd->exact + (size_t)i * p;
     int corr = knn_is_correlation(a.metric);
-    for (int s = a.offsets[r] + threadIdx.x; s < a.seg_end[r];
-         s += blockDim.x) {
-        int j = a.cand_index[s];
-        const double *xj = nd->exact + (size_t)j * p;
-        double key = corr
-            ? knn_key_corr(a.metric, xi, xj, p, nd->sum[i], nd->css[i],
-                           nd->sum[j], nd->css[j])
-            : knn_key_dist(a.metric, xi, xj, p);
+    int end = a.seg_end[r];
+    for (int s0 = a.offsets[r]; s0 < end; s0 += 32) {
+        int n = min(32, end - s0), s = s0 + lane;
+        int j = lane < n ? a.cand_index[s] : 0;
+        double acc = 0.0; /* the dot product, or the distance sum */
+        for (int f0 = 0; f0 < p; f0 += KNN_KEY_CHUNK) {
+            int w = min(KNN_KEY_CHUNK, p - f0);
+            knn_key_stage(tile, nd->exact, p, j, n, f0, w, lane);
+            __syncwarp();
+            if (lane < n)
+                acc = corr ? knn_dot_more(xi + f0, tile[lane], w, acc)
+                           : knn_key_dist_more(a.metric, xi + f0, tile[lane],
+                                               w, acc);
+            __syncwarp();
+        }
+        if (lane >= n) continue;
+        double key = corr ? knn_key_corr_of_dot(a.metric, acc, p, nd->sum[i],
+                                                nd->css[i], nd->sum[j],
+                                                nd->css[j])
+                          : acc;
         a.cand_key[s] = key;
         a.sort_key[s] = knn_order_bits64(
             knn_key_distance(a.metric, key, nd->scale_exp));
@@ -80,7 +116,8 @@ knn_status knn_rerank_sort_bytes(int64_t n_slots, int rows, size_t *bytes,
 knn_status knn_rerank(const knn_rerank_args *a, char *message,
                       cudaStream_t stream)
 {
-    knn_key_kernel<<<a->rows, KNN_KEY_THREADS, 0, stream>>>(*a);
+    knn_key_kernel<<<(a->rows + KNN_KEY_WARPS - 1) / KNN_KEY_WARPS,
+                     KNN_KEY_WARPS * 32, 0, stream>>>(*a);
     KNN_LAUNCH_TRY(message, "knn_key_kernel");
     size_t temp_bytes = 0;
     KNN_TRY(knn_rerank_sort_bytes(a->n_slots, a->rows, &temp_bytes, message));

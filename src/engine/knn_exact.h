@@ -108,11 +108,18 @@ KNN_HD static inline double knn_sum(const double *x, int p)
     return s;
 }
 
+/* The dot product s continued over a[0..n), b[0..n): computed in pieces,
+ * in feature order, it has the bits of one computed whole. */
+KNN_HD static inline double knn_dot_more(const double *a, const double *b,
+                                         int n, double s)
+{
+    for (int f = 0; f < n; f++) s = KNN_ADD(s, KNN_MUL(a[f], b[f]));
+    return s;
+}
+
 KNN_HD static inline double knn_dot(const double *a, const double *b, int p)
 {
-    double s = 0.0;
-    for (int f = 0; f < p; f++) s = KNN_ADD(s, KNN_MUL(a[f], b[f]));
-    return s;
+    return knn_dot_more(a, b, p, 0.0);
 }
 
 /* Twice the average rank (ties share their mean rank, as R's rank() and
@@ -182,19 +189,29 @@ KNN_HD static inline double knn_corr_kappa(knn_metric m, const double *u,
     return knn_is_centred(m) ? p * knn_dot(u, u, p) / css : 1.0;
 }
 
-/* Canonical key of a pair of correlation-metric nodes. */
-KNN_HD static inline double knn_key_corr(knn_metric m, const double *ui,
-                                         const double *uj, int p,
-                                         double sum_i, double css_i,
-                                         double sum_j, double css_j)
+/* Canonical key of a pair of correlation-metric nodes from the dot
+ * product of their canonical forms (knn_dot). */
+KNN_HD static inline double knn_key_corr_of_dot(knn_metric m, double dot,
+                                                int p, double sum_i,
+                                                double css_i, double sum_j,
+                                                double css_j)
 {
-    double dot = knn_dot(ui, uj, p);
     double s = knn_is_centred(m)
         ? KNN_SUB(KNN_MUL((double)p, dot), KNN_MUL(sum_i, sum_j)) : dot;
     double q = KNN_DIV(KNN_MUL(s, s), KNN_MUL(css_i, css_j));
     if (q > 1.0) q = 1.0;
     if (m == KNN_ABSPEARSON) return -q;
     return s < 0.0 ? q : -q;
+}
+
+/* Canonical key of a pair of correlation-metric nodes. */
+KNN_HD static inline double knn_key_corr(knn_metric m, const double *ui,
+                                         const double *uj, int p,
+                                         double sum_i, double css_i,
+                                         double sum_j, double css_j)
+{
+    return knn_key_corr_of_dot(m, knn_dot(ui, uj, p), p, sum_i, css_i,
+                               sum_j, css_j);
 }
 
 /* The canonical distance sum s continued over features a[0..n), b[0..n):
