@@ -120,7 +120,9 @@ test_that("an interrupt stops the engine and frees it cleanly", {
     got <- searchUnderTimeLimit(0.3, x, k = 10, metric = "euclidean",
                                 device = "cpu")
     expect_match(got$err, "interrupted|time limit")
-    expect_lt(got$took, 3)
+    ## The instrumented build of tools/sanitize.sh runs several times
+    ## slower, so its polls come later.
+    if (!nzchar(Sys.getenv("KNNGPU_SANITIZED"))) expect_lt(got$took, 3)
     again <- knnSearch(x[1:200, ], k = 3, metric = "euclidean",
                        device = "cpu")
     expect_identical(dim(again$index), c(200L, 3L))
