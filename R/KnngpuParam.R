@@ -70,7 +70,8 @@
 KnngpuParam <- function(metric = c("euclidean", "manhattan", "cosine"),
                         device = c("auto", "cpu", "gpu"), threads = NULL,
                         devices = NULL,
-                        precision = c("auto", "tf32", "fp32", "fp64", "tf32x3")) {
+                        precision = c("auto", "tf32", "fp32", "fp64",
+                                      "tf32x3")) {
     metric <- .checkChoice(metric[1L], names(.bnDistances), "metric")
     device <- .checkChoice(device[1L], c("auto", "cpu", "gpu"), "device")
     threads <- .checkThreads(threads)

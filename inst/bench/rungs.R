@@ -65,7 +65,8 @@ for (kind in kinds) {
             if (is.null(first)) first <- got$index
             stopifnot(identical(got$index, first))
             tm <- attr(got, "timings")
-            emit(sprintf("| %s | %s | %d x %d | %d | %s | %.3f | %.3f | %.3f | %.1f | %s |",
+            emit(sprintf(paste("| %s | %s | %d x %d | %d | %s | %.3f |",
+                               "%.3f | %.3f | %.1f | %s |"),
                          kind, metric, ncol(nodes), nrow(nodes), k, rung,
                          seconds, tm$seconds_search, tm$seconds_rerank,
                          tm$candidates, attr(got, "precision")))
