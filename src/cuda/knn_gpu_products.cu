@@ -82,16 +82,15 @@ knn_gemm_units knn_gemm_units_of(knn_gemm_mode mode, int p)
 const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
                                int switched)
 {
-    static const char *const climbed[] = {
-        "tf32, then fp32 GEMM candidates + fp64 exact re-rank", NULL,
-        "tf32, then tf32x3 GEMM candidates + fp64 exact re-rank"};
-    static const char *const one[] = {
-        "fp32 GEMM candidates + fp64 exact re-rank",
-        "tf32 GEMM candidates + fp64 exact re-rank",
-        "tf32x3 GEMM candidates + fp64 exact re-rank"};
     if (!knn_uses_product(metric))
         return "fp64 direct candidates + fp64 exact re-rank";
-    return switched && climbed[mode] ? climbed[mode] : one[mode];
+    if (mode == KNN_GEMM_TF32)
+        return "tf32 GEMM candidates + fp64 exact re-rank";
+    if (mode == KNN_GEMM_FP32)
+        return switched ? "tf32, then fp32 GEMM candidates + fp64 exact re-rank"
+                        : "fp32 GEMM candidates + fp64 exact re-rank";
+    return switched ? "tf32, then tf32x3 GEMM candidates + fp64 exact re-rank"
+                    : "tf32x3 GEMM candidates + fp64 exact re-rank";
 }
 
 /* panel = ref^T rows over `depth` values of vectors ldf floats apart. */
