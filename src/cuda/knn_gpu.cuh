@@ -242,8 +242,10 @@ const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
 int knn_fused_choose(knn_select_force force, knn_metric metric,
                      knn_gemm_mode gemm, int k, int p, int rows,
                      int sm_count);
-/* Rows of one wave of the fused kernel's blocks on sm_count SMs. */
-int knn_fused_wave_rows(int sm_count);
+/* Rows of one full wave of the fused kernel's blocks on sm_count SMs:
+ * as many blocks as each SM holds at once for this k and score kind. */
+knn_status knn_fused_wave_rows(knn_score_kind kind, int k, int sm_count,
+                               int *rows, char *message);
 /* Survivor slots per row for the fused path: the nodes that passed a
  * row's running threshold, which outnumber its final candidates. */
 int knn_fused_survivor_slots(int k, int n_ref, int avail);

@@ -79,10 +79,6 @@
 #define KNN_FUSED_AUTO_MAX_FEATURES 160
 #define KNN_FUSED_SMS_PER_BLOCK 4        /* fewest blocks: SMs / 4 */
 
-int knn_fused_wave_rows(int sm_count)
-{
-    return KNN_FUSED_ROWS * sm_count;
-}
 
 int knn_fused_choose(knn_select_force force, knn_metric metric,
                      knn_gemm_mode gemm, int k, int p, int rows,
@@ -731,6 +727,44 @@ static knn_status knn_fused_launch(const knn_fused_args *a, char *message,
     unsigned blocks = (a->sel.rows + KNN_FUSED_ROWS - 1) / KNN_FUSED_ROWS;
     knn_fused_kernel<KIND><<<blocks, KNN_FUSED_THREADS, smem, stream>>>(*a);
     KNN_LAUNCH_TRY(message, "knn_fused_kernel");
+    return KNN_OK;
+}
+
+/* Blocks of the kind's kernel that one SM holds at once for this k
+ * (registers and shared memory decide it), at least one. */
+template <int KIND>
+static knn_status knn_fused_blocks_per_sm(int k, int *blocks, char *message)
+{
+    size_t smem = knn_fused_smem_bytes(k);
+    KNN_CUDA_TRY(message, cudaFuncSetAttribute(
+        knn_fused_kernel<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        (int)smem));
+    KNN_CUDA_TRY(message, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        blocks, knn_fused_kernel<KIND>, KNN_FUSED_THREADS, smem));
+    if (*blocks < 1) *blocks = 1;
+    return KNN_OK;
+}
+
+knn_status knn_fused_wave_rows(knn_score_kind kind, int k, int sm_count,
+                               int *rows, char *message)
+{
+    int blocks = 1;
+    switch (kind) {
+    case KNN_SCORE_NEG:
+        KNN_TRY(knn_fused_blocks_per_sm<KNN_SCORE_NEG>(k, &blocks, message));
+        break;
+    case KNN_SCORE_NEGABS:
+        KNN_TRY(knn_fused_blocks_per_sm<KNN_SCORE_NEGABS>(k, &blocks,
+                                                          message));
+        break;
+    case KNN_SCORE_DIST:
+        KNN_TRY(knn_fused_blocks_per_sm<KNN_SCORE_DIST>(k, &blocks,
+                                                        message));
+        break;
+    default:
+        break;
+    }
+    *rows = KNN_FUSED_ROWS * blocks * sm_count;
     return KNN_OK;
 }
 

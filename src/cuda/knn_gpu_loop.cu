@@ -476,8 +476,8 @@ static knn_status knn_dev_leave_fused(knn_gpu_dev *d)
 }
 
 /* Two tiles in flight: tile t is queued before tile t-1 is collected.
- * A fused search that may still climb starts with a probe: one wave of
- * blocks (128 rows per SM), collected before any other tile is queued, so
+ * A fused search that may still climb starts with a probe: one full wave
+ * of blocks, collected before any other tile is queued, so
  * that data which needs a finer arithmetic costs that wave, not a whole
  * tile, in TF32. */
 knn_status knn_dev_search(knn_gpu_dev *d)
@@ -491,7 +491,7 @@ knn_status knn_dev_search(knn_gpu_dev *d)
         int queued = -1, rewind = 0;
         if (next < end) {
             int rows = end - next < t->rows ? end - next : t->rows;
-            if (probe && rows > d->probe_rows) rows = d->probe_rows;
+            if (probe && rows > d->wave_rows) rows = d->wave_rows;
             knn_tile_slots ts = knn_slots_uniform(t, rows);
             KNN_TRY(knn_tile_enqueue(d, next, rows, &ts, s));
             queued = s;

@@ -82,7 +82,8 @@ typedef struct {
     int gemm_adaptive;      /* may still give TF32 up for float32 */
     int gemm_switched;      /* did */
     int fused;              /* tiles take the fused path (TF32 only) */
-    int probe_rows;         /* fused: rows of one wave of blocks */
+    int wave_rows;          /* fused: rows of one full wave of blocks
+                               (every SM holding all the blocks it can) */
     knn_gpu_context *ctx;   /* the device's stream, handle, staging */
     cudaStream_t stream;    /* ctx's */
     cublasHandle_t blas;
