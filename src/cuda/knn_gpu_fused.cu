@@ -17,19 +17,23 @@
  *  - epilogue: each product becomes the row's fast score (knn_score_from,
  *    the panel path's rounded operations) and only scores at or below the
  *    row's running threshold go on, into a short list per row in shared
- *    memory;
- *  - owners: thread r < 128 owns row r. It inserts its list into the row's
- *    k smallest scores so far (an array in shared memory), takes now and
- *    then the threshold knn_row_bound(k-th of them), rounded down to
- *    float (knn_owner_tighten), and appends the listed nodes under the
+ *    memory, which gathers over several column blocks;
+ *  - owners: thread r < 128 owns row r. When its list is half full, every
+ *    KNN_FUSED_TIGHTEN_EVERY blocks, on each of the first
+ *    KNN_FUSED_EARLY_BLOCKS and on the last, it inserts the list into the
+ *    row's k smallest scores so far (an array in shared memory), takes
+ *    the threshold knn_row_bound(k-th of them), rounded down to float
+ *    (knn_owner_tighten), and appends the listed nodes under the
  *    threshold, in node order, to the row's survivors in device memory
  *    (score bits and node packed in 64 bits; a buffer of their own, since
  *    they include nodes that passed looser thresholds and so outnumber the
- *    candidates).
+ *    candidates). On the other blocks an owner only reads its list's
+ *    count, so the warps seldom wait for the owners at a barrier.
  * A column block where some row's list overflows (the first always does:
- * thresholds start at infinity) is taken whole instead: its scores go to
- * shared memory, 64 rows at a time (over the second staging buffer, idle
- * then), and each owner scans its row.
+ * thresholds start at infinity) is taken whole instead: the owners first
+ * take their lists as far as the earlier blocks filled them, then the
+ * block's scores go to shared memory, 64 rows at a time (over the second
+ * staging buffer, idle then), and each owner scans its row.
  *
  * Why this is the panel path's candidate set, or a superset of it: a
  * threshold is the bound of the k-th smallest score of nodes already seen,
@@ -336,12 +340,13 @@ struct knn_fused_shared {
     float *tile;        /* [64][KNN_FUSED_TILE_LD] */
     float *col_sq;      /* [2][128]: column blocks' |f_j|^2, by parity */
     float *list_score;  /* [KNN_FUSED_LIST][128] */
-    int *list_col;      /* [KNN_FUSED_LIST][128], column in the block */
+    int *list_node;     /* [KNN_FUSED_LIST][128] */
     float *threshold;   /* [128] */
     float *row_sq;      /* [128]: distances, the rows' |f_i|^2 */
     float *best;        /* [k][128]: row r's k smallest, column r */
     int *list_count;    /* [128] */
-    int *overflow;
+    int *overflow;      /* the last column block whose lists overflowed,
+                           numbered from 1 */
 };
 
 __device__ __forceinline__ knn_fused_shared knn_fused_carve(float *base,
@@ -352,8 +357,8 @@ __device__ __forceinline__ knn_fused_shared knn_fused_carve(float *base,
     sh.tile = base + KNN_FUSED_STAGE;
     sh.col_sq = base + KNN_FUSED_STAGING;
     sh.list_score = sh.col_sq + 2 * KNN_FUSED_COLS;
-    sh.list_col = (int *)(sh.list_score + KNN_FUSED_LIST * KNN_FUSED_ROWS);
-    sh.threshold = (float *)(sh.list_col + KNN_FUSED_LIST * KNN_FUSED_ROWS);
+    sh.list_node = (int *)(sh.list_score + KNN_FUSED_LIST * KNN_FUSED_ROWS);
+    sh.threshold = (float *)(sh.list_node + KNN_FUSED_LIST * KNN_FUSED_ROWS);
     sh.row_sq = sh.threshold + KNN_FUSED_ROWS;
     sh.best = sh.row_sq + KNN_FUSED_ROWS;
     sh.list_count = (int *)(sh.best + (size_t)k * KNN_FUSED_ROWS);
@@ -370,6 +375,7 @@ struct knn_owner {
     int kth_at;     /* k-th smallest so far, and its place in best */
     int stale;      /* they changed since the bound was last taken */
     int survivors;  /* appended so far (may pass sslots) */
+    int listed;     /* list entries from the column blocks before this one */
     float bound;    /* the row's threshold */
 };
 
@@ -409,24 +415,24 @@ __device__ __forceinline__ int knn_best_insert(float *best, int k,
     return 1;
 }
 
+/* When an owner takes its list (see the top of the file): that costs a
+ * pass over shared memory, and the bound float64 square roots and
+ * divisions, a long chain the block's other warps would wait for at the
+ * next barrier. So after the first blocks, where thresholds fall fast,
+ * lists are taken every KNN_FUSED_TIGHTEN_EVERY column blocks: a
+ * threshold from an older, larger k-th smallest only lets a few more
+ * survivors through, since the bound grows with the k-th. */
+#define KNN_FUSED_TIGHTEN_EVERY 8
+#define KNN_FUSED_EARLY_BLOCKS 16
+
 /* The row's threshold once its k smallest are known: the candidate bound,
  * rounded down to a float (a float score is at most the bound exactly when
- * it is at most that float). The bound costs float64 square roots and
- * divisions, a long chain the block's other warps would wait for at the
- * next barrier, so it is taken when the k smallest first fill up and then
- * at most every KNN_FUSED_TIGHTEN_EVERY column blocks (when they changed
- * since): a threshold from an older, larger k-th smallest only lets a few
- * more survivors through, since the bound grows with the k-th. */
-#define KNN_FUSED_TIGHTEN_EVERY 8
-
+ * it is at most that float). */
 __device__ __forceinline__ void knn_owner_tighten(const knn_select_args &a,
-                                                  knn_owner *o, int changed,
-                                                  int col0)
+                                                  knn_owner *o, int changed)
 {
     o->stale |= changed;
     if (!o->stale || o->filled < a.k) return;
-    int block = col0 / KNN_FUSED_COLS;
-    if (o->bound < INFINITY && block % KNN_FUSED_TIGHTEN_EVERY != 0) return;
     double b = knn_row_bound(a, o->w, (double)o->kth);
     o->bound = fminf(o->bound, __double2float_rd(b));
     o->stale = 0;
@@ -442,16 +448,16 @@ __device__ __forceinline__ void knn_owner_append(const knn_fused_args &a,
     o->survivors++;
 }
 
-/* The owner's share of a column block from its list: sorted by node, into
- * the k smallest, then appended under the tightened threshold. */
+/* The owner takes the first n entries of its list: sorted by node, into
+ * the k smallest, then appended under the tightened threshold; the list
+ * is emptied. */
 __device__ void knn_owner_list(const knn_fused_args &a,
                                const knn_fused_shared &sh, knn_owner *o,
-                               int col0)
+                               int n)
 {
     int r = threadIdx.x;
-    int n = min(sh.list_count[r], KNN_FUSED_LIST);
     float *score = sh.list_score + r, *best = sh.best + r;
-    int *col = sh.list_col + r;
+    int *col = sh.list_node + r;
     for (int i = 1; i < n; i++) {
         float s = score[i * KNN_FUSED_ROWS];
         int c = col[i * KNN_FUSED_ROWS], j = i - 1;
@@ -466,12 +472,31 @@ __device__ void knn_owner_list(const knn_fused_args &a,
     for (int i = 0; i < n; i++)
         changed |= knn_best_insert(best, a.sel.k, o,
                                    score[i * KNN_FUSED_ROWS]);
-    knn_owner_tighten(a.sel, o, changed, col0);
+    knn_owner_tighten(a.sel, o, changed);
     for (int i = 0; i < n; i++) {
         float s = score[i * KNN_FUSED_ROWS];
         if (s <= o->bound)
-            knn_owner_append(a, o, s, col0 + col[i * KNN_FUSED_ROWS]);
+            knn_owner_append(a, o, s, col[i * KNN_FUSED_ROWS]);
     }
+    sh.list_count[r] = 0;
+    o->listed = 0;
+}
+
+/* After column block `block` (from 0), whose lists all fitted: whether
+ * the owner takes its list now or leaves it to gather (see
+ * KNN_FUSED_TIGHTEN_EVERY). */
+__device__ __forceinline__ void knn_owner_after(const knn_fused_args &a,
+                                                const knn_fused_shared &sh,
+                                                knn_owner *o, int block,
+                                                bool last)
+{
+    int n = sh.list_count[threadIdx.x];
+    if (last || block < KNN_FUSED_EARLY_BLOCKS ||
+        n >= KNN_FUSED_LIST / 2 ||
+        block % KNN_FUSED_TIGHTEN_EVERY == KNN_FUSED_TIGHTEN_EVERY - 1)
+        knn_owner_list(a, sh, o, n);
+    else
+        o->listed = n;
 }
 
 /* The owner's share of a column block taken whole: the row's 128 scores
@@ -487,7 +512,7 @@ __device__ void knn_owner_tile(const knn_fused_args &a,
     for (int c = 0; c < KNN_FUSED_COLS; c++)
         if (row[c] <= o->bound)
             changed |= knn_best_insert(best, a.sel.k, o, row[c]);
-    knn_owner_tighten(a.sel, o, changed, col0);
+    knn_owner_tighten(a.sel, o, changed);
     for (int c = 0; c < KNN_FUSED_COLS; c++)
         if (row[c] <= o->bound) knn_owner_append(a, o, row[c], col0 + c);
 }
@@ -566,19 +591,20 @@ __device__ __forceinline__ void knn_fused_tile_half(
 }
 
 /* Lists score v of column cl (node col0 + cl) for block row rl, unless
- * there is no such node or it is the row's own. */
+ * there is no such node or it is the row's own; a full list marks the
+ * column block (`tag`: its number from 1) as overflowed. */
 __device__ __forceinline__ void knn_fused_list(const knn_select_args &s,
                                                const knn_fused_shared &sh,
                                                float v, int rl, int cl,
-                                               int self0, int col0)
+                                               int self0, int col0, int tag)
 {
     if (!knn_fused_is_node(s, self0, rl, col0 + cl)) return;
     int pos = atomicAdd(&sh.list_count[rl], 1);
     if (pos < KNN_FUSED_LIST) {
         sh.list_score[pos * KNN_FUSED_ROWS + rl] = v;
-        sh.list_col[pos * KNN_FUSED_ROWS + rl] = cl;
+        sh.list_node[pos * KNN_FUSED_ROWS + rl] = col0 + cl;
     } else {
-        *sh.overflow = 1;
+        *sh.overflow = tag;
     }
 }
 
@@ -592,7 +618,7 @@ template <int KIND>
 __device__ __forceinline__ void knn_fused_epilogue(
     const knn_select_args &s, const knn_fused_shared &sh,
     const float *col_sq, const float (&acc)[4][4][4],
-    int self0, int col0)
+    int self0, int col0, int tag)
 {
     knn_frag fr = knn_frag_of();
     float row_sq[4][2];
@@ -630,7 +656,7 @@ __device__ __forceinline__ void knn_fused_epilogue(
                     float v = knn_score_from<KIND>(a, row_sq[mt][h], csq);
                     if (v <= bound[mt][h])
                         knn_fused_list(s, sh, v, knn_frag_row(fr, mt, h), cl,
-                                       self0, col0);
+                                       self0, col0, tag);
                 }
         }
 }
@@ -661,10 +687,14 @@ knn_fused_kernel(knn_fused_args a)
         o.kth_at = 0;
         o.stale = 0;
         o.survivors = 0;
+        o.listed = 0;
         o.bound = INFINITY;
     }
     if (threadIdx.x < KNN_FUSED_ROWS) {
-        sh.threshold[threadIdx.x] = owner ? INFINITY : -INFINITY;
+        /* A row past the tile has a NaN threshold, under which no score
+         * is, so its list stays empty. */
+        sh.threshold[threadIdx.x] = owner ? INFINITY
+                                          : __int_as_float(0x7fffffff);
         sh.row_sq[threadIdx.x] = KIND == KNN_SCORE_DIST && owner
             ? s.row_sqnorm[row0 + threadIdx.x] : 0.0f;
         sh.list_count[threadIdx.x] = 0;
@@ -675,8 +705,8 @@ knn_fused_kernel(knn_fused_args a)
      * self0 < 0). */
     int self0 = s.self_first >= 0 ? s.self_first + row0 : -1;
 
-    for (int col0 = 0, parity = 0; col0 < s.n_cols;
-         col0 += KNN_FUSED_COLS, parity ^= 1) {
+    for (int col0 = 0, parity = 0, block = 0; col0 < s.n_cols;
+         col0 += KNN_FUSED_COLS, parity ^= 1, block++) {
         float acc[4][4][4];
         knn_fused_products(a, sh.stage, row0, col0, acc);
         const float *col_sq = sh.col_sq + parity * KNN_FUSED_COLS;
@@ -686,12 +716,18 @@ knn_fused_kernel(knn_fused_args a)
                                                      KNN_FUSED_COLS,
                                      row0, col0 + KNN_FUSED_COLS);
 
-        knn_fused_epilogue<KIND>(s, sh, col_sq, acc, self0, col0);
+        knn_fused_epilogue<KIND>(s, sh, col_sq, acc, self0, col0,
+                                 block + 1);
         __syncthreads();
-        if (*sh.overflow) {
-            /* Some list overflowed: the block is taken whole, 64 rows at a
-             * time (warps of row half h write, owners of those rows
-             * read). */
+        /* Owners and the overflow flag need no barrier after them: the
+         * lists, thresholds and flag are next written in the next block's
+         * epilogue, after its products' barriers. */
+        bool last = col0 + KNN_FUSED_COLS >= s.n_cols;
+        if (*sh.overflow == block + 1) {
+            /* Some list overflowed: the lists as the earlier blocks left
+             * them are taken, then this block whole, 64 rows at a time
+             * (warps of row half h write, owners of those rows read). */
+            if (owner) knn_owner_list(a, sh, &o, o.listed);
             for (int h = 0; h < 2; h++) {
                 if (wm == h)
                     knn_fused_tile_half<KIND>(s, sh, col_sq, acc, self0,
@@ -703,12 +739,9 @@ knn_fused_kernel(knn_fused_args a)
                 __syncthreads();
             }
         } else if (owner) {
-            knn_owner_list(a, sh, &o, col0);
+            knn_owner_after(a, sh, &o, block, last);
         }
         if (owner) sh.threshold[threadIdx.x] = o.bound;
-        if (threadIdx.x < KNN_FUSED_ROWS) sh.list_count[threadIdx.x] = 0;
-        __syncthreads(); /* everyone has read the flag; lists are free */
-        if (threadIdx.x == 0) *sh.overflow = 0;
     }
     if (owner)
         knn_owner_finish(a, &o, row0 + threadIdx.x);
