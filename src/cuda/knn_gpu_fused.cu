@@ -69,17 +69,18 @@
  * crossovers inst/bench/fused_crossover.R measured (inst/bench/RESULTS.md,
  * "Fused candidates", 200000 nodes on an H200, three runs): 0.22x to
  * 0.67x the panel path's time for k up to 10 at up to 128 features, 0.74x
- * to 0.95x at k = 24; at k = 32 it was 0.85x to 1.16x (within the runs'
- * noise at 16 and 50 features), and it loses at k = 100 and at 295
- * features, where the products dominate and cuBLAS computes them
- * faster. With few blocks the panel
+ * to 0.95x at k = 24; at k = 32 it was 0.85x to 1.16x. With whole waves
+ * and lists taken every few blocks (2026-11-24 04:33 UTC, one run) k = 24
+ * took 0.66x to 0.86x and k = 32 0.81x to 0.98x at 16 to 128 features; it
+ * loses at k = 100 and at 295 features, where the products dominate and
+ * cuBLAS computes them faster. With few blocks the panel
  * path, whose GEMM splits columns too, keeps the device busier: 2048
  * queries (16 blocks) took 1.63x to 1.75x, 8192 (64) 0.76x to 0.83x,
  * 32768 0.38x to 0.56x; the fused path needs a block per 4 SMs.
  * KNN_FUSED_MAX_K is the kernel's limit, for forced runs: its shared
  * memory grows by 512 bytes per unit of k. */
 #define KNN_FUSED_MAX_K 128
-#define KNN_FUSED_AUTO_MAX_K 24
+#define KNN_FUSED_AUTO_MAX_K 32
 #define KNN_FUSED_AUTO_MAX_FEATURES 160
 #define KNN_FUSED_SMS_PER_BLOCK 4        /* fewest blocks: SMs / 4 */
 
