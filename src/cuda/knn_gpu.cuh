@@ -220,9 +220,9 @@ knn_gemm_mode knn_gemm_choose(knn_precision force);
 /* Whether the search may give TF32 up for a finer arithmetic (not
  * forced, a product metric). */
 int knn_gemm_adaptive(knn_precision force, knn_metric metric);
-/* Whether the arithmetic runs on tensor cores (the cuBLAS handle's math
- * mode). */
-int knn_gemm_tensor(knn_gemm_mode mode);
+/* The cuBLAS handle's math mode for the arithmetic: tensor cores (TF32,
+ * split TF32) or float32 units. */
+cublasMath_t knn_gemm_math(knn_gemm_mode mode);
 
 /* unit_in and unit_acc of knn_margin_* for an arithmetic and p features
  * (knn_gpu_products.cu says why each holds). */

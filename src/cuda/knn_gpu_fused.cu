@@ -84,7 +84,6 @@
 #define KNN_FUSED_AUTO_MAX_FEATURES 160
 #define KNN_FUSED_SMS_PER_BLOCK 4        /* fewest blocks: SMs / 4 */
 
-
 int knn_fused_choose(knn_select_force force, knn_metric metric,
                      knn_gemm_mode gemm, int k, int p, int rows,
                      int sm_count)
@@ -458,16 +457,16 @@ __device__ void knn_owner_list(const knn_fused_args &a,
 {
     int r = threadIdx.x;
     float *score = sh.list_score + r, *best = sh.best + r;
-    int *col = sh.list_node + r;
+    int *node = sh.list_node + r;
     for (int i = 1; i < n; i++) {
         float s = score[i * KNN_FUSED_ROWS];
-        int c = col[i * KNN_FUSED_ROWS], j = i - 1;
-        for (; j >= 0 && col[j * KNN_FUSED_ROWS] > c; j--) {
+        int c = node[i * KNN_FUSED_ROWS], j = i - 1;
+        for (; j >= 0 && node[j * KNN_FUSED_ROWS] > c; j--) {
             score[(j + 1) * KNN_FUSED_ROWS] = score[j * KNN_FUSED_ROWS];
-            col[(j + 1) * KNN_FUSED_ROWS] = col[j * KNN_FUSED_ROWS];
+            node[(j + 1) * KNN_FUSED_ROWS] = node[j * KNN_FUSED_ROWS];
         }
         score[(j + 1) * KNN_FUSED_ROWS] = s;
-        col[(j + 1) * KNN_FUSED_ROWS] = c;
+        node[(j + 1) * KNN_FUSED_ROWS] = c;
     }
     int changed = 0;
     for (int i = 0; i < n; i++)
@@ -477,7 +476,7 @@ __device__ void knn_owner_list(const knn_fused_args &a,
     for (int i = 0; i < n; i++) {
         float s = score[i * KNN_FUSED_ROWS];
         if (s <= o->bound)
-            knn_owner_append(a, o, s, col[i * KNN_FUSED_ROWS]);
+            knn_owner_append(a, o, s, node[i * KNN_FUSED_ROWS]);
     }
     sh.list_count[r] = 0;
     o->listed = 0;
@@ -750,14 +749,24 @@ knn_fused_kernel(knn_fused_args a)
 
 /* ---- dispatch ---------------------------------------------------------- */
 
+/* Lets the kind's kernel take the shared memory it needs for this k
+ * (*smem bytes; beyond 48 KB a kernel must be allowed it). */
+template <int KIND>
+static knn_status knn_fused_allow_smem(int k, size_t *smem, char *message)
+{
+    *smem = knn_fused_smem_bytes(k);
+    KNN_CUDA_TRY(message, cudaFuncSetAttribute(
+        knn_fused_kernel<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+        (int)*smem));
+    return KNN_OK;
+}
+
 template <int KIND>
 static knn_status knn_fused_launch(const knn_fused_args *a, char *message,
                                    cudaStream_t stream)
 {
-    size_t smem = knn_fused_smem_bytes(a->sel.k);
-    KNN_CUDA_TRY(message, cudaFuncSetAttribute(
-        knn_fused_kernel<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        (int)smem));
+    size_t smem = 0;
+    KNN_TRY(knn_fused_allow_smem<KIND>(a->sel.k, &smem, message));
     unsigned blocks = (a->sel.rows + KNN_FUSED_ROWS - 1) / KNN_FUSED_ROWS;
     knn_fused_kernel<KIND><<<blocks, KNN_FUSED_THREADS, smem, stream>>>(*a);
     KNN_LAUNCH_TRY(message, "knn_fused_kernel");
@@ -769,10 +778,8 @@ static knn_status knn_fused_launch(const knn_fused_args *a, char *message,
 template <int KIND>
 static knn_status knn_fused_blocks_per_sm(int k, int *blocks, char *message)
 {
-    size_t smem = knn_fused_smem_bytes(k);
-    KNN_CUDA_TRY(message, cudaFuncSetAttribute(
-        knn_fused_kernel<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        (int)smem));
+    size_t smem = 0;
+    KNN_TRY(knn_fused_allow_smem<KIND>(k, &smem, message));
     KNN_CUDA_TRY(message, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         blocks, knn_fused_kernel<KIND>, KNN_FUSED_THREADS, smem));
     if (*blocks < 1) *blocks = 1;

@@ -397,9 +397,7 @@ static knn_status knn_dev_climb(knn_gpu_dev *d)
     d->gemm_adaptive = 0;
     d->gemm_switched = 1;
     KNN_BLAS_TRY(d->message,
-                 cublasSetMathMode(d->blas, knn_gemm_tensor(d->gemm)
-                                                ? CUBLAS_TF32_TENSOR_OP_MATH
-                                                : CUBLAS_DEFAULT_MATH));
+                 cublasSetMathMode(d->blas, knn_gemm_math(d->gemm)));
     return knn_nodes_remargin(d->req->metric, &d->nodes, d->gemm, d->message,
                               d->stream);
 }

@@ -409,10 +409,11 @@ knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
     else
         KNN_TRY(knn_prepare_dist(metric, x, nodes, query_max_abs, &sc,
                                  message, stream));
-    if (knn_uses_product(metric))
+    if (knn_uses_product(metric)) {
         KNN_TRY(knn_nodes_remargin(metric, nodes, gemm, message, stream));
-    if (knn_uses_product(metric) && gemm == KNN_GEMM_TF32X3)
-        KNN_TRY(knn_nodes_split(nodes, message, stream));
+        if (gemm == KNN_GEMM_TF32X3)
+            KNN_TRY(knn_nodes_split(nodes, message, stream));
+    }
     KNN_CUDA_TRY(message, cudaStreamSynchronize(stream));
     return KNN_OK;
 }

@@ -35,9 +35,10 @@ int knn_gemm_adaptive(knn_precision force, knn_metric metric)
     return force == KNN_PRECISION_AUTO && knn_uses_product(metric);
 }
 
-int knn_gemm_tensor(knn_gemm_mode mode)
+cublasMath_t knn_gemm_math(knn_gemm_mode mode)
 {
-    return mode != KNN_GEMM_FP32;
+    return mode == KNN_GEMM_FP32 ? CUBLAS_DEFAULT_MATH
+                                 : CUBLAS_TF32_TENSOR_OP_MATH;
 }
 
 /*

@@ -130,9 +130,8 @@ static knn_status knn_dev_open(knn_gpu_dev *d)
     KNN_TRY(knn_context_acquire(d->device, &d->ctx, d->message));
     d->stream = d->ctx->stream;
     d->blas = d->ctx->blas;
-    KNN_BLAS_TRY(d->message, cublasSetMathMode(d->blas,
-        knn_gemm_tensor(d->gemm) ? CUBLAS_TF32_TENSOR_OP_MATH
-                                 : CUBLAS_DEFAULT_MATH));
+    KNN_BLAS_TRY(d->message,
+                 cublasSetMathMode(d->blas, knn_gemm_math(d->gemm)));
     return KNN_OK;
 }
 
