@@ -15,11 +15,13 @@
  * do not widen each other's margins.
  * Where the BLAS can be held to one thread, each thread multiplies its own
  * rows against a stretch of columns at a time and scans the products while
- * they are in its cache (streamed). A self search of many features instead
+ * they are in its cache (streamed). A self search of many features also
  * uses the symmetry of the metric: a row tile only meets the columns from
  * its own first node on, and each score also goes to the pool of the
  * column node, which halves the arithmetic. That needs a pool for every
  * node at once, so it is used when those fit in the memory budget.
+ * Streamed and shared, the threads take turns over the columns so that no
+ * two of them offer to one pool at once (knn_cpu_share_rounds).
  * Memory is the input, O(n) per-node numbers, the tile and the fast vectors
  * of its rows and columns (formed as the tile needs them), and the pools;
  * no copy of the whole input (knn_prepare.h), and never the n x n matrix.
@@ -73,6 +75,8 @@ typedef struct {
     int streamed;            /* each thread multiplies its rows against a
                                 stretch of columns at a time and scans it
                                 from the cache: no whole tile */
+    void *scratch;           /* streamed: one stretch of products per
+                                thread, KNN_CPU_STRETCH values each */
     int blas_before;         /* > 0: the BLAS is held to one thread (and
                                 had this many, knn_blas_release) */
     int symmetric;           /* self search sharing each score both ways */
@@ -85,10 +89,30 @@ typedef struct {
                                              columns and rows */
     knn_pool *pools;         /* one per node when symmetric, else per row */
     knn_cand *pool_items;    /* the pools' first entries, one allocation */
+    double *pool_best;       /* the pools' k best scores, one allocation */
     double *column_bound;    /* symmetric: col_tile pool bounds, scratch */
     int n_pools;
     double seconds_rerank;   /* spent in knn_cpu_finish, all row tiles */
 } knn_cpu;
+
+/* Rows of a tile per task where each thread multiplies its own rows:
+ * enough for an efficient product, few enough to stay in the cache; a
+ * streamed search multiplies them against this many columns at a time,
+ * whose products (256 KB in float32) are scanned from the cache. */
+#define KNN_CPU_ROWS_PER_TASK 128
+#define KNN_CPU_COLS_PER_TASK 512
+#define KNN_CPU_SHARE_ROWS 256
+#define KNN_CPU_STRETCH (KNN_CPU_SHARE_ROWS * KNN_CPU_COLS_PER_TASK)
+
+/* A shared row tile multiplies its own block of columns whole, both
+ * halves: it is kept to this fraction of the nodes (3% more products),
+ * but gives each thread at least one task's rows. */
+#define KNN_CPU_SHARED_DIAGONAL 32.0
+static double knn_cpu_shared_rows(const knn_cpu *cpu)
+{
+    return fmax(cpu->req->n_ref / KNN_CPU_SHARED_DIAGONAL,
+                (double)cpu->threads * KNN_CPU_ROWS_PER_TASK);
+}
 
 /* Tile shape from the memory budget, which holds the tile, the fast
  * vectors of its columns and rows (p values each, where the search
@@ -102,8 +126,9 @@ static void knn_cpu_plan(knn_cpu *cpu)
     int product = knn_uses_product(req->metric);
     double bytes = req->memory_bytes > 0 ? req->memory_bytes
                                          : KNN_CPU_DEFAULT_BYTES;
-    double pool_bytes = (double)req->n_ref * KNN_POOL_FIRST_CAP(req->k) *
-                        sizeof(knn_cand);
+    double pool_bytes = (double)req->n_ref *
+                        (KNN_POOL_FIRST_CAP(req->k) * sizeof(knn_cand) +
+                         req->k * sizeof(double));
     /* Sharing each product both ways halves the products but scans the
      * whole tile from memory, twice; streaming scans from the cache. On 2
      * cores the products' half pays from about 100 features: ALL
@@ -113,7 +138,7 @@ static void knn_cpu_plan(knn_cpu *cpu)
     cpu->symmetric = cpu->self && pool_bytes <= bytes / 2 &&
                      (req->p >= KNN_CPU_SHARE_MIN_FEATURES ||
                       !product || cpu->blas_before == 0);
-    cpu->streamed = product && cpu->blas_before > 0 && !cpu->symmetric;
+    cpu->streamed = product && cpu->blas_before > 0;
     if (cpu->symmetric) bytes -= pool_bytes;
     double work = cpu->threads * (product ? KNN_CPU_PRODUCT_WORK
                                           : KNN_CPU_DIRECT_WORK);
@@ -127,6 +152,8 @@ static void knn_cpu_plan(knn_cpu *cpu)
     double rows = fmin((bytes - 8.0 * cols * p) /
                            (8.0 * ((cpu->streamed ? 0.0 : cols) + p)),
                        work / (cols * per_score));
+    if (cpu->symmetric && cpu->streamed)
+        rows = fmin(rows, knn_cpu_shared_rows(cpu));
     rows = fmin(fmax(rows, 64.0), KNN_CPU_MAX_ROW_TILE);
     cpu->row_tile = rows >= cpu->n_query ? cpu->n_query : (int)rows;
     cpu->col_tile = (int)cols;
@@ -139,7 +166,9 @@ static void knn_cpu_free(knn_cpu *cpu)
         for (int i = 0; i < cpu->n_pools; i++) knn_pool_free(&cpu->pools[i]);
     free(cpu->pools);
     free(cpu->pool_items);
+    free(cpu->pool_best);
     free(cpu->tile);
+    free(cpu->scratch);
     free(cpu->ref_fast.values);
     free(cpu->query_fast.values);
     free(cpu->column_bound);
@@ -188,11 +217,18 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
     cpu->pools = calloc((size_t)cpu->n_pools, sizeof(knn_pool));
     cpu->pool_items = malloc((size_t)cpu->n_pools * first_cap *
                              sizeof(knn_cand));
-    if (!cpu->pools || !cpu->pool_items) return KNN_E_NOMEM;
+    cpu->pool_best = malloc((size_t)cpu->n_pools * req->k * sizeof(double));
+    if (!cpu->pools || !cpu->pool_items || !cpu->pool_best)
+        return KNN_E_NOMEM;
     for (int i = 0; i < cpu->n_pools; i++)
         knn_pool_init(&cpu->pools[i], req->k, req->metric,
-                      cpu->space.scale_exp, cpu->pool_items + i * first_cap);
-    if (!cpu->streamed) {
+                      cpu->space.scale_exp, cpu->pool_items + i * first_cap,
+                      cpu->pool_best + (size_t)i * req->k);
+    if (cpu->streamed) {
+        cpu->scratch = malloc((size_t)cpu->threads * KNN_CPU_STRETCH *
+                              sizeof(double));
+        if (!cpu->scratch) return KNN_E_NOMEM;
+    } else {
         size_t cells = (size_t)cpu->row_tile * cpu->col_tile;
         cpu->tile = malloc(cells * sizeof(double));
         if (!cpu->tile) return KNN_E_NOMEM;
@@ -204,9 +240,10 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
         if (!cpu->ref_fast.values || !cpu->query_fast.values)
             return KNN_E_NOMEM;
     }
-    if (cpu->symmetric)
+    if (cpu->symmetric && !cpu->streamed)
         cpu->column_bound = malloc((size_t)cpu->col_tile * sizeof(double));
-    return !cpu->symmetric || cpu->column_bound ? KNN_OK : KNN_E_NOMEM;
+    return !cpu->symmetric || cpu->streamed || cpu->column_bound
+        ? KNN_OK : KNN_E_NOMEM;
 }
 
 /* Rounding units of the current rung's inputs and sums (knn_exact.h). */
@@ -447,12 +484,12 @@ KNN_SCAN int knn_cpu_offer_row(const knn_cpu *cpu, const void *tile,
  * nodes [c, c + n) at tile offset `at`, to those columns' pools, whose
  * bounds the caller keeps in bound[0..n) (read once, refreshed on each
  * offer). */
-KNN_INLINE int knn_cpu_offer_to_columns(const knn_cpu *cpu, double base,
-                                        size_t at, int c, int qi,
-                                        double *bound, int n)
+KNN_INLINE int knn_cpu_offer_to_columns(const knn_cpu *cpu, const void *tile,
+                                        double base, size_t at, int c,
+                                        int qi, double *bound, int n)
 {
     double g[KNN_BLOCK], s[KNN_BLOCK];
-    knn_tile_values(cpu, cpu->tile, at, n, g);
+    knn_tile_values(cpu, tile, at, n, g);
     knn_block_scores(cpu->score, base, knn_cpu_norms(&cpu->ref, c), g, n, s);
     int hit = 0;
     for (int j = 0; j < n; j++) hit |= s[j] <= bound[j];
@@ -467,13 +504,13 @@ KNN_INLINE int knn_cpu_offer_to_columns(const knn_cpu *cpu, double base,
     return failed;
 }
 
-/* Symmetric mode: offers the column nodes [c0 + a, c0 + b) of the tile
- * their row nodes. The tile is read row by row, each row's stretch
- * contiguous, so memory streams as in the row pass; `bound` is b - a
- * scratch values. */
-KNN_SCAN int knn_cpu_offer_column_range(const knn_cpu *cpu, int q0, int nr,
-                                      int c0, int nc, int a, int b,
-                                      double *bound)
+/* Symmetric mode: offers the column nodes [c0 + a, c0 + b) of `tile`
+ * (row nodes [q0, q0 + nr) against columns [c0, c0 + nc)) their row
+ * nodes. The tile is read row by row, each row's stretch contiguous, so
+ * memory streams as in the row pass; `bound` is b - a scratch values. */
+KNN_SCAN int knn_cpu_offer_column_range(const knn_cpu *cpu, const void *tile,
+                                        int q0, int nr, int c0, int nc,
+                                        int a, int b, double *bound)
 {
     for (int j = a; j < b; j++) bound[j - a] = cpu->pools[c0 + j].bound;
     int failed = 0;
@@ -482,23 +519,16 @@ KNN_SCAN int knn_cpu_offer_column_range(const knn_cpu *cpu, int q0, int nr,
         size_t row = (size_t)i * nc;
         int j0 = a;
         for (; j0 + KNN_BLOCK <= b; j0 += KNN_BLOCK)
-            failed |= knn_cpu_offer_to_columns(cpu, base, row + j0, c0 + j0,
-                                               q0 + i, bound + (j0 - a),
-                                               KNN_BLOCK);
+            failed |= knn_cpu_offer_to_columns(cpu, tile, base, row + j0,
+                                               c0 + j0, q0 + i,
+                                               bound + (j0 - a), KNN_BLOCK);
         if (j0 < b)
-            failed |= knn_cpu_offer_to_columns(cpu, base, row + j0, c0 + j0,
-                                               q0 + i, bound + (j0 - a),
-                                               b - j0);
+            failed |= knn_cpu_offer_to_columns(cpu, tile, base, row + j0,
+                                               c0 + j0, q0 + i,
+                                               bound + (j0 - a), b - j0);
     }
     return failed;
 }
-
-/* Rows of a tile per task where each thread multiplies its own rows:
- * enough for an efficient product, few enough to stay in the cache; a
- * streamed search multiplies them against this many columns at a time,
- * whose products (256 KB in float32) are scanned from the cache. */
-#define KNN_CPU_ROWS_PER_TASK 128
-#define KNN_CPU_COLS_PER_TASK 512
 
 /* Rows [*a, *b) of a row tile of nr rows that task t multiplies. */
 static void knn_cpu_task_rows(int t, int nr, int *a, int *b)
@@ -507,24 +537,100 @@ static void knn_cpu_task_rows(int t, int nr, int *a, int *b)
     *b = *a + KNN_CPU_ROWS_PER_TASK < nr ? *a + KNN_CPU_ROWS_PER_TASK : nr;
 }
 
-/* Streamed: each thread multiplies its rows [a, b) of the row tile from
- * q0 against the columns c0.. in stretches, into its own scratch, and
- * offers each stretch while it is in the cache. */
-static int knn_cpu_stream_task(const knn_cpu *cpu, const void *cols,
+/* Streamed: rows [a, b) of the row tile from q0 (fast vectors `rows`,
+ * at most KNN_CPU_ROWS_PER_TASK) against the columns [ja, jb) of the
+ * column block from c0 (`cols`), in stretches multiplied into `scratch`
+ * and offered while they are in the cache: to the rows' pools, and where
+ * to_columns, to the columns' too. */
+static int knn_cpu_stream_rows(const knn_cpu *cpu, const void *cols,
                                const void *rows, int q0, int a, int b,
-                               int c0, int nc, void *scratch)
+                               int c0, int ja, int jb, int to_columns,
+                               void *scratch)
 {
-    int failed = 0;
-    for (int j0 = 0; j0 < nc; j0 += KNN_CPU_COLS_PER_TASK) {
-        int w = nc - j0 < KNN_CPU_COLS_PER_TASK ? nc - j0
+    int failed = 0, p = cpu->space.p;
+    double bound[KNN_CPU_COLS_PER_TASK];
+    for (int j0 = ja; j0 < jb; j0 += KNN_CPU_COLS_PER_TASK) {
+        int w = jb - j0 < KNN_CPU_COLS_PER_TASK ? jb - j0
                                                 : KNN_CPU_COLS_PER_TASK;
-        int p = cpu->space.p;
         knn_cpu_products(cpu, knn_cpu_values_at(cpu, cols, (size_t)j0 * p),
                          knn_cpu_values_at(cpu, rows, (size_t)a * p), b - a,
                          w, scratch);
         for (int i = a; i < b; i++)
             failed |= knn_cpu_offer_row(cpu, scratch, (size_t)(i - a) * w,
                                         q0, q0 + i, c0 + j0, w);
+        if (to_columns)
+            failed |= knn_cpu_offer_column_range(cpu, scratch, q0 + a, b - a,
+                                                 c0 + j0, w, 0, w, bound);
+    }
+    return failed;
+}
+
+/* Streamed: task t of a row tile of nr rows, its rows against every
+ * column of the block, offered to the rows' pools. */
+static int knn_cpu_stream_task(const knn_cpu *cpu, const void *cols,
+                               const void *rows, int q0, int nr, int t,
+                               int c0, int nc, void *scratch)
+{
+    int a, b;
+    knn_cpu_task_rows(t, nr, &a, &b);
+    return knn_cpu_stream_rows(cpu, cols, rows, q0, a, b, c0, 0, nc, 0,
+                               scratch);
+}
+
+/* Part `t` of `parts` of [0, n), as [*a, *b). */
+static void knn_cpu_part(int t, int parts, int n, int *a, int *b)
+{
+    *a = (int)((long)n * t / parts);
+    *b = (int)((long)n * (t + 1) / parts);
+}
+
+/* Streamed and shared: the rows of part `t` of the row tile from q0 (nr
+ * rows) against the columns [ja, jb) of the column block from c0. */
+static int knn_cpu_share_part(const knn_cpu *cpu, const void *cols,
+                              const void *rows, int q0, int nr, int t,
+                              int c0, int ja, int jb, int to_columns)
+{
+    void *scratch = knn_cpu_values_at(cpu, cpu->scratch,
+                                      (size_t)t * KNN_CPU_STRETCH);
+    int a, b, failed = 0;
+    knn_cpu_part(t, cpu->threads, nr, &a, &b);
+    int chunks = (b - a + KNN_CPU_SHARE_ROWS - 1) / KNN_CPU_SHARE_ROWS;
+    for (int c = 0; c < chunks; c++) {
+        int i0, i1;
+        knn_cpu_part(c, chunks, b - a, &i0, &i1);
+        failed |= knn_cpu_stream_rows(cpu, cols, rows, q0, a + i0, a + i1,
+                                      c0, ja, jb, to_columns, scratch);
+    }
+    return failed;
+}
+
+/* Streamed and shared: the row tile [q0, q0 + nr) against the column
+ * block [c0, c0 + nc), c0 >= q0. Its rows are split into one part per
+ * thread, and the block's columns past the row tile into as many parts;
+ * in round r, thread t multiplies its rows against column part
+ * (t + r) mod threads, offering each score to both nodes, so no two
+ * threads offer to one pool at once. The block's columns inside the row
+ * tile are rows too: their scores go to the rows alone, in round 0. */
+static int knn_cpu_share_rounds(const knn_cpu *cpu, const void *cols,
+                                const void *rows, int q0, int nr, int c0,
+                                int nc)
+{
+    int parts = cpu->threads, failed = 0;
+    int inside = q0 + nr - c0 < nc ? q0 + nr - c0 : nc;
+    if (inside < 0) inside = 0;
+    for (int r = 0; r < parts; r++) {
+        #pragma omp parallel for num_threads(parts) schedule(static, 1) \
+            reduction(| : failed)
+        for (int t = 0; t < parts; t++) {
+            if (r == 0 && inside > 0)
+                failed |= knn_cpu_share_part(cpu, cols, rows, q0, nr, t, c0,
+                                             0, inside, 0);
+            int ja, jb;
+            knn_cpu_part((t + r) % parts, parts, nc - inside, &ja, &jb);
+            if (jb > ja)
+                failed |= knn_cpu_share_part(cpu, cols, rows, q0, nr, t, c0,
+                                             inside + ja, inside + jb, 1);
+        }
     }
     return failed;
 }
@@ -547,21 +653,18 @@ static int knn_cpu_offer_rows(knn_cpu *cpu, int q0, int nr, int c0, int nc)
     }
     int tasks = (nr + KNN_CPU_ROWS_PER_TASK - 1) / KNN_CPU_ROWS_PER_TASK;
     int failed = 0;
+    if (cpu->streamed && cpu->symmetric)
+        return knn_cpu_share_rounds(cpu, cols, rows, q0, nr, c0, nc);
     if (cpu->streamed) {
         #pragma omp parallel num_threads(cpu->threads) reduction(| : failed)
         {
-            void *scratch = malloc((size_t)KNN_CPU_ROWS_PER_TASK *
-                                   KNN_CPU_COLS_PER_TASK * sizeof(double));
-            failed = !scratch;
+            void *scratch = knn_cpu_values_at(cpu, cpu->scratch,
+                                              (size_t)knn_thread_number() *
+                                                  KNN_CPU_STRETCH);
             #pragma omp for schedule(dynamic, 1)
-            for (int t = 0; t < tasks; t++) {
-                int a, b;
-                knn_cpu_task_rows(t, nr, &a, &b);
-                if (scratch)
-                    failed |= knn_cpu_stream_task(cpu, cols, rows, q0, a, b,
-                                                  c0, nc, scratch);
-            }
-            free(scratch);
+            for (int t = 0; t < tasks; t++)
+                failed |= knn_cpu_stream_task(cpu, cols, rows, q0, nr, t,
+                                              c0, nc, scratch);
         }
         return failed;
     }
@@ -597,7 +700,7 @@ static knn_status knn_cpu_offer_tile(knn_cpu *cpu, int q0, int nr, int c0,
                                      int nc)
 {
     int failed = knn_cpu_offer_rows(cpu, q0, nr, c0, nc);
-    if (cpu->symmetric) {
+    if (cpu->symmetric && !cpu->streamed) {
         /* Columns inside the row tile already got their scores as rows.
          * Each thread owns a stretch of the other columns (whole blocks),
          * so no two threads offer to one pool. */
@@ -610,11 +713,26 @@ static knn_status knn_cpu_offer_tile(knn_cpu *cpu, int q0, int nr, int c0,
             int a = first + (int)((long)blocks * t / parts) * KNN_BLOCK;
             int b = first + (int)((long)blocks * (t + 1) / parts) * KNN_BLOCK;
             if (b > nc) b = nc;
-            failed |= knn_cpu_offer_column_range(cpu, q0, nr, c0, nc, a, b,
+            failed |= knn_cpu_offer_column_range(cpu, cpu->tile, q0, nr, c0,
+                                                 nc, a, b,
                                                  cpu->column_bound + a);
         }
     }
     return failed ? KNN_E_NOMEM : KNN_OK;
+}
+
+/* The keys of query node qi with the nodes of items[0..n), KNN_KEYS at a
+ * time (knn_nodes_keys). */
+static void knn_cpu_keys(const knn_cpu *cpu, int qi, const knn_cand *items,
+                         int n, double *keys)
+{
+    int c = 0;
+    for (; c + KNN_KEYS <= n; c += KNN_KEYS) {
+        int rj[KNN_KEYS];
+        for (int q = 0; q < KNN_KEYS; q++) rj[q] = items[c + q].index;
+        knn_nodes_keys(&cpu->space, cpu->query, qi, &cpu->ref, rj, keys + c);
+    }
+    for (; c < n; c++) keys[c] = knn_cpu_key(cpu, qi, items[c].index);
 }
 
 /* Re-ranks one query node's pool by (reported distance, index) and writes
@@ -625,18 +743,28 @@ static void knn_cpu_finish(const knn_cpu *cpu, knn_pool *pool, int qi,
                            knn_result *out)
 {
     int k = cpu->req->k, nq = cpu->n_query;
+    const knn_space *sp = &cpu->space;
+    double keys[4 * KNN_KEYS];
     knn_pool_prune(pool);
-    for (int c = 0; c < pool->size; c++)
-        pool->items[c].score = knn_cpu_order_value(cpu, qi,
-                                                   pool->items[c].index);
+    for (int c0 = 0; c0 < pool->size; c0 += 4 * KNN_KEYS) {
+        int n = pool->size - c0 < 4 * KNN_KEYS ? pool->size - c0
+                                               : 4 * KNN_KEYS;
+        knn_cpu_keys(cpu, qi, pool->items + c0, n, keys);
+        for (int c = 0; c < n; c++)
+            pool->items[c0 + c].score = knn_key_distance(sp->metric, keys[c],
+                                                         sp->scale_exp);
+    }
     knn_pool_sort(pool);
-    for (int r = 0; r < k; r++) {
-        size_t at = knn_result_at(out, (size_t)nq, k, (size_t)qi, r);
-        int rj = pool->items[r].index;
-        out->index[at] = rj + out->index_base;
-        knn_key_output(cpu->space.metric, knn_cpu_key(cpu, qi, rj),
-                       cpu->space.scale_exp, &out->distance[at],
-                       &out->weight[at]);
+    for (int r0 = 0; r0 < k; r0 += 4 * KNN_KEYS) {
+        int n = k - r0 < 4 * KNN_KEYS ? k - r0 : 4 * KNN_KEYS;
+        knn_cpu_keys(cpu, qi, pool->items + r0, n, keys);
+        for (int r = 0; r < n; r++) {
+            size_t at = knn_result_at(out, (size_t)nq, k, (size_t)qi,
+                                      r0 + r);
+            out->index[at] = pool->items[r0 + r].index + out->index_base;
+            knn_key_output(sp->metric, keys[r], sp->scale_exp,
+                           &out->distance[at], &out->weight[at]);
+        }
     }
 }
 

@@ -11,8 +11,10 @@
 #include "knn_pool.h"
 
 void knn_pool_init(knn_pool *pool, int k, knn_metric metric, int scale_exp,
-                   knn_cand *items)
+                   knn_cand *items, double *best)
 {
+    pool->best = best;
+    pool->ranked = 0;
     pool->k = k;
     pool->metric = metric;
     pool->scale_exp = scale_exp;
@@ -35,6 +37,7 @@ void knn_pool_reset(knn_pool *pool, int node, double margin, knn_key_fn key,
                     const void *key_ctx)
 {
     pool->size = 0;
+    pool->ranked = 0;
     pool->bound = INFINITY;
     pool->margin2 = 2.0 * margin;
     pool->row_unit = 0.0;
@@ -52,39 +55,9 @@ void knn_pool_bound_by_row(knn_pool *pool, double norm, double unit,
     pool->row_floor = floor;
 }
 
-static void knn_cand_swap(knn_cand *a, knn_cand *b)
+/* Tightens the bound to what a k-th best fast score of kth allows. */
+static void knn_pool_tighten(knn_pool *pool, double kth)
 {
-    knn_cand t = *a;
-    *a = *b;
-    *b = t;
-}
-
-/* Reorders items[0..n) so that items[r] holds the score of rank r (0-based)
- * with no larger score before it and no smaller after it. */
-static void knn_select_rank(knn_cand *items, int n, int r)
-{
-    int lo = 0, hi = n;
-    while (hi - lo > 1) {
-        double pivot = items[lo + (hi - lo) / 2].score;
-        int lt = lo, i = lo, gt = hi;
-        while (i < gt) {
-            double s = items[i].score;
-            if (s < pivot) knn_cand_swap(&items[lt++], &items[i++]);
-            else if (s > pivot) knn_cand_swap(&items[i], &items[--gt]);
-            else i++;
-        }
-        if (r < lt) hi = lt;
-        else if (r >= gt) lo = gt;
-        else return;
-    }
-}
-
-void knn_pool_prune(knn_pool *pool)
-{
-    int k = pool->k;
-    if (pool->size <= k) return;
-    knn_select_rank(pool->items, pool->size, k - 1);
-    double kth = pool->items[k - 1].score;
     double bound = knn_candidate_bound(pool->metric, kth, pool->margin2,
                                        pool->scale_exp);
     if (pool->row_unit > 0.0)
@@ -94,8 +67,51 @@ void knn_pool_prune(knn_pool *pool)
                                                pool->row_floor,
                                                pool->scale_exp));
     if (bound < pool->bound) pool->bound = bound;
-    int kept = k;
-    for (int i = k; i < pool->size; i++)
+}
+
+/* Restores the max-heap best[0..n) after best[0] was lowered. */
+static void knn_heap_sift_down(double *best, int n)
+{
+    int i = 0;
+    double v = best[0];
+    for (;;) {
+        int c = 2 * i + 1;
+        if (c >= n) break;
+        if (c + 1 < n && best[c + 1] > best[c]) c++;
+        if (!(best[c] > v)) break;
+        best[i] = best[c];
+        i = c;
+    }
+    best[i] = v;
+}
+
+/* Adds a score to the k best seen, tightening the bound once there are
+ * k of them: whatever the pool drops later, k nodes with scores at most
+ * best[0] were offered, so the k-th best key is within the margin of it. */
+static void knn_pool_rank(knn_pool *pool, double score)
+{
+    double *best = pool->best;
+    if (pool->ranked < pool->k) {
+        int i = pool->ranked++;
+        while (i > 0 && best[(i - 1) / 2] < score) {
+            best[i] = best[(i - 1) / 2];
+            i = (i - 1) / 2;
+        }
+        best[i] = score;
+        if (pool->ranked < pool->k) return;
+    } else if (score < best[0]) {
+        best[0] = score;
+        knn_heap_sift_down(best, pool->k);
+    } else {
+        return;
+    }
+    knn_pool_tighten(pool, best[0]);
+}
+
+void knn_pool_prune(knn_pool *pool)
+{
+    int kept = 0;
+    for (int i = 0; i < pool->size; i++)
         if (pool->items[i].score <= pool->bound)
             pool->items[kept++] = pool->items[i];
     pool->size = kept;
@@ -160,6 +176,7 @@ int knn_pool_offer(knn_pool *pool, double score, int index)
     pool->items[pool->size].score = score;
     pool->items[pool->size].index = index;
     pool->size++;
+    knn_pool_rank(pool, score);
     return 0;
 }
 

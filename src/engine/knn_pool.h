@@ -5,7 +5,9 @@
  * whose score is within twice the margin of the k-th best score seen so far;
  * anything further cannot be in the exact top k (knn_exact.h), so the pool
  * stays near k entries while still holding every true neighbour, exact ties
- * included. When exact ties keep it large (many duplicated nodes), it is
+ * included. The k best scores seen are kept in a heap beside the entries,
+ * so the bound tightens with every offer that improves them: far fewer
+ * offers get in than with a bound that waits for the pool to fill. When exact ties keep it large (many duplicated nodes), it is
  * compacted to the exact best k seen so far, by order value (the reported
  * distance of the canonical key) and index. At the end the caller replaces
  * scores by order values and sorts: the first k entries are the answer.
@@ -34,6 +36,9 @@ typedef struct {
     double compacted; /* entries dropped by compaction since the reset:
                          candidates too, whose keys were computed */
     int k;
+    double *best;    /* max-heap of the `ranked` (<= k) best scores seen:
+                        best[0] is the k-th best once ranked == k */
+    int ranked;
     double bound;    /* offers above this cannot be in the top k */
     double margin2;  /* twice the margin of the fast scores */
     int node;        /* the query node, for key */
@@ -52,9 +57,10 @@ typedef struct {
 
 /* Sets up a pool for k neighbours under a metric whose distance-metric
  * nodes are scaled by 2^-scale_exp, in `items`: KNN_POOL_FIRST_CAP(k)
- * entries that stay the caller's (one allocation serves every pool). */
+ * entries, and `best`: k scores, that stay the caller's (one allocation
+ * serves every pool). */
 void knn_pool_init(knn_pool *pool, int k, knn_metric metric, int scale_exp,
-                   knn_cand *items);
+                   knn_cand *items, double *best);
 /* Frees what the pool allocated itself (not the caller's items). */
 void knn_pool_free(knn_pool *pool);
 

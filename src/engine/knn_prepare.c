@@ -334,3 +334,57 @@ double knn_nodes_key(const knn_space *space, const knn_nodes *query, int qi,
                         ref->canon + (size_t)rj * p, p, query->sum[qi],
                         query->css[qi], ref->sum[rj], ref->css[rj]);
 }
+
+/* KNN_KEYS canonical sums of node a with nodes b[0..KNN_KEYS), each in
+ * feature order: dot products (correlations) or squared differences. The
+ * sums are named, not an array, so that they stay in registers. */
+#if KNN_KEYS != 4
+#error "knn_canonical_sums keeps four sums"
+#endif
+static void knn_canonical_sums(int correlation, const double *a,
+                               const double *const *b, int p, double *sums)
+{
+    const double *b0 = b[0], *b1 = b[1], *b2 = b[2], *b3 = b[3];
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    if (correlation) {
+        for (int f = 0; f < p; f++) {
+            s0 = KNN_ADD(s0, KNN_MUL(a[f], b0[f]));
+            s1 = KNN_ADD(s1, KNN_MUL(a[f], b1[f]));
+            s2 = KNN_ADD(s2, KNN_MUL(a[f], b2[f]));
+            s3 = KNN_ADD(s3, KNN_MUL(a[f], b3[f]));
+        }
+    } else {
+        for (int f = 0; f < p; f++) {
+            double d0 = KNN_SUB(a[f], b0[f]), d1 = KNN_SUB(a[f], b1[f]);
+            double d2 = KNN_SUB(a[f], b2[f]), d3 = KNN_SUB(a[f], b3[f]);
+            s0 = KNN_ADD(s0, KNN_MUL(d0, d0));
+            s1 = KNN_ADD(s1, KNN_MUL(d1, d1));
+            s2 = KNN_ADD(s2, KNN_MUL(d2, d2));
+            s3 = KNN_ADD(s3, KNN_MUL(d3, d3));
+        }
+    }
+    sums[0] = s0;
+    sums[1] = s1;
+    sums[2] = s2;
+    sums[3] = s3;
+}
+
+void knn_nodes_keys(const knn_space *space, const knn_nodes *query, int qi,
+                    const knn_nodes *ref, const int *rj, double *keys)
+{
+    int p = space->p, correlation = knn_is_correlation(space->metric);
+    if (!query->canon || !ref->canon || space->metric == KNN_MANHATTAN) {
+        for (int q = 0; q < KNN_KEYS; q++)
+            keys[q] = knn_nodes_key(space, query, qi, ref, rj[q]);
+        return;
+    }
+    const double *b[KNN_KEYS];
+    for (int q = 0; q < KNN_KEYS; q++) b[q] = ref->canon + (size_t)rj[q] * p;
+    knn_canonical_sums(correlation, query->canon + (size_t)qi * p, b, p,
+                       keys);
+    if (!correlation) return;
+    for (int q = 0; q < KNN_KEYS; q++)
+        keys[q] = knn_key_corr_of_dot(space->metric, keys[q], p,
+                                      query->sum[qi], query->css[qi],
+                                      ref->sum[rj[q]], ref->css[rj[q]]);
+}

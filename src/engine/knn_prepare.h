@@ -65,4 +65,12 @@ void knn_nodes_fast(const knn_space *space, const knn_nodes *nodes,
 double knn_nodes_key(const knn_space *space, const knn_nodes *query, int qi,
                      const knn_nodes *ref, int rj);
 
+/* The keys of query node qi with reference nodes rj[0..KNN_KEYS), with
+ * the bits of knn_nodes_key: each sum is still kept in feature order, but
+ * the KNN_KEYS of them overlap in the floating-point pipeline, where one
+ * waits on its own additions. */
+#define KNN_KEYS 4
+void knn_nodes_keys(const knn_space *space, const knn_nodes *query, int qi,
+                    const knn_nodes *ref, const int *rj, double *keys);
+
 #endif

@@ -33,3 +33,12 @@ int knn_threads(int requested)
     return requested > 0 ? requested : 1;
 #endif
 }
+
+int knn_thread_number(void)
+{
+#ifdef _OPENMP
+    return omp_get_thread_num();
+#else
+    return 0;
+#endif
+}

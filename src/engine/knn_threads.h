@@ -17,4 +17,8 @@ void knn_threads_init(void);
  * (see knn_threads.c). */
 int knn_threads(int requested);
 
+/* This thread's number in the enclosing parallel region (0 outside one,
+ * or without OpenMP). */
+int knn_thread_number(void);
+
 #endif
