@@ -90,7 +90,8 @@ typedef struct {
     knn_pool *pools;         /* one per node when symmetric, else per row */
     knn_cand *pool_items;    /* the pools' first entries, one allocation */
     double *pool_best;       /* the pools' k best scores, one allocation */
-    double *column_bound;    /* symmetric: col_tile pool bounds, scratch */
+    double *column_bound;    /* symmetric, not streamed: col_tile pool */
+    float *column_floor;     /* bounds and closeness floors, scratch */
     int n_pools;
     double seconds_rerank;   /* spent in knn_cpu_finish, all row tiles */
 } knn_cpu;
@@ -172,6 +173,7 @@ static void knn_cpu_free(knn_cpu *cpu)
     free(cpu->ref_fast.values);
     free(cpu->query_fast.values);
     free(cpu->column_bound);
+    free(cpu->column_floor);
     knn_nodes_free(&cpu->ref);
     knn_nodes_free(&cpu->query_nodes);
     knn_space_free(&cpu->space);
@@ -240,10 +242,10 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
         if (!cpu->ref_fast.values || !cpu->query_fast.values)
             return KNN_E_NOMEM;
     }
-    if (cpu->symmetric && !cpu->streamed)
-        cpu->column_bound = malloc((size_t)cpu->col_tile * sizeof(double));
-    return !cpu->symmetric || cpu->streamed || cpu->column_bound
-        ? KNN_OK : KNN_E_NOMEM;
+    if (!cpu->symmetric || cpu->streamed) return KNN_OK;
+    cpu->column_bound = malloc((size_t)cpu->col_tile * sizeof(double));
+    cpu->column_floor = malloc((size_t)cpu->col_tile * sizeof(float));
+    return cpu->column_bound && cpu->column_floor ? KNN_OK : KNN_E_NOMEM;
 }
 
 /* Rounding units of the current rung's inputs and sums (knn_exact.h). */
@@ -444,12 +446,49 @@ static double knn_cpu_norm(const knn_nodes *nodes, int node)
     return nodes->norm2 ? nodes->norm2[node] : 0.0;
 }
 
+/* Most blocks of a float32 tile hold no score that can pass: where the
+ * score needs no norms (every kind but KNN_SCORE_DIST), a block is tested
+ * first in float32, one compare per product, and scored in float64 only
+ * when some product may pass. The test is on closeness, the negated score
+ * (-score is exactly the product, its magnitude, or its negation), against
+ * the negated bound rounded down to float32 (knn_closeness_floor): every
+ * score within the bound passes it. */
+static int knn_cpu_pretest(const knn_cpu *cpu)
+{
+    return cpu->tile_fp32 && cpu->score != KNN_SCORE_DIST;
+}
+
+static float knn_closeness_floor(double bound)
+{
+    double x = -bound;
+    float f = (float)x;
+    return (double)f > x ? nextafterf(f, -INFINITY) : f;
+}
+
+/* Whether some product t[0..n) of a float32 tile is at least as close as
+ * floor (floors[j] for product j where floors is given). */
+KNN_INLINE int knn_block_may_pass(knn_score_kind kind, const float *t,
+                                  int n, float floor, const float *floors)
+{
+    int hit = 0;
+    for (int j = 0; j < n; j++) {
+        float closeness = kind == KNN_SCORE_NEG ? t[j]
+                          : kind == KNN_SCORE_NEGABS ? fabsf(t[j]) : -t[j];
+        hit |= closeness >= (floors ? floors[j] : floor);
+    }
+    return hit;
+}
+
 /* Offers one block of a row, reference nodes [c, c + n) at offset `at`
  * of tile, to the row's pool, skipping `itself`. */
 KNN_INLINE int knn_cpu_offer_block(const knn_cpu *cpu, const void *tile,
                                    knn_pool *pool, double base, int itself,
                                    size_t at, int c, int n)
 {
+    if (knn_cpu_pretest(cpu) &&
+        !knn_block_may_pass(cpu->score, (const float *)tile + at, n,
+                            knn_closeness_floor(pool->bound), NULL))
+        return 0;
     double g[KNN_BLOCK], s[KNN_BLOCK];
     knn_tile_values(cpu, tile, at, n, g);
     knn_block_scores(cpu->score, base, knn_cpu_norms(&cpu->ref, c), g, n, s);
@@ -480,14 +519,27 @@ KNN_SCAN int knn_cpu_offer_row(const knn_cpu *cpu, const void *tile,
     return failed;
 }
 
+/* The bounds of a stretch of column pools, read once per stretch and kept
+ * current by its offers: as they are, and as closeness floors for the
+ * float32 test (knn_closeness_floor). */
+typedef struct {
+    double *bound;
+    float *floor;
+} knn_column_bounds;
+
 /* Symmetric mode: offers one block of row node qi's tile values, column
  * nodes [c, c + n) at tile offset `at`, to those columns' pools, whose
- * bounds the caller keeps in bound[0..n) (read once, refreshed on each
- * offer). */
+ * bounds the caller keeps in bounds from bounds[0] on. */
 KNN_INLINE int knn_cpu_offer_to_columns(const knn_cpu *cpu, const void *tile,
                                         double base, size_t at, int c,
-                                        int qi, double *bound, int n)
+                                        int qi, knn_column_bounds bounds,
+                                        int n)
 {
+    double *bound = bounds.bound;
+    if (knn_cpu_pretest(cpu) &&
+        !knn_block_may_pass(cpu->score, (const float *)tile + at, n, 0.0f,
+                            bounds.floor))
+        return 0;
     double g[KNN_BLOCK], s[KNN_BLOCK];
     knn_tile_values(cpu, tile, at, n, g);
     knn_block_scores(cpu->score, base, knn_cpu_norms(&cpu->ref, c), g, n, s);
@@ -500,32 +552,45 @@ KNN_INLINE int knn_cpu_offer_to_columns(const knn_cpu *cpu, const void *tile,
         knn_pool *pool = &cpu->pools[c + j];
         failed |= knn_pool_offer(pool, s[j], qi);
         bound[j] = pool->bound;
+        bounds.floor[j] = knn_closeness_floor(bound[j]);
     }
     return failed;
+}
+
+/* bounds[from..]: the bounds in `bounds` of the column from `from` on. */
+static knn_column_bounds knn_column_bounds_from(knn_column_bounds bounds,
+                                                int from)
+{
+    knn_column_bounds rest = {bounds.bound + from, bounds.floor + from};
+    return rest;
 }
 
 /* Symmetric mode: offers the column nodes [c0 + a, c0 + b) of `tile`
  * (row nodes [q0, q0 + nr) against columns [c0, c0 + nc)) their row
  * nodes. The tile is read row by row, each row's stretch contiguous, so
- * memory streams as in the row pass; `bound` is b - a scratch values. */
+ * memory streams as in the row pass; `bounds` has room for b - a. */
 KNN_SCAN int knn_cpu_offer_column_range(const knn_cpu *cpu, const void *tile,
                                         int q0, int nr, int c0, int nc,
-                                        int a, int b, double *bound)
+                                        int a, int b,
+                                        knn_column_bounds bounds)
 {
-    for (int j = a; j < b; j++) bound[j - a] = cpu->pools[c0 + j].bound;
+    for (int j = a; j < b; j++) {
+        bounds.bound[j - a] = cpu->pools[c0 + j].bound;
+        bounds.floor[j - a] = knn_closeness_floor(bounds.bound[j - a]);
+    }
     int failed = 0;
     for (int i = 0; i < nr; i++) {
         double base = knn_cpu_norm(&cpu->ref, q0 + i);
         size_t row = (size_t)i * nc;
         int j0 = a;
         for (; j0 + KNN_BLOCK <= b; j0 += KNN_BLOCK)
-            failed |= knn_cpu_offer_to_columns(cpu, tile, base, row + j0,
-                                               c0 + j0, q0 + i,
-                                               bound + (j0 - a), KNN_BLOCK);
+            failed |= knn_cpu_offer_to_columns(
+                cpu, tile, base, row + j0, c0 + j0, q0 + i,
+                knn_column_bounds_from(bounds, j0 - a), KNN_BLOCK);
         if (j0 < b)
-            failed |= knn_cpu_offer_to_columns(cpu, tile, base, row + j0,
-                                               c0 + j0, q0 + i,
-                                               bound + (j0 - a), b - j0);
+            failed |= knn_cpu_offer_to_columns(
+                cpu, tile, base, row + j0, c0 + j0, q0 + i,
+                knn_column_bounds_from(bounds, j0 - a), b - j0);
     }
     return failed;
 }
@@ -538,17 +603,14 @@ static void knn_cpu_task_rows(int t, int nr, int *a, int *b)
 }
 
 /* Streamed: rows [a, b) of the row tile from q0 (fast vectors `rows`,
- * at most KNN_CPU_ROWS_PER_TASK) against the columns [ja, jb) of the
- * column block from c0 (`cols`), in stretches multiplied into `scratch`
- * and offered while they are in the cache: to the rows' pools, and where
- * to_columns, to the columns' too. */
+ * at most KNN_CPU_SHARE_ROWS) against the columns [ja, jb) of the column
+ * block from c0 (`cols`), in stretches multiplied into `scratch` and
+ * offered to the rows' pools while they are in the cache. */
 static int knn_cpu_stream_rows(const knn_cpu *cpu, const void *cols,
                                const void *rows, int q0, int a, int b,
-                               int c0, int ja, int jb, int to_columns,
-                               void *scratch)
+                               int c0, int ja, int jb, void *scratch)
 {
     int failed = 0, p = cpu->space.p;
-    double bound[KNN_CPU_COLS_PER_TASK];
     for (int j0 = ja; j0 < jb; j0 += KNN_CPU_COLS_PER_TASK) {
         int w = jb - j0 < KNN_CPU_COLS_PER_TASK ? jb - j0
                                                 : KNN_CPU_COLS_PER_TASK;
@@ -558,9 +620,37 @@ static int knn_cpu_stream_rows(const knn_cpu *cpu, const void *cols,
         for (int i = a; i < b; i++)
             failed |= knn_cpu_offer_row(cpu, scratch, (size_t)(i - a) * w,
                                         q0, q0 + i, c0 + j0, w);
-        if (to_columns)
-            failed |= knn_cpu_offer_column_range(cpu, scratch, q0 + a, b - a,
-                                                 c0 + j0, w, 0, w, bound);
+    }
+    return failed;
+}
+
+/* Streamed and shared: rows [a, b) of the row tile from q0 against the
+ * columns [ja, jb) of the column block from c0, none of them a row of the
+ * tile, each score offered to both nodes. The product is taken with the
+ * roles swapped (the column stretch as its rows), because the BLAS packs
+ * the first operand of a transposed product at several times the cost
+ * per value of the second, and the stretch is the longer one: each row's
+ * scores then lie along the stretch's columns, and the two offers swap
+ * too. */
+static int knn_cpu_share_rows(const knn_cpu *cpu, const void *cols,
+                              const void *rows, int q0, int a, int b,
+                              int c0, int ja, int jb, void *scratch)
+{
+    int failed = 0, p = cpu->space.p, nr = b - a;
+    double bound[KNN_CPU_SHARE_ROWS];
+    float floor[KNN_CPU_SHARE_ROWS];
+    knn_column_bounds bounds = {bound, floor};
+    for (int j0 = ja; j0 < jb; j0 += KNN_CPU_COLS_PER_TASK) {
+        int w = jb - j0 < KNN_CPU_COLS_PER_TASK ? jb - j0
+                                                : KNN_CPU_COLS_PER_TASK;
+        knn_cpu_products(cpu, knn_cpu_values_at(cpu, rows, (size_t)a * p),
+                         knn_cpu_values_at(cpu, cols, (size_t)j0 * p), w, nr,
+                         scratch);
+        for (int j = 0; j < w; j++)
+            failed |= knn_cpu_offer_row(cpu, scratch, (size_t)j * nr,
+                                        c0 + j0, c0 + j0 + j, q0 + a, nr);
+        failed |= knn_cpu_offer_column_range(cpu, scratch, c0 + j0, w,
+                                             q0 + a, nr, 0, nr, bounds);
     }
     return failed;
 }
@@ -573,15 +663,23 @@ static int knn_cpu_stream_task(const knn_cpu *cpu, const void *cols,
 {
     int a, b;
     knn_cpu_task_rows(t, nr, &a, &b);
-    return knn_cpu_stream_rows(cpu, cols, rows, q0, a, b, c0, 0, nc, 0,
+    return knn_cpu_stream_rows(cpu, cols, rows, q0, a, b, c0, 0, nc,
                                scratch);
 }
 
-/* Part `t` of `parts` of [0, n), as [*a, *b). */
+/* Part `t` of `parts` of [0, n), as [*a, *b): whole scan blocks but for
+ * the last, so that the scans run on whole blocks. */
+static int knn_cpu_part_edge(int t, int parts, int n)
+{
+    if (t >= parts) return n;
+    int edge = (int)((long)n * t / parts / KNN_BLOCK) * KNN_BLOCK;
+    return edge;
+}
+
 static void knn_cpu_part(int t, int parts, int n, int *a, int *b)
 {
-    *a = (int)((long)n * t / parts);
-    *b = (int)((long)n * (t + 1) / parts);
+    *a = knn_cpu_part_edge(t, parts, n);
+    *b = knn_cpu_part_edge(t + 1, parts, n);
 }
 
 /* Streamed and shared: the rows of part `t` of the row tile from q0 (nr
@@ -598,8 +696,11 @@ static int knn_cpu_share_part(const knn_cpu *cpu, const void *cols,
     for (int c = 0; c < chunks; c++) {
         int i0, i1;
         knn_cpu_part(c, chunks, b - a, &i0, &i1);
-        failed |= knn_cpu_stream_rows(cpu, cols, rows, q0, a + i0, a + i1,
-                                      c0, ja, jb, to_columns, scratch);
+        failed |= to_columns
+            ? knn_cpu_share_rows(cpu, cols, rows, q0, a + i0, a + i1, c0, ja,
+                                 jb, scratch)
+            : knn_cpu_stream_rows(cpu, cols, rows, q0, a + i0, a + i1, c0,
+                                  ja, jb, scratch);
     }
     return failed;
 }
@@ -713,9 +814,10 @@ static knn_status knn_cpu_offer_tile(knn_cpu *cpu, int q0, int nr, int c0,
             int a = first + (int)((long)blocks * t / parts) * KNN_BLOCK;
             int b = first + (int)((long)blocks * (t + 1) / parts) * KNN_BLOCK;
             if (b > nc) b = nc;
+            knn_column_bounds bounds = {cpu->column_bound + a,
+                                        cpu->column_floor + a};
             failed |= knn_cpu_offer_column_range(cpu, cpu->tile, q0, nr, c0,
-                                                 nc, a, b,
-                                                 cpu->column_bound + a);
+                                                 nc, a, b, bounds);
         }
     }
     return failed ? KNN_E_NOMEM : KNN_OK;
@@ -735,10 +837,34 @@ static void knn_cpu_keys(const knn_cpu *cpu, int qi, const knn_cand *items,
     for (; c < n; c++) keys[c] = knn_cpu_key(cpu, qi, items[c].index);
 }
 
+/* Puts items[0..n), sorted by (key, index), in (reported distance,
+ * index) order as far as the first k: distinct keys can report one
+ * distance (knn_key_distance), and each run of those goes in index
+ * order. */
+static void knn_cpu_order_ties(const knn_space *sp, knn_cand *items, int n,
+                               int k)
+{
+    for (int a = 0; a < k && a < n;) {
+        double d = knn_key_distance(sp->metric, items[a].score,
+                                    sp->scale_exp);
+        int b = a + 1;
+        while (b < n && knn_key_distance(sp->metric, items[b].score,
+                                         sp->scale_exp) == d)
+            b++;
+        for (int i = a + 1; i < b; i++)
+            for (int j = i; j > a && items[j].index < items[j - 1].index;
+                 j--) {
+                knn_cand t = items[j];
+                items[j] = items[j - 1];
+                items[j - 1] = t;
+            }
+        a = b;
+    }
+}
+
 /* Re-ranks one query node's pool by (reported distance, index) and writes
- * its k neighbours into row qi of the result. The k winners' keys are
- * computed again for their weights, cheaper than carrying a key per entry
- * through every pool. */
+ * its k neighbours into row qi of the result. The entries' scores become
+ * their keys, so the winners' keys are at hand for their weights. */
 static void knn_cpu_finish(const knn_cpu *cpu, knn_pool *pool, int qi,
                            knn_result *out)
 {
@@ -750,21 +876,15 @@ static void knn_cpu_finish(const knn_cpu *cpu, knn_pool *pool, int qi,
         int n = pool->size - c0 < 4 * KNN_KEYS ? pool->size - c0
                                                : 4 * KNN_KEYS;
         knn_cpu_keys(cpu, qi, pool->items + c0, n, keys);
-        for (int c = 0; c < n; c++)
-            pool->items[c0 + c].score = knn_key_distance(sp->metric, keys[c],
-                                                         sp->scale_exp);
+        for (int c = 0; c < n; c++) pool->items[c0 + c].score = keys[c];
     }
     knn_pool_sort(pool);
-    for (int r0 = 0; r0 < k; r0 += 4 * KNN_KEYS) {
-        int n = k - r0 < 4 * KNN_KEYS ? k - r0 : 4 * KNN_KEYS;
-        knn_cpu_keys(cpu, qi, pool->items + r0, n, keys);
-        for (int r = 0; r < n; r++) {
-            size_t at = knn_result_at(out, (size_t)nq, k, (size_t)qi,
-                                      r0 + r);
-            out->index[at] = pool->items[r0 + r].index + out->index_base;
-            knn_key_output(sp->metric, keys[r], sp->scale_exp,
-                           &out->distance[at], &out->weight[at]);
-        }
+    knn_cpu_order_ties(sp, pool->items, pool->size, k);
+    for (int r = 0; r < k; r++) {
+        size_t at = knn_result_at(out, (size_t)nq, k, (size_t)qi, r);
+        out->index[at] = pool->items[r].index + out->index_base;
+        knn_key_output(sp->metric, pool->items[r].score, sp->scale_exp,
+                       &out->distance[at], &out->weight[at]);
     }
 }
 

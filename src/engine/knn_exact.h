@@ -63,15 +63,15 @@ KNN_HD static inline int knn_exponent(double v)
  * is a normal double, both are the same single rounding of the same exact
  * product, and a multiplication costs far less than a call of ldexp.
  * 0 where only ldexp gives them. */
-static inline double knn_ldexp_factor(int e)
+KNN_HD static inline double knn_ldexp_factor(int e)
 {
     return e >= -1022 && e <= 1023 ? ldexp(1.0, e) : 0.0;
 }
 
 /* out[f] = ldexp(x[f], e) for f < n, with the same bits; factor is
  * knn_ldexp_factor(e), computed once by the caller. */
-static inline void knn_ldexp_values(const double *x, int n, int e,
-                                    double factor, double *out)
+KNN_HD static inline void knn_ldexp_values(const double *x, int n, int e,
+                                           double factor, double *out)
 {
     if (factor == 0.0) {
         for (int f = 0; f < n; f++) out[f] = ldexp(x[f], e);
@@ -151,14 +151,14 @@ KNN_HD static inline void knn_canon_corr(knn_metric m, const double *x, int p,
         for (int f = 0; f < p; f++) u[f] = KNN_SUB(x[f], shift);
     } else {
         int e = knn_exponent(amax);
-        for (int f = 0; f < p; f++) u[f] = ldexp(x[f], -e);
+        knn_ldexp_values(x, p, -e, knn_ldexp_factor(-e), u);
         if (knn_is_centred(m)) {
             double mean = KNN_DIV(knn_sum(u, p), (double)p);
             for (int f = 0; f < p; f++) u[f] = KNN_SUB(u[f], mean);
         }
     }
     int e = knn_exponent(knn_max_abs(u, p));
-    for (int f = 0; f < p; f++) u[f] = ldexp(u[f], -e);
+    knn_ldexp_values(u, p, -e, knn_ldexp_factor(-e), u);
 
     double uu = knn_dot(u, u, p);
     if (knn_is_centred(m)) {
