@@ -50,7 +50,7 @@
 #define KNN_CPU_PRODUCT_WORK 4e9
 #define KNN_CPU_SCAN_WORK 64.0
 /* Features from which a self search shares products (knn_cpu_plan). */
-#define KNN_CPU_SHARE_MIN_FEATURES 96
+#define KNN_CPU_SHARE_MIN_FEATURES 16
 #define KNN_CPU_DIRECT_WORK 5e7
 
 /* Fast vectors of a block of nodes, formed when a tile needs them
@@ -130,12 +130,12 @@ static void knn_cpu_plan(knn_cpu *cpu)
     double pool_bytes = (double)req->n_ref *
                         (KNN_POOL_FIRST_CAP(req->k) * sizeof(knn_cand) +
                          req->k * sizeof(double));
-    /* Sharing each product both ways halves the products but scans the
-     * whole tile from memory, twice; streaming scans from the cache. On 2
-     * cores the products' half pays from about 100 features: ALL
-     * (12625 x 128) 0.38 s shared against 0.44 s streamed, 12000 x 80
-     * 0.29-0.40 s against 0.28-0.31 s. Sharing also needs a pool for every
-     * node, within the budget. */
+    /* Sharing each product both ways halves the products; the shared
+     * scores are scanned from the cache too (knn_cpu_share_rounds), so on
+     * 2 cores it pays from about 16 features: 20000 x 32 N(0,1) Pearson
+     * 0.26 s shared against 0.30 s not, 20000 x 50 0.30 s against 0.38 s,
+     * 20000 x 8 about even. Sharing needs a pool for every node, within
+     * half the budget. */
     cpu->symmetric = cpu->self && pool_bytes <= bytes / 2 &&
                      (req->p >= KNN_CPU_SHARE_MIN_FEATURES ||
                       !product || cpu->blas_before == 0);

@@ -74,6 +74,31 @@ test_that("threads do not change the answer", {
     expect_match(one_info$device, "1 threads")
 })
 
+test_that("a shared self search gives the same bits on any threads", {
+    ## 40 features: each pair's product is computed once for both nodes
+    ## (the threads take turns over the column parts); 1, 2, 3 and 5
+    ## threads split the rows and columns differently; the small budget
+    ## leaves no room for a pool per node, so it searches unshared.
+    x <- tiedMatrix(900, 40, 11)
+    for (metric in c("pearson", "cosine", "euclidean", "abspearson")) {
+        ref <- refKnn(x, 9, metric)
+        runs <- lapply(c(1L, 2L, 3L, 5L), function(threads) {
+            knnSearch(x, k = 9, metric = metric, device = "cpu",
+                      threads = threads, progress = FALSE)
+        })
+        unshared <- withOptions(list(knngpu.cpu.memory = 2e5),
+            knnSearch(x, k = 9, metric = metric, device = "cpu",
+                      threads = 2L, progress = FALSE))
+        for (run in c(runs, list(unshared))) {
+            expect_identical(run$index, ref$index, label = metric)
+            expect_identical(run$index, runs[[1L]]$index, label = metric)
+            expect_identical(run$distance, runs[[1L]]$distance,
+                             label = metric)
+        }
+        expect_equal(runs[[1L]]$distance, ref$distance, tolerance = 1e-9)
+    }
+})
+
 test_that("values near the overflow and underflow limits keep the answer", {
     x <- randomMatrix(120, 15, 8)
     for (metric in allMetrics) {
