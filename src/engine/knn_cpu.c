@@ -480,14 +480,15 @@ KNN_INLINE int knn_block_may_pass(knn_score_kind kind, const float *t,
 }
 
 /* Offers one block of a row, reference nodes [c, c + n) at offset `at`
- * of tile, to the row's pool, skipping `itself`. */
+ * of tile, to the row's pool, skipping `itself`; *floor is the closeness
+ * floor of the pool's bound, kept current. */
 KNN_INLINE int knn_cpu_offer_block(const knn_cpu *cpu, const void *tile,
-                                   knn_pool *pool, double base, int itself,
-                                   size_t at, int c, int n)
+                                   knn_pool *pool, float *floor, double base,
+                                   int itself, size_t at, int c, int n)
 {
     if (knn_cpu_pretest(cpu) &&
-        !knn_block_may_pass(cpu->score, (const float *)tile + at, n,
-                            knn_closeness_floor(pool->bound), NULL))
+        !knn_block_may_pass(cpu->score, (const float *)tile + at, n, *floor,
+                            NULL))
         return 0;
     double g[KNN_BLOCK], s[KNN_BLOCK];
     knn_tile_values(cpu, tile, at, n, g);
@@ -497,6 +498,7 @@ KNN_INLINE int knn_cpu_offer_block(const knn_cpu *cpu, const void *tile,
     for (int j = 0; j < n; j++)
         if (s[j] <= pool->bound && c + j != itself)
             failed |= knn_pool_offer(pool, s[j], c + j);
+    *floor = knn_closeness_floor(pool->bound);
     return failed;
 }
 
@@ -507,14 +509,15 @@ KNN_SCAN int knn_cpu_offer_row(const knn_cpu *cpu, const void *tile,
                                size_t row, int q0, int qi, int c0, int nc)
 {
     knn_pool *pool = knn_cpu_pool(cpu, qi, q0);
+    float floor = knn_closeness_floor(pool->bound);
     double base = knn_cpu_norm(cpu->query, qi);
     int itself = cpu->self ? qi : -1;
     int failed = 0, j0 = 0;
     for (; j0 + KNN_BLOCK <= nc; j0 += KNN_BLOCK)
-        failed |= knn_cpu_offer_block(cpu, tile, pool, base, itself,
+        failed |= knn_cpu_offer_block(cpu, tile, pool, &floor, base, itself,
                                       row + j0, c0 + j0, KNN_BLOCK);
     if (j0 < nc)
-        failed |= knn_cpu_offer_block(cpu, tile, pool, base, itself,
+        failed |= knn_cpu_offer_block(cpu, tile, pool, &floor, base, itself,
                                       row + j0, c0 + j0, nc - j0);
     return failed;
 }
