@@ -74,7 +74,7 @@
 #'   \code{verbose = TRUE} prints).
 #'
 #' @details Memory is bounded: work proceeds in tiles sized from
-#'   \code{getOption("knngpu.cpu.memory")} (bytes, default 40 MB) or
+#'   \code{getOption("knngpu.cpu.memory")} (bytes, default 64 MB) or
 #'   \code{getOption("knngpu.gpu.memory")} (bytes of device memory for the
 #'   nodes and the tiles together; by default what the GPU has free); the
 #'   n-by-n distance matrix is never stored. Candidates may come from

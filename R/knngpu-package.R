@@ -14,11 +14,11 @@
 #'   \item{\code{knngpu.threads}}{CPU threads when \code{threads = NULL}
 #'     (default: all cores).}
 #'   \item{\code{knngpu.cpu.memory}}{Bytes for the CPU's tiles (default
-#'     40 MB). A graph of nodes with 16 features or more computes each
+#'     64 MB). A graph of nodes with 16 features or more computes each
 #'     pair's product once, for both nodes, where every node's candidate
-#'     pool fits in half of it (about \code{(2k + 16) * 16 + 8k} bytes a
-#'     node: some 24000 nodes at \code{k = 15}); a larger budget buys that
-#'     for more nodes, at the cost of memory.}
+#'     pool fits in three quarters of it (about \code{(2k + 16) * 16 + 8k}
+#'     bytes a node: some 58000 nodes at \code{k = 15}); a larger budget
+#'     buys that for more nodes, at the cost of memory.}
 #'   \item{\code{knngpu.gpu.memory}}{Bytes of device memory a GPU search
 #'     may use for its nodes and tiles (default: what the GPU has free);
 #'     nodes past half of it stream through the device in blocks.}

@@ -1,7 +1,9 @@
 ## GPU benchmark: knngpu (device = "gpu") against what GPU users write by
 ## hand (inst/bench/peers/torch_knn.py: chunked x @ x.T + topk in PyTorch,
-## float32) and against the bare float32 GEMM of the same product, on the
-## same N(0,1) data.
+## float32), against FAISS GPU's flat search (inst/bench/peers/
+## faiss_knn.py, where python3 imports faiss: ../shared/peers/faiss-gpu)
+## and against the bare float32 GEMM of the same product, on the same
+## N(0,1) data.
 ##
 ## Usage, on a machine with a GPU, from the repository root, with knngpu
 ## installed in R_LIBS and python3 with torch on the PATH:
@@ -10,7 +12,7 @@
 ##   --cases  names from the table below (default: all)
 ##   --out    append the markdown table to FILE
 ##   --dir    where the data files go (default: tempdir())
-##   --peers=no  knngpu alone (the torch columns stay empty)
+##   --peers=no  knngpu alone (the peers' columns stay empty)
 ##
 ## Each case's data is written once by torch_knn.py (float64, row-major
 ## N x D, so R reads it as D x N with nodes as columns: no transpose) and
@@ -21,11 +23,15 @@
 ##   engine   the .Call alone (upload, search, re-rank, results in R)
 ##   torch    float64 host array in, k indices and distances on the host
 ##   gemm     torch's chunked float32 products alone, inputs on the device
+##   faiss    FAISS GpuIndexFlatL2/IP: float64 host arrays in, k indices on
+##            the host (empty for k > 2048, FAISS's limit, or no faiss)
 ## Times are one run after a warm-up, or the median of 5 runs when one
 ## takes under a second and of 21 under 0.1 s (seconds, wall clock to the
-## microsecond, 3 significant digits).
+## microsecond, 3 significant digits); FAISS's the same counts, timed in
+## its own process with its GPU resources made before the timing.
 
 suppressPackageStartupMessages(library(knngpu))
+source(file.path("inst", "bench", "peers", "faiss.R"))
 
 args <- commandArgs(trailingOnly = TRUE)
 argValue <- function(name, default) {
@@ -93,6 +99,15 @@ runKnngpu <- function(data, case) {
          candidates = runs[[1L]]$candidates, device = runs[[1L]]$device)
 }
 
+## FAISS GPU's seconds for a case (NA where it cannot run it), with as many
+## runs as knngpu's timing took (`seconds`: knngpu's).
+runFaiss <- function(file, case, seconds) {
+    if (case$k > 2048 || !faissAvailable()) return(NA_real_)
+    reps <- if (seconds >= 1) 1L else if (seconds >= 0.1) 5L else 21L
+    faissSearch(file, case$n, case$d, case$k, case$metric, "gpu",
+                nq = case$nq, reps = reps)$seconds
+}
+
 runTorch <- function(file, case) {
     out <- system2("python3", c(peer, "knn", file,
                                 sprintf("%d", as.integer(c(case$n + case$nq,
@@ -132,11 +147,9 @@ for (i in seq_len(nrow(cases))) {
     ours <- runKnngpu(data, case)
     rm(data)
     gc(verbose = FALSE)
-    theirs <- if (argValue("peers", "yes") == "no") {
-        c(total = NA, gemm = NA)
-    } else {
-        runTorch(file, case)
-    }
+    peers <- argValue("peers", "yes") != "no"
+    theirs <- if (peers) runTorch(file, case) else c(total = NA, gemm = NA)
+    faiss <- if (peers) runFaiss(file, case, ours$total) else NA_real_
     unlink(file)
     rows[[i]] <- data.frame(
         case = case$name, metric = case$metric, k = case$k,
@@ -144,6 +157,8 @@ for (i in seq_len(nrow(cases))) {
         torch = signif(theirs[["total"]], 3),
         gemm = signif(theirs[["gemm"]], 3),
         torch_over_knngpu = round(theirs[["total"]] / ours$total, 2),
+        faiss = signif(faiss, 3),
+        knngpu_over_faiss = round(ours$total / faiss, 2),
         candidates = round(ours$candidates, 1))
     print(rows[[i]], row.names = FALSE)
     device <- ours$device

@@ -36,7 +36,10 @@
 #include "knn_prepare.h"
 #include "knn_threads.h"
 
-#define KNN_CPU_DEFAULT_BYTES (40.0 * 1024 * 1024)
+#define KNN_CPU_DEFAULT_BYTES (64.0 * 1024 * 1024)
+/* Share of the budget the pools of a shared search may take: the rest
+ * holds fast vectors, a column block at a time. */
+#define KNN_CPU_SHARE_POOLS 0.75
 /* Few, large tiles: where the BLAS runs on its own threads, each call ends
  * with them spinning for work, which steals cores from the parallel scan
  * that follows it (knn_blas.c holds OpenBLAS to one thread for that). */
@@ -135,8 +138,9 @@ static void knn_cpu_plan(knn_cpu *cpu)
      * 2 cores it pays from about 16 features: 20000 x 32 N(0,1) Pearson
      * 0.26 s shared against 0.30 s not, 20000 x 50 0.30 s against 0.38 s,
      * 20000 x 8 about even. Sharing needs a pool for every node, within
-     * half the budget. */
-    cpu->symmetric = cpu->self && pool_bytes <= bytes / 2 &&
+     * KNN_CPU_SHARE_POOLS of the budget. */
+    cpu->symmetric = cpu->self &&
+                     pool_bytes <= KNN_CPU_SHARE_POOLS * bytes &&
                      (req->p >= KNN_CPU_SHARE_MIN_FEATURES ||
                       !product || cpu->blas_before == 0);
     cpu->streamed = product && cpu->blas_before > 0;

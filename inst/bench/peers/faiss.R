@@ -29,21 +29,25 @@ faissFile <- function(x) {
     file
 }
 
-## FAISS's self search of the first n rows of `file` (d columns) on
-## `device` ("cpu" or "gpu"): list(index = n x k 1-based matrix, seconds =
-## FAISS's own time from the float64 array to the indices, Python's start
-## and the file read excluded).
-faissSearch <- function(file, n, d, k, metric, device) {
+## FAISS's search on `device` ("cpu" or "gpu") of the first n rows of
+## `file` (d columns): a self search, or with nq > 0 the search of the nq
+## rows after them among the n. list(index = (n or nq) x k 1-based matrix,
+## seconds = FAISS's own time from the float64 arrays to the indices,
+## Python's start and the file read excluded; the median of `reps` runs
+## after a warm-up where reps > 1).
+faissSearch <- function(file, n, d, k, metric, device, nq = 0L, reps = 1L) {
     result <- tempfile()
     on.exit(unlink(result))
     line <- system2("env", c(peerLibraryPath(), "python3",
                              file.path("inst", "bench", "peers",
                                        "faiss_knn.py"),
-                             file, n, d, k, metric, device, result),
+                             file, n, d, k, metric, device, result,
+                             as.integer(nq), as.integer(reps)),
                     stdout = TRUE)
     seconds <- as.numeric(sub("^faiss total ([0-9.]+) .*$", "\\1",
                               line[length(line)]))
-    index <- matrix(readBin(result, "integer", n * k), ncol = k,
+    rows <- if (nq > 0) nq else n
+    index <- matrix(readBin(result, "integer", rows * k), ncol = k,
                     byrow = TRUE) + 1L
     list(index = index, seconds = seconds)
 }
