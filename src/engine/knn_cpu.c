@@ -80,6 +80,7 @@ typedef struct {
                                 from the cache: no whole tile */
     void *scratch;           /* streamed: one stretch of products per
                                 thread, KNN_CPU_STRETCH values each */
+    float *halves;           /* distances: knn_cpu_halves, per node */
     int blas_before;         /* > 0: the BLAS is held to one thread (and
                                 had this many, knn_blas_release) */
     int symmetric;           /* self search sharing each score both ways */
@@ -174,6 +175,7 @@ static void knn_cpu_free(knn_cpu *cpu)
     free(cpu->pool_best);
     free(cpu->tile);
     free(cpu->scratch);
+    free(cpu->halves);
     free(cpu->ref_fast.values);
     free(cpu->query_fast.values);
     free(cpu->column_bound);
@@ -195,6 +197,32 @@ static void knn_cpu_choose_rung(knn_cpu *cpu, knn_precision precision)
                     knn_uses_product(cpu->req->metric);
 }
 
+/* The largest float32 at most x. */
+static float knn_f32_floor(double x)
+{
+    float f = (float)x;
+    return (double)f > x ? nextafterf(f, -INFINITY) : f;
+}
+
+/* Beyond this many features the distance pre-test is off (knn_cpu_pretest). */
+#define KNN_PRETEST_MAX_FEATURES 1048576
+
+/* The distance test's h_j of every reference node (see knn_cpu_pretest);
+ * NULL for correlations and where the test is off. */
+static knn_status knn_cpu_halves(knn_cpu *cpu)
+{
+    if (cpu->score != KNN_SCORE_DIST || !knn_uses_product(cpu->req->metric) ||
+        cpu->req->p > KNN_PRETEST_MAX_FEATURES)
+        return KNN_OK;
+    int n = cpu->req->n_ref;
+    cpu->halves = malloc((size_t)n * sizeof(float));
+    if (!cpu->halves) return KNN_E_NOMEM;
+    for (int j = 0; j < n; j++)
+        cpu->halves[j] = knn_f32_floor(cpu->ref.norm2[j] * 0.5 *
+                                       (1.0 - 0x1p-20));
+    return KNN_OK;
+}
+
 static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
 {
     cpu->req = req;
@@ -210,6 +238,7 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
     if (st == KNN_OK && !cpu->self)
         st = knn_nodes_prepare(&cpu->query_nodes, &cpu->space, req->query,
                                req->n_query, 0, 1, cpu->threads);
+    if (st == KNN_OK) st = knn_cpu_halves(cpu);
     if (st != KNN_OK) return st;
     cpu->query = cpu->self ? &cpu->ref : &cpu->query_nodes;
 
@@ -450,35 +479,79 @@ static double knn_cpu_norm(const knn_nodes *nodes, int node)
     return nodes->norm2 ? nodes->norm2[node] : 0.0;
 }
 
-/* Most blocks of a float32 tile hold no score that can pass: where the
- * score needs no norms (every kind but KNN_SCORE_DIST), a block is tested
- * first in float32, one compare per product, and scored in float64 only
- * when some product may pass. The test is on closeness, the negated score
- * (-score is exactly the product, its magnitude, or its negation), against
- * the negated bound rounded down to float32 (knn_closeness_floor): every
- * score within the bound passes it. */
+/* Most blocks of a float32 tile hold no score that can pass, so a block
+ * is tested first in float32, one subtraction and compare per product,
+ * and scored in float64 only when some product may pass. The test is on
+ * closeness, which grows as the score falls, against a floor below which
+ * no score within the bound lies:
+ *  - correlations: the negated score (exactly the product, its magnitude,
+ *    or its negation) against the negated bound rounded down to float32;
+ *  - distances, score (n_i + n_j) - 2 g: the product less h_j, the
+ *    column's squared norm halved, less 2^-20 of it (knn_cpu_halves),
+ *    against (n_i - bound) / 2 less 2^-22 n_i, rounded down. The roundings
+ *    of the score in float64 and of the test in float32 are within those
+ *    shrinkages (both relative to the norms, as |g| <= n_i + n_j, and one
+ *    float32 unit of underflow), so every score within the bound passes.
+ *    A shared search tests a column's pool the same way, roles swapped.
+ * Where p is beyond 2^20 features the products' own error could exceed
+ * |g| <= n_i + n_j, and distances are scored in float64 at once. */
 static int knn_cpu_pretest(const knn_cpu *cpu)
 {
-    return cpu->tile_fp32 && cpu->score != KNN_SCORE_DIST;
+    return cpu->tile_fp32 && (cpu->score != KNN_SCORE_DIST ||
+                              cpu->halves != NULL);
 }
 
-static float knn_closeness_floor(double bound)
+/* Closeness floor of a pool's bound, its node's squared norm norm2 (for
+ * distances). */
+static float knn_cpu_floor(const knn_cpu *cpu, double norm2, double bound)
 {
-    double x = -bound;
-    float f = (float)x;
-    return (double)f > x ? nextafterf(f, -INFINITY) : f;
+    if (cpu->score != KNN_SCORE_DIST) return knn_f32_floor(-bound);
+    return knn_f32_floor((norm2 - bound) * 0.5 - 0x1p-22 * norm2 -
+                         0x1p-40 * fabs(bound) - 0x1p-148);
 }
 
-/* Whether some product t[0..n) of a float32 tile is at least as close as
- * floor (floors[j] for product j where floors is given). */
-KNN_INLINE int knn_block_may_pass(knn_score_kind kind, const float *t,
-                                  int n, float floor, const float *floors)
+/* Whether some product t[0..n) of a float32 tile may be as close as its
+ * row's floor (for distances, less the columns' halves[j]). Each kind has
+ * its own loop, with no load that depends on the kind, so that the
+ * compiler vectorises it. */
+KNN_INLINE int knn_row_may_pass(knn_score_kind kind, const float *t, int n,
+                                float floor, const float *halves)
 {
     int hit = 0;
-    for (int j = 0; j < n; j++) {
-        float closeness = kind == KNN_SCORE_NEG ? t[j]
-                          : kind == KNN_SCORE_NEGABS ? fabsf(t[j]) : -t[j];
-        hit |= closeness >= (floors ? floors[j] : floor);
+    switch (kind) {
+    case KNN_SCORE_NEG:
+        for (int j = 0; j < n; j++) hit |= t[j] >= floor;
+        break;
+    case KNN_SCORE_NEGABS:
+        for (int j = 0; j < n; j++) hit |= fabsf(t[j]) >= floor;
+        break;
+    case KNN_SCORE_DIST:
+        for (int j = 0; j < n; j++) hit |= t[j] - halves[j] >= floor;
+        break;
+    case KNN_SCORE_IDENT:
+        for (int j = 0; j < n; j++) hit |= -t[j] >= floor;
+    }
+    return hit;
+}
+
+/* The same for the columns' pools: product j against floors[j] (for
+ * distances, less the row's half). */
+KNN_INLINE int knn_columns_may_pass(knn_score_kind kind, const float *t,
+                                    int n, const float *floors, float half)
+{
+    int hit = 0;
+    switch (kind) {
+    case KNN_SCORE_NEG:
+        for (int j = 0; j < n; j++) hit |= t[j] >= floors[j];
+        break;
+    case KNN_SCORE_NEGABS:
+        for (int j = 0; j < n; j++) hit |= fabsf(t[j]) >= floors[j];
+        break;
+    case KNN_SCORE_DIST:
+        for (int j = 0; j < n; j++) hit |= t[j] - half >= floors[j];
+        break;
+    case KNN_SCORE_IDENT:
+        for (int j = 0; j < n; j++) hit |= -t[j] >= floors[j];
     }
     return hit;
 }
@@ -491,8 +564,8 @@ KNN_INLINE int knn_cpu_offer_block(const knn_cpu *cpu, const void *tile,
                                    int itself, size_t at, int c, int n)
 {
     if (knn_cpu_pretest(cpu) &&
-        !knn_block_may_pass(cpu->score, (const float *)tile + at, n, *floor,
-                            NULL))
+        !knn_row_may_pass(cpu->score, (const float *)tile + at, n, *floor,
+                          cpu->halves ? cpu->halves + c : NULL))
         return 0;
     double g[KNN_BLOCK], s[KNN_BLOCK];
     knn_tile_values(cpu, tile, at, n, g);
@@ -502,7 +575,7 @@ KNN_INLINE int knn_cpu_offer_block(const knn_cpu *cpu, const void *tile,
     for (int j = 0; j < n; j++)
         if (s[j] <= pool->bound && c + j != itself)
             failed |= knn_pool_offer(pool, s[j], c + j);
-    *floor = knn_closeness_floor(pool->bound);
+    *floor = knn_cpu_floor(cpu, base, pool->bound);
     return failed;
 }
 
@@ -513,8 +586,8 @@ KNN_SCAN int knn_cpu_offer_row(const knn_cpu *cpu, const void *tile,
                                size_t row, int q0, int qi, int c0, int nc)
 {
     knn_pool *pool = knn_cpu_pool(cpu, qi, q0);
-    float floor = knn_closeness_floor(pool->bound);
     double base = knn_cpu_norm(cpu->query, qi);
+    float floor = knn_cpu_floor(cpu, base, pool->bound);
     int itself = cpu->self ? qi : -1;
     int failed = 0, j0 = 0;
     for (; j0 + KNN_BLOCK <= nc; j0 += KNN_BLOCK)
@@ -528,7 +601,7 @@ KNN_SCAN int knn_cpu_offer_row(const knn_cpu *cpu, const void *tile,
 
 /* The bounds of a stretch of column pools, read once per stretch and kept
  * current by its offers: as they are, and as closeness floors for the
- * float32 test (knn_closeness_floor). */
+ * float32 test (knn_cpu_floor). */
 typedef struct {
     double *bound;
     float *floor;
@@ -544,8 +617,9 @@ KNN_INLINE int knn_cpu_offer_to_columns(const knn_cpu *cpu, const void *tile,
 {
     double *bound = bounds.bound;
     if (knn_cpu_pretest(cpu) &&
-        !knn_block_may_pass(cpu->score, (const float *)tile + at, n, 0.0f,
-                            bounds.floor))
+        !knn_columns_may_pass(cpu->score, (const float *)tile + at, n,
+                              bounds.floor,
+                              cpu->halves ? cpu->halves[qi] : 0.0f))
         return 0;
     double g[KNN_BLOCK], s[KNN_BLOCK];
     knn_tile_values(cpu, tile, at, n, g);
@@ -559,7 +633,8 @@ KNN_INLINE int knn_cpu_offer_to_columns(const knn_cpu *cpu, const void *tile,
         knn_pool *pool = &cpu->pools[c + j];
         failed |= knn_pool_offer(pool, s[j], qi);
         bound[j] = pool->bound;
-        bounds.floor[j] = knn_closeness_floor(bound[j]);
+        bounds.floor[j] = knn_cpu_floor(cpu, knn_cpu_norm(&cpu->ref, c + j),
+                                        bound[j]);
     }
     return failed;
 }
@@ -583,7 +658,9 @@ KNN_SCAN int knn_cpu_offer_column_range(const knn_cpu *cpu, const void *tile,
 {
     for (int j = a; j < b; j++) {
         bounds.bound[j - a] = cpu->pools[c0 + j].bound;
-        bounds.floor[j - a] = knn_closeness_floor(bounds.bound[j - a]);
+        bounds.floor[j - a] = knn_cpu_floor(cpu,
+                                            knn_cpu_norm(&cpu->ref, c0 + j),
+                                            bounds.bound[j - a]);
     }
     int failed = 0;
     for (int i = 0; i < nr; i++) {

@@ -350,6 +350,23 @@ test_that("every CPU rung gives the float64 reference on hard data", {
     }
 })
 
+test_that("the float32 pre-test keeps every neighbour at any norm", {
+    ## Rows at norms from 2^-40 to 2^40, with exact ties (integer rows
+    ## repeated): each float32 block test sits next to the float64 score
+    ## it stands for, on both sides of the shared search; the float64
+    ## rung, which has no pre-test, gives the bits to match.
+    x <- tiedMatrix(600, 24, 17) * 2^rep(c(-40, -8, 0, 8, 40), 120)
+    for (metric in c("euclidean", "sqeuclidean", "pearson", "cosine")) {
+        fast <- knnSearch(x, k = 6, metric = metric, device = "cpu",
+                          precision = "fp32", progress = FALSE)
+        exact <- knnSearch(x, k = 6, metric = metric, device = "cpu",
+                           precision = "fp64", progress = FALSE)
+        expect_identical(fast$index, exact$index, label = metric)
+        expect_identical(fast$distance, exact$distance, label = metric)
+        expect_match(attr(fast, "precision"), "^fp32 BLAS")
+    }
+})
+
 test_that("the float32 rung climbs to float64 where candidates explode", {
     ## Every node at one of 3 points, 1e-9 apart at most: float32's margin
     ## holds every node, so auto gives float32 up after its first tile.
