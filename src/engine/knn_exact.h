@@ -15,8 +15,10 @@
  * Correlation metrics rank by the signed squared correlation
  * q = S^2 / (css_i css_j) computed from S = p * (u_i . u_j) - sum_i * sum_j,
  * where u is the node shifted and scaled by a power of two:
- * for integer-valued nodes the shift is an integer, so every quantity is
- * exact and mathematically tied correlations are tied bit for bit. Distance
+ * for integer-valued nodes (or integers times one power of two) the shift
+ * is an integer, so every quantity is exact and mathematically tied
+ * correlations are tied bit for bit, also between nodes that differ by a
+ * power-of-two scale (knn_exact_integers). Distance
  * metrics rank by the sum of squared (or absolute) differences of the
  * globally scaled nodes.
  *
@@ -48,8 +50,9 @@
 #define KNN_U64 1.1102230246251565e-16
 #define KNN_U32 5.9604644775390625e-08
 
-/* Integer-valued nodes below this magnitude take the exact integer shift. */
-#define KNN_EXACT_INT_LIMIT 2147483648.0
+/* Nodes whose values are integers below 2^KNN_EXACT_INT_BITS, once
+ * scaled by a power of two, take the exact integer shift. */
+#define KNN_EXACT_INT_BITS 31
 
 /* Exponent e with |v| / 2^e in [0.5, 1); 0 for v == 0. */
 KNN_HD static inline int knn_exponent(double v)
@@ -122,6 +125,38 @@ KNN_HD static inline double knn_dot(const double *a, const double *b, int p)
     return knn_dot_more(a, b, p, 0.0);
 }
 
+/* Trailing zero bits of a nonzero integer. */
+KNN_HD static inline int knn_trailing_zeros(unsigned long long v)
+{
+#if defined(__CUDA_ARCH__)
+    return __ffsll((long long)v) - 1;
+#else
+    return __builtin_ctzll(v);
+#endif
+}
+
+/* Whether a node's p values x are integers below 2^KNN_EXACT_INT_BITS
+ * times one power of two; if so, writes those integers, the smallest such
+ * (the power of two divided out), to y (which may be x). Two nodes that
+ * differ by a power-of-two scale get the same y, so their correlations
+ * with every node tie bit for bit, as they do in exact arithmetic. amax
+ * is the largest |x|. x is read in full before y is written. */
+KNN_HD static inline int knn_exact_integers(const double *x, int p,
+                                            double amax, double *y)
+{
+    int up = KNN_EXACT_INT_BITS - knn_exponent(amax);
+    double factor = knn_ldexp_factor(up);
+    unsigned long long bits = 0;
+    for (int f = 0; f < p; f++) {
+        double v = factor != 0.0 ? x[f] * factor : ldexp(x[f], up);
+        if (v != floor(v) || (v == 0.0 && x[f] != 0.0)) return 0;
+        bits |= (unsigned long long)fabs(v);
+    }
+    int down = bits ? knn_trailing_zeros(bits) : 0;
+    knn_ldexp_values(x, p, up - down, knn_ldexp_factor(up - down), y);
+    return 1;
+}
+
 /* Twice the average rank (ties share their mean rank, as R's rank() and
  * cor(method = "spearman") do) of feature f among the node's p values: an
  * integer, so Spearman inherits the exact integer path. */
@@ -143,12 +178,9 @@ KNN_HD static inline void knn_canon_corr(knn_metric m, const double *x, int p,
                                          double *u, double *sum, double *css)
 {
     double amax = knn_max_abs(x, p);
-    int exact_int = knn_is_centred(m) && amax < KNN_EXACT_INT_LIMIT;
-    for (int f = 0; exact_int && f < p; f++) exact_int = x[f] == floor(x[f]);
-
-    if (exact_int) {
-        double shift = floor(KNN_DIV(knn_sum(x, p), (double)p) + 0.5);
-        for (int f = 0; f < p; f++) u[f] = KNN_SUB(x[f], shift);
+    if (knn_is_centred(m) && knn_exact_integers(x, p, amax, u)) {
+        double shift = floor(KNN_DIV(knn_sum(u, p), (double)p) + 0.5);
+        for (int f = 0; f < p; f++) u[f] = KNN_SUB(u[f], shift);
     } else {
         int e = knn_exponent(amax);
         knn_ldexp_values(x, p, -e, knn_ldexp_factor(-e), u);

@@ -35,6 +35,17 @@ test_that("tied small-integer data with duplicated rows", {
     }
 })
 
+test_that("nodes scaled by powers of two: the CPU's exact ties", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    x <- tiedMatrix(900, 16, 19) * 2^rep(c(-40, -8, 0, 8, 40), 180)
+    for (metric in c("pearson", "spearman", "abspearson", "cosine")) {
+        expectGpuIdentical(x, 7, metric, label = "scaled")
+    }
+    expect_identical(knnSearch(x, k = 7, metric = "pearson",
+                               device = "gpu")$index,
+                     refKnn(x, 7, "pearson")$index)
+})
+
 test_that("by columns", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     x <- randomMatrix(30, 1200, 15)

@@ -350,6 +350,29 @@ test_that("every CPU rung gives the float64 reference on hard data", {
     }
 })
 
+test_that("correlations of nodes scaled by powers of two tie exactly", {
+    ## Integer rows and their copies times 2^-40 ... 2^40 (and the whole
+    ## matrix over 8, or times 2^20): a correlation does not see the
+    ## scale, so copies tie bit for bit and go to the smaller index, as
+    ## in R's cor().
+    x <- tiedMatrix(600, 24, 17)
+    scaled <- x * 2^rep(c(-40, -8, 0, 8, 40), 120)
+    for (metric in c("pearson", "spearman", "abspearson")) {
+        got <- knnSearch(scaled, k = 6, metric = metric, device = "cpu",
+                         progress = FALSE)
+        expect_identical(got$index, refKnn(scaled, 6, metric)$index,
+                         label = metric)
+        plain <- knnSearch(x, k = 6, metric = metric, device = "cpu",
+                           progress = FALSE)
+        for (s in c(1 / 8, 2^20)) {
+            other <- knnSearch(x * s, k = 6, metric = metric,
+                               device = "cpu", progress = FALSE)
+            expect_identical(other$index, plain$index, label = metric)
+            expect_identical(other$distance, plain$distance, label = metric)
+        }
+    }
+})
+
 test_that("the float32 pre-test keeps every neighbour at any norm", {
     ## Rows at norms from 2^-40 to 2^40, with exact ties (integer rows
     ## repeated): each float32 block test sits next to the float64 score
