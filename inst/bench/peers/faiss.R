@@ -41,8 +41,9 @@ faissSearch <- function(file, n, d, k, metric, device, nq = 0L, reps = 1L) {
     line <- system2("env", c(peerLibraryPath(), "python3",
                              file.path("inst", "bench", "peers",
                                        "faiss_knn.py"),
-                             file, n, d, k, metric, device, result,
-                             as.integer(nq), as.integer(reps)),
+                             file, sprintf("%d", as.integer(c(n, d, k))),
+                             metric, device, result,
+                             sprintf("%d", as.integer(c(nq, reps)))),
                     stdout = TRUE)
     seconds <- as.numeric(sub("^faiss total ([0-9.]+) .*$", "\\1",
                               line[length(line)]))
