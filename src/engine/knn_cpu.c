@@ -103,7 +103,10 @@ typedef struct {
 /* Rows of a tile per task where each thread multiplies its own rows:
  * enough for an efficient product, few enough to stay in the cache; a
  * streamed search multiplies them against this many columns at a time,
- * whose products (256 KB in float32) are scanned from the cache. */
+ * whose products (256 KB in float32) are scanned from the cache. A shared
+ * search multiplies up to KNN_CPU_SHARE_ROWS rows at once: the BLAS packs
+ * each stretch of columns once per call, so more rows share that cost
+ * (512 KB of float32 products, still within a core's 1 MB L2 here). */
 #define KNN_CPU_ROWS_PER_TASK 128
 #define KNN_CPU_COLS_PER_TASK 512
 #define KNN_CPU_SHARE_ROWS 256
