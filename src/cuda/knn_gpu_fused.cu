@@ -773,6 +773,14 @@ static knn_status knn_fused_launch(const knn_fused_args *a, char *message,
     return KNN_OK;
 }
 
+/* The end of each dispatch on the score kind: the kernel has no other. */
+static knn_status knn_fused_kind_refused(char *message)
+{
+    return knn_gpu_fail(message, KNN_E_INVALID, "fused candidates",
+                        "the fused kernel takes product metrics only",
+                        __FILE__, __LINE__);
+}
+
 /* Blocks of the kind's kernel that one SM holds at once for this k
  * (registers and shared memory decide it), at least one. */
 template <int KIND>
@@ -803,7 +811,7 @@ knn_status knn_fused_wave_rows(knn_score_kind kind, int k, int sm_count,
                                                         message));
         break;
     default:
-        break;
+        return knn_fused_kind_refused(message);
     }
     *rows = KNN_FUSED_ROWS * blocks * sm_count;
     return KNN_OK;
@@ -831,9 +839,6 @@ knn_status knn_fused_candidates(const knn_select_args *sel,
     case KNN_SCORE_DIST:
         return knn_fused_launch<KNN_SCORE_DIST>(&a, message, stream);
     default:
-        break;
+        return knn_fused_kind_refused(message);
     }
-    return knn_gpu_fail(message, KNN_E_INVALID, "fused candidates",
-                        "the fused kernel takes product metrics only",
-                        __FILE__, __LINE__);
 }

@@ -824,10 +824,10 @@ static int knn_cpu_share_rounds(const knn_cpu *cpu, const void *cols,
 }
 
 /* Fills the tile of query nodes [q0, q0 + nr) against reference nodes
- * [c0, c0 + nc) and offers each row its scores. Streamed, or with the
- * BLAS held to one thread (knn_blas.c), each thread multiplies a few rows
- * and scans them while they are in its cache; else the BLAS fills the
- * whole tile on its own threads first. */
+ * [c0, c0 + nc) and offers each row its scores. Streamed (the BLAS held
+ * to one thread, knn_blas.c), each thread multiplies a few rows and scans
+ * them while they are in its cache; else the BLAS (or, for Manhattan, the
+ * keys themselves) fills the whole tile first. */
 static int knn_cpu_offer_rows(knn_cpu *cpu, int q0, int nr, int c0, int nc)
 {
     int product = knn_uses_product(cpu->space.metric);
@@ -853,24 +853,6 @@ static int knn_cpu_offer_rows(knn_cpu *cpu, int q0, int nr, int c0, int nc)
             for (int t = 0; t < tasks; t++)
                 failed |= knn_cpu_stream_task(cpu, cols, rows, q0, nr, t,
                                               c0, nc, scratch);
-        }
-        return failed;
-    }
-    if (product && cpu->blas_before > 0) {
-        #pragma omp parallel for num_threads(cpu->threads) \
-            schedule(dynamic, 1) reduction(| : failed)
-        for (int t = 0; t < tasks; t++) {
-            int a, b;
-            knn_cpu_task_rows(t, nr, &a, &b);
-            knn_cpu_products(cpu, cols,
-                             knn_cpu_values_at(cpu, rows,
-                                               (size_t)a * cpu->space.p),
-                             b - a, nc,
-                             knn_cpu_values_at(cpu, cpu->tile,
-                                               (size_t)a * nc));
-            for (int i = a; i < b; i++)
-                failed |= knn_cpu_offer_row(cpu, cpu->tile, (size_t)i * nc,
-                                            q0, q0 + i, c0, nc);
         }
         return failed;
     }

@@ -111,12 +111,26 @@ KNN_HD static inline double knn_sum(const double *x, int p)
     return s;
 }
 
+/* One feature's term added to a canonical sum s: a dot product's, and a
+ * squared distance's. Every canonical sum is these terms in feature
+ * order, however many sums are kept at once. */
+KNN_HD static inline double knn_dot_term(double s, double a, double b)
+{
+    return KNN_ADD(s, KNN_MUL(a, b));
+}
+
+KNN_HD static inline double knn_sqdiff_term(double s, double a, double b)
+{
+    double d = KNN_SUB(a, b);
+    return KNN_ADD(s, KNN_MUL(d, d));
+}
+
 /* The dot product s continued over a[0..n), b[0..n): computed in pieces,
  * in feature order, it has the bits of one computed whole. */
 KNN_HD static inline double knn_dot_more(const double *a, const double *b,
                                          int n, double s)
 {
-    for (int f = 0; f < n; f++) s = KNN_ADD(s, KNN_MUL(a[f], b[f]));
+    for (int f = 0; f < n; f++) s = knn_dot_term(s, a[f], b[f]);
     return s;
 }
 
@@ -256,10 +270,7 @@ KNN_HD static inline double knn_key_dist_more(knn_metric m, const double *a,
     if (m == KNN_MANHATTAN) {
         for (int f = 0; f < n; f++) s = KNN_ADD(s, fabs(KNN_SUB(a[f], b[f])));
     } else {
-        for (int f = 0; f < n; f++) {
-            double d = KNN_SUB(a[f], b[f]);
-            s = KNN_ADD(s, KNN_MUL(d, d));
-        }
+        for (int f = 0; f < n; f++) s = knn_sqdiff_term(s, a[f], b[f]);
     }
     return s;
 }

@@ -335,9 +335,10 @@ double knn_nodes_key(const knn_space *space, const knn_nodes *query, int qi,
                         query->css[qi], ref->sum[rj], ref->css[rj]);
 }
 
-/* KNN_KEYS canonical sums of node a with nodes b[0..KNN_KEYS), each in
- * feature order: dot products (correlations) or squared differences. The
- * sums are named, not an array, so that they stay in registers. */
+/* KNN_KEYS canonical sums of node a with nodes b[0..KNN_KEYS), each of
+ * knn_exact.h's terms in feature order: dot products (correlations) or
+ * squared differences. The sums are named, not an array, so that they
+ * stay in registers. */
 #if KNN_KEYS != 4
 #error "knn_canonical_sums keeps four sums"
 #endif
@@ -348,19 +349,17 @@ static void knn_canonical_sums(int correlation, const double *a,
     double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
     if (correlation) {
         for (int f = 0; f < p; f++) {
-            s0 = KNN_ADD(s0, KNN_MUL(a[f], b0[f]));
-            s1 = KNN_ADD(s1, KNN_MUL(a[f], b1[f]));
-            s2 = KNN_ADD(s2, KNN_MUL(a[f], b2[f]));
-            s3 = KNN_ADD(s3, KNN_MUL(a[f], b3[f]));
+            s0 = knn_dot_term(s0, a[f], b0[f]);
+            s1 = knn_dot_term(s1, a[f], b1[f]);
+            s2 = knn_dot_term(s2, a[f], b2[f]);
+            s3 = knn_dot_term(s3, a[f], b3[f]);
         }
     } else {
         for (int f = 0; f < p; f++) {
-            double d0 = KNN_SUB(a[f], b0[f]), d1 = KNN_SUB(a[f], b1[f]);
-            double d2 = KNN_SUB(a[f], b2[f]), d3 = KNN_SUB(a[f], b3[f]);
-            s0 = KNN_ADD(s0, KNN_MUL(d0, d0));
-            s1 = KNN_ADD(s1, KNN_MUL(d1, d1));
-            s2 = KNN_ADD(s2, KNN_MUL(d2, d2));
-            s3 = KNN_ADD(s3, KNN_MUL(d3, d3));
+            s0 = knn_sqdiff_term(s0, a[f], b0[f]);
+            s1 = knn_sqdiff_term(s1, a[f], b1[f]);
+            s2 = knn_sqdiff_term(s2, a[f], b2[f]);
+            s3 = knn_sqdiff_term(s3, a[f], b3[f]);
         }
     }
     sums[0] = s0;
