@@ -146,6 +146,8 @@ typedef struct {
                          2^-22), both TF32 values; else NULL */
     float *sqnorm;    /* distances: |f|^2 */
     double *margin2;  /* per node: twice its candidate margin */
+    double *margin2_fp32; /* product metrics: twice its float32 margin,
+                             the refinement's (knn_select_args) */
     double *norm;     /* distances: |node - means| (float64), and the */
     double *norm_max; /* largest over the ref nodes: the margins' inputs */
     double *kappa_max; /* correlations: the largest cancellation (>= 1),
@@ -176,6 +178,17 @@ typedef struct {
     int *count;              /* out: candidates found per row (may exceed
                                 the row's slots: the caller re-plans) */
     int *seg_end;            /* out: offsets[r] + candidates stored */
+    /* The refinement of TF32 candidates (knn_gpu_select.cu): float32
+     * products of the fast vectors (ldf floats apart; the
+     * tile's rows from row_fast) and their margins (row_margin2_fp32,
+     * fp32_unit). row_margin2_fp32 NULL: no refinement. */
+    const float *fast;
+    const float *row_fast;
+    int ldf;
+    const double *row_margin2_fp32;
+    double fp32_unit;
+    int *wide;               /* out, with the refinement: each row's
+                                candidates before it (after it, count) */
 } knn_select_args;
 
 /* Selection algorithms, chosen by knn_select_choose(). */
@@ -202,9 +215,15 @@ knn_status knn_select_candidates(const knn_select_args *a,
  * TF32 would admit far more than k candidates per row; for correlations,
  * so would nodes whose neighbours' r are all within that 0.008 (positive
  * data at different levels under cosine, log-counts full of near
- * duplicates). So a product search starts in TF32 and goes on in split
- * TF32 (float32 where its arrays do not fit) after a tile that shows it
- * (knn_gemm_adaptive, knn_rung_too_wide; knn_gpu_loop.cu). Split TF32
+ * duplicates). So a product search starts in TF32, and the panel path's
+ * radix selection rescores a TF32 tile's candidates in float32 before
+ * they reach the re-rank (knn_refine, knn_gpu_select.cu), which keeps
+ * them near float32's count for the price of reading their fast vectors.
+ * A search whose TF32 tile still shows too many goes on refining (leaving
+ * the fused path and the warp kernel, which do not), and then, or where
+ * the refinement would read more than split TF32's extra products cost,
+ * in split TF32 (float32 where its arrays do not fit; knn_gemm_adaptive,
+ * knn_rung_too_wide, knn_dev_next_step in knn_gpu_loop.cu). Split TF32
  * errs nearly as little as float32 (its margins are some three times
  * float32's, from the accumulation over 3p terms) and runs on tensor
  * cores, faster than float32 on an H100 or H200. The request's
@@ -230,8 +249,11 @@ typedef struct {
     double in, acc;
 } knn_gemm_units;
 knn_gemm_units knn_gemm_units_of(knn_gemm_mode mode, int p);
+/* The report's precision: the arithmetic a search ended on, whether it
+ * got there from TF32 (switched), whether TF32 candidates were rescored
+ * in float32 (refined). */
 const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
-                               int switched);
+                               int switched, int refined);
 
 /* The fused path (knn_gpu_fused.cu): products and selection in one
  * kernel, so the panel never exists. Whether a device's search of `rows`

@@ -23,6 +23,14 @@
  * waking others would cost more than they save. */
 #define KNN_COPY_PARALLEL_MIN ((size_t)1 << 15)
 
+/* Whether a tile in arithmetic `gemm` may rescore its candidates in
+ * float32 (knn_gpu_select.cu, knn_refine): TF32 tiles of a product metric;
+ * the radix kernel does (knn_tile_refined). */
+static int knn_refine_possible(const knn_gpu_dev *d, knn_gemm_mode gemm)
+{
+    return gemm == KNN_GEMM_TF32 && d->nodes.margin2_fp32 != NULL;
+}
+
 /* The selection arguments of a tile of `rows` rows from global query row
  * row0 (node node0) with the given slot offsets; the panel path's panel
  * (the fused path has none). */
@@ -57,7 +65,38 @@ static knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
     sa.cand_index = t->cand_index;
     sa.count = t->count;
     sa.seg_end = t->seg_end;
+    sa.fast = nd->fast;
+    sa.row_fast = nd->fast ? nd->fast + (size_t)node0 * nd->ldf : NULL;
+    sa.ldf = nd->ldf;
+    sa.row_margin2_fp32 = knn_refine_possible(d, gemm)
+                              ? nd->margin2_fp32 + node0 : NULL;
+    sa.wide = sa.row_margin2_fp32 ? t->wide : NULL;
+    knn_gemm_units u32 = knn_gemm_units_of(KNN_GEMM_FP32, p);
+    sa.fp32_unit = knn_margin_dist_unit(p, u32.in, u32.acc);
     return sa;
+}
+
+/* The selection kernel of a panel tile of `rows` rows. Once TF32 has
+ * found too many candidates for the plain selection (d->refine_select),
+ * the radix kernel, which refines them, replaces the warp kernel, unless
+ * the request forced that one. */
+static knn_select_algo knn_tile_algo(const knn_gpu_dev *d, int rows)
+{
+    const knn_request *req = d->req;
+    knn_select_algo algo = knn_select_choose(req->select, rows, req->k);
+    if (algo == KNN_SELECT_WARP && d->refine_select &&
+        req->select == KNN_SELECT_CHOOSE)
+        return KNN_SELECT_RADIX;
+    return algo;
+}
+
+/* Whether a tile of `rows` rows in arithmetic `gemm` refines its TF32
+ * candidates: the panel path's radix kernel does. */
+static int knn_tile_refined(const knn_gpu_dev *d, int rows,
+                            knn_gemm_mode gemm)
+{
+    return !d->fused && knn_refine_possible(d, gemm) &&
+           knn_tile_algo(d, rows) == KNN_SELECT_RADIX;
 }
 
 /* A tile's candidates: the fused kernel, or products into the panel and
@@ -82,9 +121,8 @@ static knn_status knn_tile_candidates(knn_gpu_dev *d,
                                     nd->exact, req->p, sa->rows, req->n_ref,
                                     t->panel, sa->ld, d->message,
                                     d->stream));
-    return knn_select_candidates(sa, knn_select_choose(req->select,
-                                                       sa->rows, req->k),
-                                 d->message, d->stream);
+    return knn_select_candidates(sa, knn_tile_algo(d, sa->rows), d->message,
+                                 d->stream);
 }
 
 static knn_status knn_tile_rerank(knn_gpu_dev *d, int rows, int node0,
@@ -136,6 +174,8 @@ static knn_status knn_tile_transfer(knn_gpu_dev *d, knn_gpu_slot *sl)
     KNN_TRY(knn_copy_back(d, sl->weight, t->out_weight,
                           rk * sizeof(double)));
     KNN_TRY(knn_copy_back(d, sl->count, t->count, r * sizeof(int)));
+    if (sl->refined)
+        KNN_TRY(knn_copy_back(d, sl->wide, t->wide, r * sizeof(int)));
     if (sl->fused)
         KNN_TRY(knn_copy_back(d, sl->survivors, t->survivors,
                               r * sizeof(int)));
@@ -168,6 +208,7 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
     sl->rows = rows;
     sl->gemm = d->gemm;
     sl->fused = d->fused;
+    sl->refined = knn_tile_refined(d, rows, d->gemm);
 
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
     knn_select_args sa = knn_tile_select_args(d, row0, node0, rows,
@@ -358,6 +399,68 @@ static int knn_slot_overflow(const knn_gpu_tiles *t, const knn_gpu_slot *sl,
     return overflow;
 }
 
+/* The TF32 candidates of the slot's rows before any refinement, given
+ * `found` after it. A fused tile's rows count their survivors, which hold
+ * every candidate (a node under the final threshold passed every looser
+ * one before) where the candidates' own count stops at the slots. */
+static double knn_slot_wide(const knn_gpu_slot *sl, double found)
+{
+    if (!sl->refined && !sl->fused) return found;
+    double wide = 0.0;
+    for (int r = 0; r < sl->rows; r++)
+        wide += sl->refined ? sl->wide[r] : sl->survivors[r];
+    return wide;
+}
+
+/* Whether refining `wide` TF32 candidates of `rows` rows costs more than
+ * split TF32's products would. Rescoring a candidate reads its p fast
+ * values; the split adds two products of p values for every one of the
+ * n_ref columns, on tensor cores. Both grow with p, so the crossover is a
+ * share of n_ref: log-counts 300000 x 500 on an H200 refined 600
+ * candidates a row (cosine) in 0.78 s of search where split TF32 took
+ * 1.08 s, and 2376 (Euclidean) in 1.53 s against 1.18 s
+ * (inst/bench/RESULTS.md, "Refined TF32"): about n_ref / 200. */
+static int knn_refine_too_costly(double wide, int rows, int n_ref)
+{
+    return wide > rows * (n_ref / 200.0);
+}
+
+/* What a search that may still leave TF32 (knn_gpu.cuh) does after a
+ * tile. */
+typedef enum {
+    KNN_RUNG_STAY = 0,
+    KNN_RUNG_REFINE, /* refine TF32 candidates from now on */
+    KNN_RUNG_CLIMB   /* split TF32 from now on (knn_dev_climb) */
+} knn_rung_step;
+
+/* A TF32 tile is crowded when its rows average more candidates than
+ * knn_rung_too_wide allows or, on the panel path, one overflows its
+ * slots: the re-rank of the extra candidates, or the tile's redo, would
+ * cost more than the faster products save. (A fused tile's survivors
+ * overflow for other reasons too: the thresholds they passed were looser
+ * at first.) A crowded tile that did not refine has the search refine
+ * from then on, where the request left the selection to the engine; a
+ * crowded tile that did refine has it climb. Either way the search
+ * climbs once its TF32 candidates are so many that refining them costs
+ * more than split TF32's products (knn_refine_too_costly). */
+static knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
+                                       const knn_gpu_slot *sl, double found,
+                                       int overflow)
+{
+    if (!d->gemm_adaptive) return KNN_RUNG_STAY;
+    const knn_request *req = d->req;
+    int crowded = overflow || knn_rung_too_wide(found, sl->rows, req->k);
+    double wide = knn_slot_wide(sl, found);
+    int costly = knn_refine_too_costly(wide, sl->rows, req->n_ref);
+    if (!crowded && !(sl->refined && costly &&
+                      knn_rung_too_wide(wide, sl->rows, req->k)))
+        return KNN_RUNG_STAY;
+    if (crowded && !costly && !sl->refined && !d->refine_select &&
+        req->select == KNN_SELECT_CHOOSE)
+        return KNN_RUNG_REFINE;
+    return KNN_RUNG_CLIMB;
+}
+
 /* Runs the tile in slot s again with the uniform slots (after the search
  * changed its arithmetic). */
 static knn_status knn_tile_rerun(knn_gpu_dev *d, int s)
@@ -369,20 +472,6 @@ static knn_status knn_tile_rerun(knn_gpu_dev *d, int s)
     KNN_TRY(knn_tile_enqueue(d, sl->row0, sl->rows, &ts, s));
     KNN_CUDA_TRY(d->message, cudaEventSynchronize(sl->done));
     return KNN_OK;
-}
-
-/* A product search starts in TF32 (knn_gpu.cuh) and goes on in split
- * TF32, its margins recomputed, once a tile's rows average more
- * candidates than knn_rung_too_wide allows or, on the panel path, one
- * overflows its slots: the re-rank of the extra candidates, or the tile's
- * redo, would cost more than the faster products save. (A fused tile's
- * survivors overflow for other reasons too: the thresholds they passed
- * were looser at first.) */
-static int knn_dev_should_climb(const knn_gpu_dev *d, double found,
-                                int rows, int overflow)
-{
-    return d->gemm_adaptive &&
-           (overflow || knn_rung_too_wide(found, rows, d->req->k));
 }
 
 /* The climb: split TF32 from here on, or float32 where the split's arrays
@@ -403,12 +492,14 @@ static knn_status knn_dev_climb(knn_gpu_dev *d)
 }
 
 /* Waits for slot s, re-runs its tile if a row overflowed (first with the
- * uniform slots in the finer arithmetic, when the tile ran in TF32 and the
- * search has climbed since: a redo must see the counts of the same
- * arithmetic), and copies its rows x k results into the caller's
- * n_query x k arrays. A fused tile that shows the search must climb is
- * not collected: *rewind is set, and the search goes on from its first
- * row on the panel path (the fused kernel runs TF32 only). */
+ * uniform slots where the search has changed its arithmetic or begun to
+ * refine since the tile ran: a redo must see the counts of the same
+ * selection), and copies its rows x k results into the caller's
+ * n_query x k arrays. A fused tile that shows the search must refine or
+ * climb is not collected: *rewind gets that step (a knn_rung_step), and
+ * the search goes on from its
+ * first row on the panel path (the fused kernel neither refines nor runs
+ * but TF32). */
 static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
 {
     knn_gpu_tiles *t = &d->t;
@@ -426,13 +517,16 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
 
     double found = 0.0;
     int overflow = knn_slot_overflow(t, sl, &found);
-    if (sl->fused && knn_dev_should_climb(d, found, sl->rows, 0)) {
-        *rewind = 1;
+    knn_rung_step step = knn_dev_next_step(d, sl, found,
+                                           sl->fused ? 0 : overflow);
+    if (step == KNN_RUNG_REFINE) d->refine_select = 1;
+    if (sl->fused && step != KNN_RUNG_STAY) {
+        *rewind = (int)step;
         return KNN_OK;
     }
-    if (!sl->fused && knn_dev_should_climb(d, found, sl->rows, overflow))
-        KNN_TRY(knn_dev_climb(d));
-    if (overflow && sl->gemm != d->gemm) {
+    if (step == KNN_RUNG_CLIMB) KNN_TRY(knn_dev_climb(d));
+    if (overflow && (sl->gemm != d->gemm ||
+                     sl->refined != knn_tile_refined(d, sl->rows, d->gemm))) {
         double t0 = knn_seconds();
         KNN_TRY(knn_tile_rerun(d, s));
         d->seconds_search += knn_seconds() - t0;
@@ -443,6 +537,7 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
         KNN_TRY(knn_tile_redo(d, s));
         d->seconds_rerank += knn_seconds() - t0;
     }
+    d->refined |= sl->refined;
     for (int r = 0; r < sl->rows; r++) {
         if (sl->count[r] < k)
             return knn_gpu_fail(d->message, KNN_E_DEVICE,
@@ -459,15 +554,16 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
     return KNN_OK;
 }
 
-/* Leaves the fused path for the panel path in the finer arithmetic: the
- * tiles in flight are dropped (which frees room for the split's arrays),
- * the margins recomputed and the tiles planned again. */
-static knn_status knn_dev_leave_fused(knn_gpu_dev *d)
+/* Leaves the fused path for the panel path, refining TF32 candidates or
+ * in the finer arithmetic (step): the tiles in flight are dropped (which
+ * frees room for the split's arrays), the margins recomputed where the
+ * search climbs, and the tiles planned again. */
+static knn_status knn_dev_leave_fused(knn_gpu_dev *d, int step)
 {
     double t0 = knn_seconds();
     KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
     knn_tiles_free(&d->t);
-    KNN_TRY(knn_dev_climb(d));
+    if (step == KNN_RUNG_CLIMB) KNN_TRY(knn_dev_climb(d));
     KNN_TRY(knn_dev_plan_tiles(d));
     d->seconds_setup += knn_seconds() - t0;
     return KNN_OK;
@@ -486,7 +582,7 @@ knn_status knn_dev_search(knn_gpu_dev *d)
     int s = 0;
     int probe = d->fused && d->gemm_adaptive;
     while (!d->shared->stop) {
-        int queued = -1, rewind = 0;
+        int queued = -1, rewind = KNN_RUNG_STAY;
         if (next < end) {
             int rows = end - next < t->rows ? end - next : t->rows;
             if (probe && rows > d->wave_rows) rows = d->wave_rows;
@@ -505,7 +601,7 @@ knn_status knn_dev_search(knn_gpu_dev *d)
         }
         if (rewind) {
             next = t->slot[pending].row0;
-            KNN_TRY(knn_dev_leave_fused(d));
+            KNN_TRY(knn_dev_leave_fused(d, rewind));
             pending = -1;
             s = 0;
             continue;

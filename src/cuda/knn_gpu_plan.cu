@@ -71,6 +71,7 @@ static void knn_tiles_carve(knn_gpu_tiles *t, size_t ld, int k,
     t->offsets_exact = knn_carve<int>(dev, r + 1);
     t->seg_end = knn_carve<int>(dev, r);
     t->count = knn_carve<int>(dev, r);
+    t->wide = knn_carve<int>(dev, r);
     t->survivors = knn_carve<int>(dev, r);
     t->surv_offsets_uniform = knn_carve<int>(dev, r + 1);
     t->surv_offsets_exact = knn_carve<int>(dev, r + 1);
@@ -85,6 +86,7 @@ static void knn_tiles_carve(knn_gpu_tiles *t, size_t ld, int k,
         sl->distance = knn_carve<double>(host, rk);
         sl->weight = knn_carve<double>(host, rk);
         sl->count = knn_carve<int>(host, r);
+        sl->wide = knn_carve<int>(host, r);
         sl->survivors = knn_carve<int>(host, r);
     }
 }
@@ -261,7 +263,8 @@ static knn_status knn_dev_choose_path(knn_gpu_dev *d)
     KNN_CUDA_TRY(d->message,
                  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
                                         d->device));
-    d->fused = knn_fused_choose(d->req->select, d->req->metric, d->gemm,
+    d->fused = !d->refine_select &&
+               knn_fused_choose(d->req->select, d->req->metric, d->gemm,
                                 d->req->k, d->req->p, d->nq, sms);
     d->wave_rows = 0;
     if (d->fused)

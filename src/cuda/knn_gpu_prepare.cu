@@ -236,6 +236,7 @@ static void knn_nodes_carve(knn_metric m, knn_gpu_nodes *nd,
         nd->css = knn_carve<double>(c, n);
     }
     if (!knn_uses_product(m)) return;
+    nd->margin2_fp32 = knn_carve<double>(c, n);
     nd->fast = knn_carve<float>(c, (size_t)nd->ldf * n);
     if (knn_is_correlation(m)) return;
     nd->sqnorm = knn_carve<float>(c, n);
@@ -338,6 +339,28 @@ static knn_status knn_prepare_dist(knn_metric m, double *x, knn_gpu_nodes *nd,
     return KNN_OK;
 }
 
+/* Twice each node's margin for the arithmetic `gemm` into out. */
+static knn_status knn_margins_into(double *out, knn_metric metric,
+                                   const knn_gpu_nodes *nodes,
+                                   knn_gemm_mode gemm, char *message,
+                                   cudaStream_t stream)
+{
+    knn_gemm_units u = knn_gemm_units_of(gemm, nodes->p);
+    if (knn_is_correlation(metric)) {
+        knn_margin_corr_kernel<<<knn_blocks(nodes->n_nodes),
+                                 KNN_PREP_THREADS, 0, stream>>>(
+            out, nodes->n_nodes, nodes->p, u, nodes->kappa_max,
+            metric == KNN_COSINE);
+        KNN_LAUNCH_TRY(message, "knn_margin_corr_kernel");
+        return KNN_OK;
+    }
+    knn_margin_dist_kernel<<<knn_blocks(nodes->n_nodes), KNN_PREP_THREADS, 0,
+                             stream>>>(out, nodes->n_nodes, nodes->p, u,
+                                       nodes->norm, nodes->norm_max);
+    KNN_LAUNCH_TRY(message, "knn_margin_dist_kernel");
+    return KNN_OK;
+}
+
 knn_status knn_nodes_remargin(knn_metric metric, knn_gpu_nodes *nodes,
                               knn_gemm_mode gemm, char *message,
                               cudaStream_t stream)
@@ -346,21 +369,8 @@ knn_status knn_nodes_remargin(knn_metric metric, knn_gpu_nodes *nodes,
         return knn_gpu_fail(message, KNN_E_INVALID, "knn_nodes_remargin",
                             "only the product metrics have margins to "
                             "recompute", __FILE__, __LINE__);
-    knn_gemm_units u = knn_gemm_units_of(gemm, nodes->p);
-    if (knn_is_correlation(metric)) {
-        knn_margin_corr_kernel<<<knn_blocks(nodes->n_nodes),
-                                 KNN_PREP_THREADS, 0, stream>>>(
-            nodes->margin2, nodes->n_nodes, nodes->p, u, nodes->kappa_max,
-            metric == KNN_COSINE);
-        KNN_LAUNCH_TRY(message, "knn_margin_corr_kernel");
-        return KNN_OK;
-    }
-    knn_margin_dist_kernel<<<knn_blocks(nodes->n_nodes), KNN_PREP_THREADS, 0,
-                             stream>>>(nodes->margin2, nodes->n_nodes,
-                                       nodes->p, u, nodes->norm,
-                                       nodes->norm_max);
-    KNN_LAUNCH_TRY(message, "knn_margin_dist_kernel");
-    return KNN_OK;
+    return knn_margins_into(nodes->margin2, metric, nodes, gemm, message,
+                            stream);
 }
 
 knn_status knn_nodes_split(knn_gpu_nodes *nodes, char *message,
@@ -411,6 +421,8 @@ knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
                                  message, stream));
     if (knn_uses_product(metric)) {
         KNN_TRY(knn_nodes_remargin(metric, nodes, gemm, message, stream));
+        KNN_TRY(knn_margins_into(nodes->margin2_fp32, metric, nodes,
+                                 KNN_GEMM_FP32, message, stream));
         if (gemm == KNN_GEMM_TF32X3)
             KNN_TRY(knn_nodes_split(nodes, message, stream));
     }
@@ -425,6 +437,7 @@ void knn_nodes_free(knn_gpu_nodes *nodes)
     cudaFree(nodes->split);
     nodes->split = NULL;
     nodes->exact = nodes->sum = nodes->css = nodes->margin2 = NULL;
+    nodes->margin2_fp32 = NULL;
     nodes->fast = nodes->sqnorm = NULL;
     nodes->norm = nodes->norm_max = nodes->kappa_max = NULL;
     nodes->block = NULL;

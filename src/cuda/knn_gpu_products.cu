@@ -81,12 +81,14 @@ knn_gemm_units knn_gemm_units_of(knn_gemm_mode mode, int p)
 }
 
 const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
-                               int switched)
+                               int switched, int refined)
 {
     if (!knn_uses_product(metric))
         return "fp64 direct candidates + fp64 exact re-rank";
     if (mode == KNN_GEMM_TF32)
-        return "tf32 GEMM candidates + fp64 exact re-rank";
+        return refined ? "tf32 GEMM candidates, fp32 rescored + fp64 exact "
+                         "re-rank"
+                       : "tf32 GEMM candidates + fp64 exact re-rank";
     if (mode == KNN_GEMM_FP32)
         return switched ? "tf32, then fp32 GEMM candidates + fp64 exact re-rank"
                         : "fp32 GEMM candidates + fp64 exact re-rank";

@@ -75,15 +75,24 @@ __device__ __forceinline__ knn_row knn_row_of(const knn_select_args &a, int r)
 /* The row's candidate bound from its k-th best fast score: the smaller of
  * two proven bounds, from the largest norm (knn_candidate_bound) and, for
  * distances, from the row's own neighbourhood (knn_dist_row_bound), which
- * keeps rows of small norm among nodes of large ones near k candidates. */
+ * keeps rows of small norm among nodes of large ones near k candidates.
+ * margin2 and unit are those of the arithmetic that gave the scores. */
+__device__ __forceinline__ double knn_row_bound_in(const knn_select_args &a,
+                                                   const knn_row &w,
+                                                   double margin2,
+                                                   double unit, double kth)
+{
+    double bound = knn_candidate_bound(a.metric, kth, margin2, a.scale_exp);
+    if (!a.row_norm) return bound;
+    return fmin(bound, knn_dist_row_bound(a.metric, kth, w.norm, unit,
+                                          a.margin_floor, a.scale_exp));
+}
+
+/* The bound for the tile's own arithmetic. */
 __device__ __forceinline__ double knn_row_bound(const knn_select_args &a,
                                                 const knn_row &w, double kth)
 {
-    double bound = knn_candidate_bound(a.metric, kth, w.margin2, a.scale_exp);
-    if (!a.row_norm) return bound;
-    return fmin(bound, knn_dist_row_bound(a.metric, kth, w.norm,
-                                          a.margin_unit, a.margin_floor,
-                                          a.scale_exp));
+    return knn_row_bound_in(a, w, w.margin2, a.margin_unit, kth);
 }
 
 __device__ __forceinline__ void knn_row_done(const knn_select_args &a, int r,
@@ -91,6 +100,7 @@ __device__ __forceinline__ void knn_row_done(const knn_select_args &a, int r,
 {
     a.count[r] = found;
     a.seg_end[r] = w.begin + min(found, w.slots);
+    if (a.wide) a.wide[r] = found;
 }
 
 #endif

@@ -196,13 +196,14 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
                             knn_metric m, knn_report *rep)
 {
     double cand = 0.0;
-    int switched = 0;
+    int switched = 0, refined = 0;
     /* What the devices ended on: one that climbed says to what. */
     knn_gemm_mode gemm = devs.empty() ? KNN_GEMM_FP32 : devs[0].gemm;
     rep->row_tile = 0;
     for (const knn_gpu_dev &d : devs) {
         if (d.gemm_switched) gemm = d.gemm;
         switched |= d.gemm_switched;
+        refined |= d.refined;
         if (d.seconds_setup > rep->seconds_setup)
             rep->seconds_setup = d.seconds_setup;
         if (d.seconds_collect > rep->seconds_collect)
@@ -220,7 +221,7 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
     rep->candidates = n_q > 0 ? cand / n_q : 0.0;
     rep->col_tile = devs.empty() ? 0 : devs[0].req->n_ref;
     snprintf(rep->precision, sizeof rep->precision, "%s",
-             knn_gemm_precision(m, gemm, switched));
+             knn_gemm_precision(m, gemm, switched, refined));
 }
 
 /* Whether a search runs on the calling thread: one device, and work that

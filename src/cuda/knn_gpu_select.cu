@@ -26,7 +26,9 @@
  *    histograms run on 1/stride of the nodes only (runs of 32), which bounds
  *    T from above, and one pass moves the few nodes under that bound into
  *    shared memory where the exact bucket is found: one read of the row
- *    instead of three.
+ *    instead of three. A TF32 tile's candidates there are then rescored
+ *    in float32 (knn_refine), whose narrower margin lets far fewer through
+ *    to the float64 re-rank.
  * knn_select_choose() picks one from (rows, k) by the crossovers that
  * inst/bench/select_thresholds.R measured.
  */
@@ -40,6 +42,7 @@
 #define KNN_RADIX_BINS 4096        /* 12-bit digits */
 #define KNN_RADIX_PER_THREAD (KNN_RADIX_BINS / KNN_RADIX_THREADS)
 #define KNN_SAMPLE_BUF 3072         /* shared-memory nodes, sampled path */
+#define KNN_REFINE_BUF 10240        /* the same, tiles that refine */
 #define KNN_SAMPLE_MAX_STRIDE 16
 #define KNN_ITEMS 8                 /* loads in flight per thread */
 
@@ -159,8 +162,15 @@ struct knn_radix_shared {
     typename knn_radix_scan::TempStorage scan;
     unsigned warp_count[KNN_RADIX_THREADS / 32];
     unsigned bin, rank;
-    int buf_index[KNN_SAMPLE_BUF]; /* sampled path: nodes under T1, */
-    float buf_score[KNN_SAMPLE_BUF]; /* ascending index, and scores */
+};
+
+/* The sampled path's buffer, in the dynamic shared memory after
+ * knn_radix_shared: nodes under T1 in ascending order, and their scores;
+ * cap of each. */
+struct knn_radix_buf {
+    int *index;
+    float *score;
+    int cap;
 };
 
 /* Finds the bin holding the rank-th smallest counted value (rank >= 1) and
@@ -269,15 +279,97 @@ __device__ int knn_block_compact(knn_radix_shared &sh, int count, Take take,
     return found;
 }
 
+/* The float32 product of two fast vectors of ldf values (a multiple of
+ * 4, zero padded, 16-byte aligned), a warp's lanes taking every 32nd
+ * group of four values and then summing in a tree: an order that the
+ * float32 margins cover (knn_margin_*: (p + 4) units hold for any order;
+ * the padding's zeros add exactly nothing). Four loads in flight per lane
+ * keep the gather of a candidate's values near the memory's speed. The
+ * butterfly gives every lane the same bits. */
+__device__ __forceinline__ float knn_warp_dot(const float *x, const float *y,
+                                              int ldf, int lane)
+{
+    const float4 *x4 = (const float4 *)x, *y4 = (const float4 *)y;
+    float s = 0.0f;
+#pragma unroll 4
+    for (int g = lane; g < ldf / 4; g += 32) {
+        float4 u = x4[g], v = __ldg(y4 + g);
+        s = __fmaf_rn(u.x, v.x, s);
+        s = __fmaf_rn(u.y, v.y, s);
+        s = __fmaf_rn(u.z, v.z, s);
+        s = __fmaf_rn(u.w, v.w, s);
+    }
+    for (int o = 16; o > 0; o >>= 1)
+        s = __fadd_rn(s, __shfl_xor_sync(0xffffffffu, s, o));
+    return s;
+}
+
+/* The refinement of a TF32 tile's candidates. TF32 keeps 10 bits of each
+ * input, so its margins are some 60 times float32's: on log-counts, whose
+ * many near-ties crowd every row's k-th score, hundreds of nodes a row
+ * pass TF32's bound where 16 pass float32's. Rescoring only those n
+ * candidates in float32, one warp per candidate, costs a read of their
+ * fast vectors; the split products of TF32X3 would cost three GEMMs of the
+ * whole panel. The candidates' nodes arrive in `moved` (ascending) and go
+ * to the buffer in the same order with their float32 scores; returns the
+ * float32 bound, which every node of the exact top k meets (the
+ * candidates hold them all, and the k-th smallest float32 score among
+ * them bounds the exact k-th key by one float32 margin, as in the panel's
+ * own selection). A warp reads moved[i] before its lane 0 overwrites
+ * that place, which only that warp touches: moved may alias the scores. */
+template <int KIND>
+__device__ double knn_refine(knn_radix_shared &sh, const knn_radix_buf &b,
+                             const int *moved, const knn_select_args &a,
+                             const knn_row &w, int r, int n)
+{
+    const float *x = a.row_fast + (size_t)r * a.ldf;
+    int lane = threadIdx.x & 31;
+    for (int i = threadIdx.x >> 5; i < n; i += KNN_RADIX_THREADS / 32) {
+        int j = moved[i];
+        float v = knn_warp_dot(x, a.fast + (size_t)j * a.ldf, a.ldf, lane);
+        if (lane == 0) {
+            b.index[i] = j;
+            b.score[i] = knn_fast_score<KIND>(v, j, a, w.sq);
+        }
+    }
+    __syncthreads();
+    double kth = knn_radix_bound(sh, n, [&](int i, float *v) {
+        *v = b.score[i];
+        return true;
+    }, a.k);
+    return knn_row_bound_in(a, w, a.row_margin2_fp32[r], a.fp32_unit, kth);
+}
+
+/* Nodes of the row under t (self excepted) into the buffer, the first cap
+ * of them; returns how many there are. */
+template <int KIND>
+__device__ int knn_radix_keep(knn_radix_shared &sh, const knn_radix_buf &b,
+                              const knn_select_args &a, const knn_row &w,
+                              double t)
+{
+    return knn_block_compact(sh, a.n_cols, [&](int j) {
+        return j != w.self &&
+            (double)knn_fast_score<KIND>(w.vals[j], j, a, w.sq) <= t;
+    }, [&](int j, int pos) {
+        if (pos < b.cap) {
+            b.index[pos] = j;
+            b.score[pos] = knn_fast_score<KIND>(w.vals[j], j, a, w.sq);
+        }
+    });
+}
+
 /* Sampled path (stride > 1): T1 from 1 / stride of the nodes bounds the row's
  * k-th score from above (a subset's k-th is never below the whole row's);
  * one pass keeps the nodes under T1 + margin in shared memory, where the
- * exact bucket of the k-th score is found. Returns -1 when they do not fit
- * (the caller then runs the full path), else the candidates found. */
+ * exact bucket of the k-th score is found. Where more than the buffer
+ * holds pass T1, the first cap of them are a subset of the row too, and
+ * their k-th score, close to the row's, gives a second pass a far tighter
+ * bound. Returns -1 when the nodes still do not fit (the caller then runs
+ * the full path), else the candidates found. */
 template <int KIND>
-__device__ int knn_radix_sampled(knn_radix_shared &sh,
+__device__ int knn_radix_sampled(knn_radix_shared &sh, const knn_radix_buf &b,
                                  const knn_select_args &a, const knn_row &w,
-                                 int stride)
+                                 int r, int stride, int *wide)
 {
     /* The sample: runs of 32 contiguous nodes (whole memory sectors), one
      * run in every stride runs. */
@@ -291,36 +383,50 @@ __device__ int knn_radix_sampled(knn_radix_shared &sh,
             *v = knn_fast_score<KIND>(w.vals[j], j, a, w.sq);
             return j != w.self;
         }, a.k));
-    int kept = knn_block_compact(sh, a.n_cols, [&](int j) {
-        return j != w.self &&
-            (double)knn_fast_score<KIND>(w.vals[j], j, a, w.sq) <= t1;
-    }, [&](int j, int pos) {
-        if (pos < KNN_SAMPLE_BUF) {
-            sh.buf_index[pos] = j;
-            sh.buf_score[pos] = knn_fast_score<KIND>(w.vals[j], j, a, w.sq);
-        }
-    });
-    if (kept > KNN_SAMPLE_BUF) return -1;
-    double t = knn_row_bound(a, w, knn_radix_bound(sh, kept,
-        [&](int i, float *v) {
-            *v = sh.buf_score[i];
-            return true;
-        }, a.k));
+    auto buffered = [&](int i, float *v) {
+        *v = b.score[i];
+        return true;
+    };
+    int kept = knn_radix_keep<KIND>(sh, b, a, w, t1);
+    if (kept > b.cap) {
+        t1 = knn_row_bound(a, w, knn_radix_bound(sh, b.cap, buffered, a.k));
+        kept = knn_radix_keep<KIND>(sh, b, a, w, t1);
+        if (kept > b.cap) return -1;
+    }
+    double t = knn_row_bound(a, w, knn_radix_bound(sh, kept, buffered, a.k));
+    if (a.row_margin2_fp32) {
+        int *moved = (int *)b.score; /* knn_refine says why it may */
+        kept = knn_block_compact(sh, kept, [&](int i) {
+            return (double)b.score[i] <= t;
+        }, [&](int i, int pos) { moved[pos] = b.index[i]; });
+        __syncthreads();
+        *wide = kept;
+        t = knn_refine<KIND>(sh, b, moved, a, w, r, kept);
+    }
     return knn_block_compact(sh, kept, [&](int i) {
-        return (double)sh.buf_score[i] <= t;
+        return (double)b.score[i] <= t;
     }, [&](int i, int pos) {
-        if (pos < w.slots) a.cand_index[w.begin + pos] = sh.buf_index[i];
+        if (pos < w.slots) a.cand_index[w.begin + pos] = b.index[i];
     });
 }
 
+/* The dynamic shared memory: knn_radix_shared, then the buffer. */
+extern __shared__ __align__(16) unsigned char knn_radix_memory[];
+
 template <int KIND>
 __global__ void __launch_bounds__(KNN_RADIX_THREADS)
-knn_radix_select_kernel(knn_select_args a, int stride)
+knn_radix_select_kernel(knn_select_args a, int stride, int cap)
 {
-    __shared__ knn_radix_shared sh;
+    knn_radix_shared &sh = *(knn_radix_shared *)knn_radix_memory;
+    knn_radix_buf b;
+    b.index = (int *)(knn_radix_memory + sizeof(knn_radix_shared));
+    b.score = (float *)(b.index + cap);
+    b.cap = cap;
     int r = blockIdx.x;
     knn_row w = knn_row_of(a, r);
-    int found = stride > 1 ? knn_radix_sampled<KIND>(sh, a, w, stride) : -1;
+    int wide = -1; /* the candidates before a refinement, if one ran */
+    int found = stride > 1
+        ? knn_radix_sampled<KIND>(sh, b, a, w, r, stride, &wide) : -1;
     if (found < 0) {
         double t = knn_row_bound(a, w, knn_radix_bound(sh, a.n_cols,
             [&](int j, float *v) {
@@ -334,7 +440,10 @@ knn_radix_select_kernel(knn_select_args a, int stride)
             if (pos < w.slots) a.cand_index[w.begin + pos] = j;
         });
     }
-    if (threadIdx.x == 0) knn_row_done(a, r, w, found);
+    if (threadIdx.x == 0) {
+        knn_row_done(a, r, w, found);
+        if (wide >= 0) a.wide[r] = wide;
+    }
 }
 
 /* The sampling stride: about KNN_SAMPLE_BUF / 4 expected nodes under T1,
@@ -349,12 +458,37 @@ static int knn_sample_stride(int n_cols, int k)
 
 /* ---- dispatch --------------------------------------------------------- */
 
+/* The buffer's places: a refining tile's rows keep all their TF32
+ * candidates there (hundreds on log-counts, thousands on some rows), and
+ * two blocks still fit an SM; a plain tile keeps the smaller buffer that
+ * lets four. */
+static int knn_radix_cap(const knn_select_args *a)
+{
+    return a->row_margin2_fp32 ? KNN_REFINE_BUF : KNN_SAMPLE_BUF;
+}
+
+static size_t knn_radix_bytes(int cap)
+{
+    return sizeof(knn_radix_shared) +
+           (size_t)cap * (sizeof(int) + sizeof(float));
+}
+
 template <int KIND>
 static knn_status knn_launch_radix(const knn_select_args *a, char *message,
                                    cudaStream_t stream)
 {
-    knn_radix_select_kernel<KIND><<<a->rows, KNN_RADIX_THREADS, 0, stream>>>(
-        *a, knn_sample_stride(a->n_cols, a->k));
+    int cap = knn_radix_cap(a);
+    size_t bytes = knn_radix_bytes(cap);
+    /* The largest of any launch, not this one's: devices' host threads
+     * launch concurrently, and a smaller limit set by one would fail
+     * another's larger launch. */
+    KNN_CUDA_TRY(message, cudaFuncSetAttribute(
+        knn_radix_select_kernel<KIND>,
+        cudaFuncAttributeMaxDynamicSharedMemorySize,
+        (int)knn_radix_bytes(KNN_REFINE_BUF)));
+    knn_radix_select_kernel<KIND><<<a->rows, KNN_RADIX_THREADS, bytes,
+                                    stream>>>(
+        *a, knn_sample_stride(a->n_cols, a->k), cap);
     KNN_LAUNCH_TRY(message, "knn_radix_select_kernel");
     return KNN_OK;
 }

@@ -22,7 +22,10 @@ typedef struct {
     int row0, rows;
     knn_gemm_mode gemm;     /* the arithmetic the tile ran with */
     int fused;              /* the tile ran on the fused path */
+    int refined;            /* its selection rescored TF32 candidates in
+                               float32 (knn_gpu_select.cu, knn_refine) */
     int *index, *count;
+    int *wide;              /* TF32 candidates before the refinement */
     int *survivors;         /* fused: the slots each row needed */
     double *distance, *weight;
     cudaEvent_t start, selected, done;
@@ -47,6 +50,7 @@ typedef struct {
     int *offsets_exact;     /* a redo's per-row counts, summed */
     int *h_offsets;         /* pinned, R + 1 */
     int *seg_end, *count;
+    int *wide;              /* knn_select_args.wide */
     int64_t n_slots_alloc;
     /* The fused path's survivors (knn_gpu_fused.cu): their slots, uniform
      * or a redo's exact ones, the buffer (re-sized by a redo) and the
@@ -82,6 +86,10 @@ typedef struct {
     int gemm_adaptive;      /* may still give TF32 up for float32 */
     int gemm_switched;      /* did */
     int fused;              /* tiles take the fused path (TF32 only) */
+    int refine_select;      /* TF32 found too many candidates for the
+                               plain selection: tiles take the panel path
+                               and the radix kernel, which refines them */
+    int refined;            /* a tile was refined */
     int wave_rows;          /* fused: rows of one full wave of blocks
                                (every SM holding all the blocks it can) */
     knn_gpu_context *ctx;   /* the device's stream, handle, staging */

@@ -334,6 +334,32 @@ test_that("every GPU rung gives the CPU's bits on hard data", {
                  "is not a rung of the GPU")
 })
 
+test_that("TF32 candidates are rescored in float32 before the re-rank", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## Log-counts: many near-ties crowd each row's k-th score, so TF32's
+    ## margin (10 bits of each input) admits far more nodes than k. The
+    ## selection rescores them in float32, whose margin is some 60 times
+    ## narrower, so forced TF32 hands the re-rank no more candidates than
+    ## split TF32 (whose margin is about three times float32's). 12000
+    ## rows make one tile of the radix kernel, which refines.
+    x <- shapeData("logcounts", 12000, 200, 48)
+    for (metric in c("cosine", "pearson", "euclidean")) {
+        tf32 <- expectGpuIdentical(x, 15, metric, label = "refined tf32",
+                                   gpuPrecision = "tf32")
+        expect_match(attr(tf32$gpu, "precision"), "^tf32 GEMM.*fp32 rescored")
+        split <- knnSearch(x, k = 15, metric = metric, device = "gpu",
+                           precision = "tf32x3", progress = FALSE)
+        expect_identical(split$index, tf32$cpu$index)
+        expect_lte(attr(tf32$gpu, "timings")$candidates,
+                   attr(split, "timings")$candidates)
+    }
+    ## 20000 rows take the warp kernel first, which does not refine: the
+    ## crowded tile has the search refine instead of climbing.
+    x <- shapeData("logcounts", 20000, 200, 49)
+    got <- expectGpuIdentical(x, 15, "cosine", label = "refine on demand")
+    expect_match(attr(got$gpu, "precision"), "^tf32 GEMM.*fp32 rescored")
+})
+
 test_that("correlations give TF32 up for split TF32 where candidates explode", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     ## Positive data at very different levels: under cosine every r is
