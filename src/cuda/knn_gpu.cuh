@@ -189,6 +189,8 @@ typedef struct {
     double fp32_unit;
     int *wide;               /* out, with the refinement: each row's
                                 candidates before it (after it, count) */
+    int wide_buffer;         /* the refinement's larger buffer: the
+                                search found TF32 crowded */
 } knn_select_args;
 
 /* Selection algorithms, chosen by knn_select_choose(). */

@@ -71,6 +71,7 @@ static knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
     sa.row_margin2_fp32 = knn_refine_possible(d, gemm)
                               ? nd->margin2_fp32 + node0 : NULL;
     sa.wide = sa.row_margin2_fp32 ? t->wide : NULL;
+    sa.wide_buffer = d->refine_select;
     knn_gemm_units u32 = knn_gemm_units_of(KNN_GEMM_FP32, p);
     sa.fp32_unit = knn_margin_dist_unit(p, u32.in, u32.acc);
     return sa;
@@ -209,6 +210,7 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
     sl->gemm = d->gemm;
     sl->fused = d->fused;
     sl->refined = knn_tile_refined(d, rows, d->gemm);
+    sl->refine_select = d->refine_select;
 
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
     knn_select_args sa = knn_tile_select_args(d, row0, node0, rows,
@@ -526,7 +528,7 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
     }
     if (step == KNN_RUNG_CLIMB) KNN_TRY(knn_dev_climb(d));
     if (overflow && (sl->gemm != d->gemm ||
-                     sl->refined != knn_tile_refined(d, sl->rows, d->gemm))) {
+                     sl->refine_select != d->refine_select)) {
         double t0 = knn_seconds();
         KNN_TRY(knn_tile_rerun(d, s));
         d->seconds_search += knn_seconds() - t0;
@@ -536,8 +538,9 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
         double t0 = knn_seconds();
         KNN_TRY(knn_tile_redo(d, s));
         d->seconds_rerank += knn_seconds() - t0;
+        knn_slot_overflow(t, sl, &found); /* the redo's counts */
     }
-    d->refined |= sl->refined;
+    d->refined |= knn_slot_wide(sl, found) > found;
     for (int r = 0; r < sl->rows; r++) {
         if (sl->count[r] < k)
             return knn_gpu_fail(d->message, KNN_E_DEVICE,

@@ -42,7 +42,8 @@
 #define KNN_RADIX_BINS 4096        /* 12-bit digits */
 #define KNN_RADIX_PER_THREAD (KNN_RADIX_BINS / KNN_RADIX_THREADS)
 #define KNN_SAMPLE_BUF 3072         /* shared-memory nodes, sampled path */
-#define KNN_REFINE_BUF 10240        /* the same, tiles that refine */
+#define KNN_REFINE_BUF 10240        /* the same, TF32 found crowded */
+#define KNN_REFINE_MIN(k) (2 * (k) + 32) /* fewer candidates: no refining */
 #define KNN_SAMPLE_MAX_STRIDE 16
 #define KNN_ITEMS 8                 /* loads in flight per thread */
 
@@ -340,6 +341,19 @@ __device__ double knn_refine(knn_radix_shared &sh, const knn_radix_buf &b,
     return knn_row_bound_in(a, w, a.row_margin2_fp32[r], a.fp32_unit, kth);
 }
 
+/* Whether the n buffered nodes hold enough candidates under t to refine:
+ * a few more than k are cheaper to re-rank than to rescore. */
+__device__ bool knn_refine_pays(knn_radix_shared &sh, const knn_radix_buf &b,
+                                const knn_select_args &a, int n, double t)
+{
+    int under = 0;
+    for (int base = 0; base < n; base += KNN_RADIX_THREADS) {
+        int i = base + threadIdx.x;
+        under += __syncthreads_count(i < n && (double)b.score[i] <= t);
+    }
+    return under > KNN_REFINE_MIN(a.k);
+}
+
 /* Nodes of the row under t (self excepted) into the buffer, the first cap
  * of them; returns how many there are. */
 template <int KIND>
@@ -394,7 +408,7 @@ __device__ int knn_radix_sampled(knn_radix_shared &sh, const knn_radix_buf &b,
         if (kept > b.cap) return -1;
     }
     double t = knn_row_bound(a, w, knn_radix_bound(sh, kept, buffered, a.k));
-    if (a.row_margin2_fp32) {
+    if (a.row_margin2_fp32 && knn_refine_pays(sh, b, a, kept, t)) {
         int *moved = (int *)b.score; /* knn_refine says why it may */
         kept = knn_block_compact(sh, kept, [&](int i) {
             return (double)b.score[i] <= t;
@@ -458,13 +472,15 @@ static int knn_sample_stride(int n_cols, int k)
 
 /* ---- dispatch --------------------------------------------------------- */
 
-/* The buffer's places: a refining tile's rows keep all their TF32
- * candidates there (hundreds on log-counts, thousands on some rows), and
- * two blocks still fit an SM; a plain tile keeps the smaller buffer that
- * lets four. */
+/* The buffer's places: once TF32 has shown itself crowded, a tile's rows
+ * keep all their TF32 candidates there (hundreds on log-counts, thousands
+ * on some rows), and two blocks still fit an SM; until then the smaller
+ * buffer lets four, which a selection streaming the panel needs (the
+ * larger one cost 0.29 s of 0.80 in a 262144 x 128 search, k = 100). */
 static int knn_radix_cap(const knn_select_args *a)
 {
-    return a->row_margin2_fp32 ? KNN_REFINE_BUF : KNN_SAMPLE_BUF;
+    return a->row_margin2_fp32 && a->wide_buffer ? KNN_REFINE_BUF
+                                                 : KNN_SAMPLE_BUF;
 }
 
 static size_t knn_radix_bytes(int cap)

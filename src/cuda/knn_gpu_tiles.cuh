@@ -22,8 +22,9 @@ typedef struct {
     int row0, rows;
     knn_gemm_mode gemm;     /* the arithmetic the tile ran with */
     int fused;              /* the tile ran on the fused path */
-    int refined;            /* its selection rescored TF32 candidates in
-                               float32 (knn_gpu_select.cu, knn_refine) */
+    int refined;            /* its selection may rescore TF32 candidates
+                               in float32 (knn_gpu_select.cu, knn_refine) */
+    int refine_select;      /* knn_gpu_dev's when it ran */
     int *index, *count;
     int *wide;              /* TF32 candidates before the refinement */
     int *survivors;         /* fused: the slots each row needed */
@@ -89,7 +90,7 @@ typedef struct {
     int refine_select;      /* TF32 found too many candidates for the
                                plain selection: tiles take the panel path
                                and the radix kernel, which refines them */
-    int refined;            /* a tile was refined */
+    int refined;            /* a tile's refinement dropped candidates */
     int wave_rows;          /* fused: rows of one full wave of blocks
                                (every SM holding all the blocks it can) */
     knn_gpu_context *ctx;   /* the device's stream, handle, staging */
