@@ -50,8 +50,9 @@
 #'   data show its proven margin lets too many candidates through, e.g.
 #'   nodes whose neighbours are nearly equidistant. On the GPU, TF32
 #'   candidates are first rescored in float32 (a read of their values,
-#'   where split TF32 would redo every product), which keeps most data on
-#'   TF32; the \code{precision} attribute then says "fp32 rescored". Split TF32
+#'   where split TF32 would redo every product), which keeps data such as
+#'   single-cell log-counts on TF32; the \code{precision} attribute then
+#'   says "fp32 rescored". Split TF32
 #'   (\code{"tf32x3"}) writes each float32 value as the sum of two TF32
 #'   values and adds three tensor-core products, for nearly float32's
 #'   accuracy in about 0.6 of its time; where its arrays do not fit in GPU

@@ -26,9 +26,12 @@
  *    histograms run on 1/stride of the nodes only (runs of 32), which bounds
  *    T from above, and one pass moves the few nodes under that bound into
  *    shared memory where the exact bucket is found: one read of the row
- *    instead of three. A TF32 tile's candidates there are then rescored
+ *    instead of three (two where more nodes pass that bound than the
+ *    buffer holds: the first buffer's k-th bounds a second pass). A TF32
+ *    tile's candidates there, where more than 2k + 32, are then rescored
  *    in float32 (knn_refine), whose narrower margin lets far fewer through
- *    to the float64 re-rank.
+ *    to the float64 re-rank; a search that found TF32 crowded gives the
+ *    buffer room for thousands of them (KNN_REFINE_BUF).
  * knn_select_choose() picks one from (rows, k) by the crossovers that
  * inst/bench/select_thresholds.R measured.
  */
