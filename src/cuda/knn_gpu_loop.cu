@@ -540,7 +540,7 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
         d->seconds_rerank += knn_seconds() - t0;
         knn_slot_overflow(t, sl, &found); /* the redo's counts */
     }
-    d->refined |= knn_slot_wide(sl, found) > found;
+    d->refined |= sl->refined && knn_slot_wide(sl, found) > found;
     for (int r = 0; r < sl->rows; r++) {
         if (sl->count[r] < k)
             return knn_gpu_fail(d->message, KNN_E_DEVICE,
