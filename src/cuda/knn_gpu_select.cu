@@ -346,7 +346,7 @@ __device__ double knn_refine(knn_radix_shared &sh, const knn_radix_buf &b,
 
 /* Whether the n buffered nodes hold enough candidates under t to refine:
  * a few more than k are cheaper to re-rank than to rescore. */
-__device__ bool knn_refine_pays(knn_radix_shared &sh, const knn_radix_buf &b,
+__device__ bool knn_refine_pays(const knn_radix_buf &b,
                                 const knn_select_args &a, int n, double t)
 {
     int under = 0;
@@ -411,7 +411,7 @@ __device__ int knn_radix_sampled(knn_radix_shared &sh, const knn_radix_buf &b,
         if (kept > b.cap) return -1;
     }
     double t = knn_row_bound(a, w, knn_radix_bound(sh, kept, buffered, a.k));
-    if (a.row_margin2_fp32 && knn_refine_pays(sh, b, a, kept, t)) {
+    if (a.row_margin2_fp32 && knn_refine_pays(b, a, kept, t)) {
         int *moved = (int *)b.score; /* knn_refine says why it may */
         kept = knn_block_compact(sh, kept, [&](int i) {
             return (double)b.score[i] <= t;
