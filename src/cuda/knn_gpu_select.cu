@@ -486,11 +486,17 @@ static int knn_radix_cap(const knn_select_args *a)
                                                  : KNN_SAMPLE_BUF;
 }
 
-static size_t knn_radix_bytes(int cap)
+static constexpr size_t knn_radix_bytes(int cap)
 {
     return sizeof(knn_radix_shared) +
            (size_t)cap * (sizeof(int) + sizeof(float));
 }
+
+/* The larger buffer must fit the smallest opt-in shared memory of a block
+ * among the cards the build runs on: 99 KB on sm_86 and sm_89 (A100 has
+ * 163 KB, H100 and H200 227 KB). It takes 100592 bytes of 101376. */
+static_assert(knn_radix_bytes(KNN_REFINE_BUF) <= 101376,
+              "the refinement's buffer outgrows a 99 KB block");
 
 template <int KIND>
 static knn_status knn_launch_radix(const knn_select_args *a, char *message,
