@@ -179,9 +179,9 @@ typedef struct {
                                 the row's slots: the caller re-plans) */
     int *seg_end;            /* out: offsets[r] + candidates stored */
     /* The refinement of TF32 candidates (knn_gpu_select.cu): float32
-     * products of the fast vectors (ldf floats apart; the
-     * tile's rows from row_fast) and their margins (row_margin2_fp32,
-     * fp32_unit). row_margin2_fp32 NULL: no refinement. */
+     * products of the fast vectors (ldf floats apart; the tile's rows
+     * from row_fast) and their margins (row_margin2_fp32, fp32_unit).
+     * row_margin2_fp32 NULL: no refinement. */
     const float *fast;
     const float *row_fast;
     int ldf;

@@ -31,6 +31,13 @@ static int knn_refine_possible(const knn_gpu_dev *d, knn_gemm_mode gemm)
     return gemm == KNN_GEMM_TF32 && d->nodes.margin2_fp32 != NULL;
 }
 
+/* knn_margin_dist_unit of an arithmetic at p features. */
+static double knn_dist_unit_of(knn_gemm_mode gemm, int p)
+{
+    knn_gemm_units u = knn_gemm_units_of(gemm, p);
+    return knn_margin_dist_unit(p, u.in, u.acc);
+}
+
 /* The selection arguments of a tile of `rows` rows from global query row
  * row0 (node node0) with the given slot offsets; the panel path's panel
  * (the fused path has none). */
@@ -56,8 +63,7 @@ static knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
     sa.row_margin2 = nd->margin2 + node0;
     sa.row_norm = d->score_kind == KNN_SCORE_DIST && nd->norm
                       ? nd->norm + node0 : NULL;
-    knn_gemm_units u = knn_gemm_units_of(gemm, p);
-    sa.margin_unit = knn_margin_dist_unit(p, u.in, u.acc);
+    sa.margin_unit = knn_dist_unit_of(gemm, p);
     sa.margin_floor = knn_margin_floor(p, KNN_TINY32);
     sa.metric = req->metric;
     sa.scale_exp = nd->scale_exp;
@@ -72,8 +78,7 @@ static knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
                               ? nd->margin2_fp32 + node0 : NULL;
     sa.wide = sa.row_margin2_fp32 ? t->wide : NULL;
     sa.wide_buffer = d->refine_select;
-    knn_gemm_units u32 = knn_gemm_units_of(KNN_GEMM_FP32, p);
-    sa.fp32_unit = knn_margin_dist_unit(p, u32.in, u32.acc);
+    sa.fp32_unit = knn_dist_unit_of(KNN_GEMM_FP32, p);
     return sa;
 }
 
@@ -451,16 +456,15 @@ static knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
 {
     if (!d->gemm_adaptive) return KNN_RUNG_STAY;
     const knn_request *req = d->req;
-    int crowded = overflow || knn_rung_too_wide(found, sl->rows, req->k);
     double wide = knn_slot_wide(sl, found);
     int costly = knn_refine_too_costly(wide, sl->rows, req->n_ref);
-    if (!crowded && !(sl->refined && costly &&
-                      knn_rung_too_wide(wide, sl->rows, req->k)))
-        return KNN_RUNG_STAY;
-    if (crowded && !costly && !sl->refined && !d->refine_select &&
-        req->select == KNN_SELECT_CHOOSE)
-        return KNN_RUNG_REFINE;
-    return KNN_RUNG_CLIMB;
+    if (!overflow && !knn_rung_too_wide(found, sl->rows, req->k))
+        return sl->refined && costly &&
+                       knn_rung_too_wide(wide, sl->rows, req->k)
+                   ? KNN_RUNG_CLIMB : KNN_RUNG_STAY;
+    return !costly && !sl->refined && !d->refine_select &&
+                   req->select == KNN_SELECT_CHOOSE
+               ? KNN_RUNG_REFINE : KNN_RUNG_CLIMB;
 }
 
 /* Runs the tile in slot s again with the uniform slots (after the search
@@ -499,9 +503,8 @@ static knn_status knn_dev_climb(knn_gpu_dev *d)
  * selection), and copies its rows x k results into the caller's
  * n_query x k arrays. A fused tile that shows the search must refine or
  * climb is not collected: *rewind gets that step (a knn_rung_step), and
- * the search goes on from its
- * first row on the panel path (the fused kernel neither refines nor runs
- * but TF32). */
+ * the search goes on from its first row on the panel path (the fused
+ * kernel neither refines nor runs but TF32). */
 static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
 {
     knn_gpu_tiles *t = &d->t;

@@ -344,19 +344,6 @@ __device__ double knn_refine(knn_radix_shared &sh, const knn_radix_buf &b,
     return knn_row_bound_in(a, w, a.row_margin2_fp32[r], a.fp32_unit, kth);
 }
 
-/* Whether the n buffered nodes hold enough candidates under t to refine:
- * a few more than k are cheaper to re-rank than to rescore. */
-__device__ bool knn_refine_pays(const knn_radix_buf &b,
-                                const knn_select_args &a, int n, double t)
-{
-    int under = 0;
-    for (int base = 0; base < n; base += KNN_RADIX_THREADS) {
-        int i = base + threadIdx.x;
-        under += __syncthreads_count(i < n && (double)b.score[i] <= t);
-    }
-    return under > KNN_REFINE_MIN(a.k);
-}
-
 /* Nodes of the row under t (self excepted) into the buffer, the first cap
  * of them; returns how many there are. */
 template <int KIND>
@@ -411,12 +398,20 @@ __device__ int knn_radix_sampled(knn_radix_shared &sh, const knn_radix_buf &b,
         if (kept > b.cap) return -1;
     }
     double t = knn_row_bound(a, w, knn_radix_bound(sh, kept, buffered, a.k));
-    if (a.row_margin2_fp32 && knn_refine_pays(b, a, kept, t)) {
+    if (a.row_margin2_fp32) {
+        /* The candidates first, in order; a few more than k are cheaper
+         * to re-rank than to rescore, and go to the slots as they are. */
         int *moved = (int *)b.score; /* knn_refine says why it may */
         kept = knn_block_compact(sh, kept, [&](int i) {
             return (double)b.score[i] <= t;
         }, [&](int i, int pos) { moved[pos] = b.index[i]; });
         __syncthreads();
+        if (kept <= KNN_REFINE_MIN(a.k)) {
+            for (int i = threadIdx.x; i < kept && i < w.slots;
+                 i += KNN_RADIX_THREADS)
+                a.cand_index[w.begin + i] = moved[i];
+            return kept;
+        }
         *wide = kept;
         t = knn_refine<KIND>(sh, b, moved, a, w, r, kept);
     }

@@ -754,15 +754,15 @@ static int knn_cpu_stream_task(const knn_cpu *cpu, const void *cols,
                                scratch);
 }
 
-/* Part `t` of `parts` of [0, n), as [*a, *b): whole scan blocks but for
- * the last, so that the scans run on whole blocks. */
+/* Where part t of `parts` of [0, n) begins: on a scan block's edge. */
 static int knn_cpu_part_edge(int t, int parts, int n)
 {
     if (t >= parts) return n;
-    int edge = (int)((long)n * t / parts / KNN_BLOCK) * KNN_BLOCK;
-    return edge;
+    return (int)((long)n * t / parts / KNN_BLOCK) * KNN_BLOCK;
 }
 
+/* Part `t` of `parts` of [0, n), as [*a, *b): whole scan blocks but for
+ * the last, so that the scans run on whole blocks. */
 static void knn_cpu_part(int t, int parts, int n, int *a, int *b)
 {
     *a = knn_cpu_part_edge(t, parts, n);

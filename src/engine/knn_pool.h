@@ -7,7 +7,8 @@
  * stays near k entries while still holding every true neighbour, exact ties
  * included. The k best scores seen are kept in a heap beside the entries,
  * so the bound tightens with every offer that improves them: far fewer
- * offers get in than with a bound that waits for the pool to fill. When exact ties keep it large (many duplicated nodes), it is
+ * offers get in than with a bound that waits for the pool to fill. When
+ * exact ties keep it large (many duplicated nodes), it is
  * compacted to the exact best k seen so far, by order value (the reported
  * distance of the canonical key) and index. At the end the caller replaces
  * scores by order values and sorts: the first k entries are the answer.
