@@ -52,12 +52,11 @@
 
 ## 'precision' as one choice (the verbs' default, the whole vector of
 ## choices, is "auto"); with the backend known, also a rung that backend
-## has (TF32 and split TF32 are the GPU's tensor-core arithmetic, float64
-## BLAS the CPU's).
+## has (TF32 and split TF32 are the GPU's tensor-core arithmetic).
 .checkPrecision <- function(precision, backend = NULL) {
     if (identical(precision, .precisions)) precision <- "auto"
     precision <- .checkChoice(precision, .precisions, "precision")
-    lacks <- list(cpu = c("tf32", "tf32x3"), gpu = "fp64")
+    lacks <- list(cpu = c("tf32", "tf32x3"), gpu = character())
     if (!is.null(backend) && precision %in% lacks[[backend]]) {
         has <- setdiff(.precisions[-1L], lacks[[backend]])
         stop(sprintf(paste("'precision = \"%s\"' is not a rung of the %s;",

@@ -264,7 +264,8 @@ static void check_case(const char *data, knn_metric m, const double *ref,
     pass ? n_pass++ : n_fail++;
     const char *gemm = force_gemm == KNN_PRECISION_FP32 ? "fp32"
                      : force_gemm == KNN_PRECISION_TF32 ? "tf32"
-                     : force_gemm == KNN_PRECISION_TF32X3 ? "tf32x3" : NULL;
+                     : force_gemm == KNN_PRECISION_TF32X3 ? "tf32x3"
+                     : force_gemm == KNN_PRECISION_FP64 ? "fp64" : NULL;
     printf("%s %-6s %-11s %s k=%-5d n=%d p=%d budget=%.0f dev=%d sel=%s "
            "gemm=%s out=%s tile=%d cand=%.1f %.3fs [%.6s%s]",
            pass ? "PASS" : "FAIL", data, metric_name[m],
@@ -324,12 +325,17 @@ static void check_metric(const char *data, knn_metric m, const double *ref,
                        NULL, 1, ri, rd, rw);
             check_case(data, m, ref, n_ref, query, n_query, p, k, 3e6, 2,
                        dev0, NULL, 1, ri, rd, rw);
-            /* Forced arithmetic: float32, split TF32 (one tile, then
-             * several on two devices), and TF32 without the climb, for
-             * every metric. */
+            /* Forced arithmetic: float32, split TF32 and float64 (one
+             * tile, then several on two devices), and TF32 without the
+             * climb, for every metric. */
             force_gemm = KNN_PRECISION_FP32;
             check_case(data, m, ref, n_ref, query, n_query, p, k, 0, 0, NULL,
                        NULL, 0, ri, rd, rw);
+            force_gemm = KNN_PRECISION_FP64;
+            check_case(data, m, ref, n_ref, query, n_query, p, k, 0, 0, NULL,
+                       NULL, 0, ri, rd, rw);
+            check_case(data, m, ref, n_ref, query, n_query, p, k, 3e6, 2,
+                       dev0, NULL, 1, ri, rd, rw);
             force_gemm = KNN_PRECISION_TF32X3;
             check_case(data, m, ref, n_ref, query, n_query, p, k, 0, 0, NULL,
                        NULL, 0, ri, rd, rw);
@@ -398,6 +404,21 @@ static double *levels_data(int p, int n)
         for (int f = 0; f < p; f++)
             x[(size_t)j * p + f] = level + 0.01 * rng_norm();
     }
+    return x;
+}
+
+/* Three clusters of copies of a profile, each copy moved by noise of sd
+ * 1e-4: neighbours differ inside float32's margins and far outside
+ * float64's, so a search climbs from TF32 through split TF32 to float64
+ * (after its first tile, or with tiles run again). */
+static double *clusters_data(int p, int n)
+{
+    double *x = malloc(sizeof(double) * p * n), centre[3][64];
+    for (int c = 0; c < 3; c++)
+        for (int f = 0; f < p && f < 64; f++) centre[c][f] = rng_norm();
+    for (int j = 0; j < n; j++)
+        for (int f = 0; f < p; f++)
+            x[(size_t)j * p + f] = centre[j % 3][f % 64] + 1e-4 * rng_norm();
     return x;
 }
 
@@ -588,6 +609,12 @@ static void check_all(void)
     check_metric("levels", KNN_SQEUCLIDEAN, levels, 3000, NULL, 0, 16, kl, 3,
                  1);
     free(levels);
+    double *clusters = clusters_data(24, 3000);
+    int kc[] = {1, 10};
+    for (int m = 0; m < KNN_N_METRICS; m++)
+        check_metric("clusters", (knn_metric)m, clusters, 3000, NULL, 0, 24,
+                     kc, 2, 1);
+    free(clusters);
     for (int m = 0; m < KNN_N_METRICS; m++) {
         check_metric("heavy", (knn_metric)m, heavy, 3000, NULL, 0, 4, kh, 3,
                      1);

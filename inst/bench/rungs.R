@@ -1,8 +1,8 @@
 ## The rungs of the precision policy side by side: each candidate
 ## arithmetic forced in turn, and "auto", on the data kinds of
 ## inst/bench/shapes-data.R. This is the measurement behind the ladder
-## (TF32, then split TF32 on the GPU; float32, then float64 BLAS on the
-## CPU) and behind knn_rung_too_wide's switch: a rung pays where its
+## (TF32, then split TF32, then float64 DGEMM on the GPU; float32, then
+## float64 BLAS on the CPU) and behind knn_rung_too_wide's switch: a rung pays where its
 ## cheaper products outweigh the re-rank of the extra candidates its
 ## wider margin lets through.
 ##
@@ -27,10 +27,11 @@ source(file.path("inst", "bench", "shapes-data.R"))
 
 device <- argValue("device", "gpu")
 n <- as.integer(argValue("n", "20000"))
-kinds <- strsplit(argValue("kinds", "normal,levels,logcounts,neardup"),
+kinds <- strsplit(argValue("kinds",
+                           "normal,levels,logcounts,neardup,clusters"),
                   ",")[[1L]]
 out <- argValue("out", "")
-rungs <- if (device == "gpu") c("tf32", "tf32x3", "fp32", "auto") else
+rungs <- if (device == "gpu") c("tf32", "tf32x3", "fp32", "fp64", "auto") else
     c("fp32", "fp64", "auto")
 
 emit <- function(lines) {

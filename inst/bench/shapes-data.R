@@ -10,9 +10,13 @@
 ##              near 0.2: about 80% zeros), 10% of the rows duplicated
 ##   neardup    N(0,1) rows, each repeated 4 times with noise of sd 1e-7
 ##              (clusters of near-duplicates)
+##   clusters   copies of 20 N(0,1) profiles, each moved by noise of sd
+##              1e-4 (replicates of a few states): neighbours differ by
+##              some 1e-7 of the norms, which float32 cannot resolve
 ## Rows the correlations cannot use (constant, all zero) get a 1 first.
 
-shapeFeatures <- c(normal = 50, levels = 100, logcounts = 500, neardup = 50)
+shapeFeatures <- c(normal = 50, levels = 100, logcounts = 500, neardup = 50,
+                   clusters = 50)
 
 shapeData <- function(kind, n, p = shapeFeatures[[kind]], seed = 20261123) {
     set.seed(seed)
@@ -39,6 +43,10 @@ shapeData <- function(kind, n, p = shapeFeatures[[kind]], seed = 20261123) {
             base <- matrix(rnorm(n %/% 4 * p), n %/% 4)
             base[rep(seq_len(nrow(base)), each = 4), ] +
                 matrix(rnorm(n %/% 4 * 4 * p, sd = 1e-7), n %/% 4 * 4)
+        },
+        clusters = {
+            profiles <- matrix(rnorm(20 * p), 20)
+            profiles[rep_len(1:20, n), ] + matrix(rnorm(n * p, sd = 1e-4), n)
         })
     flat <- apply(x, 1L, function(r) all(r == r[1L]))
     x[flat, 1L] <- x[flat, 1L] + 1

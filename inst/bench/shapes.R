@@ -14,7 +14,7 @@
 ##   --out     append the markdown table to FILE
 ##
 ## Data kinds: inst/bench/shapes-data.R (normal, levels, logcounts,
-## neardup), at their full feature counts.
+## neardup, clusters), at their full feature counts.
 ## Metrics: pearson, cosine, euclidean; k = 10 (15 for logcounts). Times
 ## are seconds, end to end from the float64 matrix on the host to the
 ## neighbour indices on the host, one run after a warm-up; FAISS's exclude
@@ -30,7 +30,8 @@ source(file.path("inst", "bench", "shapes-data.R"))
 device <- argValue("device", "cpu")
 n <- as.integer(argValue("n", "20000"))
 checkRows <- as.integer(argValue("check", "500"))
-kinds <- strsplit(argValue("kinds", "normal,levels,logcounts,neardup"),
+kinds <- strsplit(argValue("kinds",
+                           "normal,levels,logcounts,neardup,clusters"),
                   ",")[[1L]]
 out <- argValue("out", "")
 

@@ -144,6 +144,12 @@ typedef struct {
     float *split;     /* split TF32 (knn_nodes_split): per node 4 ldf
                          floats, [hi | hi | lo | hi] with f = hi + lo (to
                          2^-22), both TF32 values; else NULL */
+    double *fast64;   /* the fp64 rung (knn_nodes_fp64): the float64
+                         values f is rounded from, ldf x n_nodes, zero
+                         padded; else NULL */
+    double *sqnorm64; /* distances, the fp64 rung: |fast64|^2 */
+    void *block64;    /* the allocation of fast64 and sqnorm64 */
+    double *centre;   /* distances: the fast vectors' translation (p) */
     float *sqnorm;    /* distances: |f|^2 */
     double *margin2;  /* per node: twice its candidate margin */
     double *margin2_fp32; /* product metrics: twice its float32 margin,
@@ -156,9 +162,13 @@ typedef struct {
 } knn_gpu_nodes;
 
 /* One row tile's arguments to the selection kernels. The panel holds, for
- * each of `rows` queries, n_cols contiguous values at panel + r * ld. */
+ * each of `rows` queries, n_cols contiguous values at panel + r * ld; on
+ * the fp64 rung it is panel64, and the distances' squared norms are
+ * col_sqnorm64 and row_sqnorm64. */
 typedef struct {
     const float *panel;
+    const double *panel64;
+    const double *col_sqnorm64, *row_sqnorm64;
     size_t ld;
     int rows, n_cols, k;
     knn_score_kind kind;
@@ -206,9 +216,10 @@ knn_status knn_select_candidates(const knn_select_args *a,
                                  knn_select_algo algo, char *message,
                                  cudaStream_t stream);
 
-/* Arithmetic of the candidate products, all with float32 accumulation:
+/* Arithmetic of the candidate products: with float32 accumulation,
  * TF32 (tensor cores), split TF32 (tensor cores, three products of the
- * halves of f = hi + lo) or float32. TF32 inputs keep 10 mantissa bits,
+ * halves of f = hi + lo) or float32; or float64 (DGEMM, on FP64 tensor
+ * cores from Ampere's A100 on). TF32 inputs keep 10 mantissa bits,
  * so the margins grow by about 2^15 / (p + 6), some 250 times at p = 128
  * (the fast term of knn_margin_*). For the correlation metrics that is an
  * absolute 0.008 or so in r and costs a few candidates. For the distances
@@ -228,34 +239,49 @@ knn_status knn_select_candidates(const knn_select_args *a,
  * knn_rung_too_wide, knn_dev_next_step in knn_gpu_loop.cu). Split TF32
  * errs nearly as little as float32 (its margins are some three times
  * float32's, from the accumulation over 3p terms) and runs on tensor
- * cores, faster than float32 on an H100 or H200. The request's
- * `precision` can force one arithmetic for the whole search. */
+ * cores, faster than float32 on an H100 or H200. Where a tile is still
+ * crowded there (nodes whose neighbours differ by less than float32
+ * resolves: points on a curve, near-copies of a profile, cosine about a
+ * large common level), the search climbs once more, to float64, whose
+ * margins are 2^29 times narrower; float64 is also the last rung where
+ * the split's arrays do not fit on a device whose float64 runs at half
+ * float32's rate or better (knn_gpu_loop.cu, knn_dev_climb). The
+ * request's `precision` can force one arithmetic for the whole search. */
 typedef enum {
     KNN_GEMM_FP32 = 0,
     KNN_GEMM_TF32,
-    KNN_GEMM_TF32X3
+    KNN_GEMM_TF32X3,
+    KNN_GEMM_FP64
 } knn_gemm_mode;
+
+/* A set of arithmetics (the ones a search left behind) as bits. */
+static inline unsigned knn_gemm_bit(knn_gemm_mode mode)
+{
+    return 1u << (unsigned)mode;
+}
 
 /* The arithmetic a search starts with: TF32 unless forced. */
 knn_gemm_mode knn_gemm_choose(knn_precision force);
 /* Whether the search may give TF32 up for a finer arithmetic (not
  * forced, a product metric). */
 int knn_gemm_adaptive(knn_precision force, knn_metric metric);
-/* The cuBLAS handle's math mode for the arithmetic: tensor cores (TF32,
- * split TF32) or float32 units. */
+/* The cuBLAS handle's math mode for the arithmetic: TF32 tensor cores
+ * (TF32, split TF32) or the default (float32 units; DGEMM takes the FP64
+ * tensor cores by itself). */
 cublasMath_t knn_gemm_math(knn_gemm_mode mode);
 
-/* unit_in and unit_acc of knn_margin_* for an arithmetic and p features
- * (knn_gpu_products.cu says why each holds). */
+/* unit_in, unit_acc and tiny of knn_margin_* for an arithmetic and p
+ * features (knn_gpu_products.cu says why each holds). */
 typedef struct {
-    double in, acc;
+    double in, acc, tiny;
 } knn_gemm_units;
 knn_gemm_units knn_gemm_units_of(knn_gemm_mode mode, int p);
-/* The report's precision: the arithmetic a search ended on, whether it
- * got there from TF32 (switched), whether TF32 candidates were rescored
- * in float32 (refined). */
-const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
-                               int switched, int refined);
+/* The report's precision into out: the arithmetic a search ended on, the
+ * ones it climbed from (before: knn_gemm_bit of each), whether TF32
+ * candidates were rescored in float32 (refined). */
+void knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
+                        unsigned before, int refined, char *out,
+                        size_t size);
 
 /* The fused path (knn_gpu_fused.cu): products and selection in one
  * kernel, so the panel never exists. Whether a device's search of `rows`
@@ -287,10 +313,10 @@ knn_status knn_fused_candidates(const knn_select_args *sel,
 
 /* Products of a row tile (nodes node0..node0 + rows - 1) against the
  * reference into the panel, in the given arithmetic (split TF32: from
- * nodes->split). */
+ * nodes->split; float64: from nodes->fast64 into a panel of doubles). */
 knn_status knn_panel_gemm(cublasHandle_t blas, const knn_gpu_nodes *nodes,
                           knn_gemm_mode mode, int node0, int rows,
-                          float *panel, size_t ld, char *message);
+                          void *panel, size_t ld, char *message);
 knn_status knn_panel_manhattan(const double *x_rows, const double *x_ref,
                                int p, int rows, int n_ref, float *panel,
                                size_t ld, char *message, cudaStream_t stream);
@@ -349,6 +375,11 @@ knn_status knn_nodes_remargin(knn_metric metric, knn_gpu_nodes *nodes,
  * KNN_E_NOMEM (nothing changed) where they do not fit. */
 knn_status knn_nodes_split(knn_gpu_nodes *nodes, char *message,
                            cudaStream_t stream);
+/* Product metrics: the fp64 rung's arrays (nodes->fast64, sqnorm64), on
+ * the stream after the work already queued there. KNN_E_NOMEM (nothing
+ * changed) where they do not fit. */
+knn_status knn_nodes_fp64(knn_metric metric, knn_gpu_nodes *nodes,
+                          char *message, cudaStream_t stream);
 
 /* Fork guard (knn_gpu_errors.cu). */
 knn_status knn_gpu_claim_process(char *message, size_t size);

@@ -38,6 +38,15 @@ static double knn_dist_unit_of(knn_gemm_mode gemm, int p)
     return knn_margin_dist_unit(p, u.in, u.acc);
 }
 
+/* Rows of float64 products the tile's panel holds: half its rows of
+ * floats where the tiles were planned before the search climbed to
+ * float64. */
+static int knn_panel_rows_fp64(const knn_gpu_tiles *t, size_t ld)
+{
+    size_t rows = t->panel_floats / (2 * ld);
+    return rows < (size_t)t->rows ? (int)rows : t->rows;
+}
+
 /* The selection arguments of a tile of `rows` rows from global query row
  * row0 (node node0) with the given slot offsets; the panel path's panel
  * (the fused path has none). */
@@ -50,8 +59,13 @@ static knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
     const knn_gpu_nodes *nd = &d->nodes;
     const knn_gpu_tiles *t = &d->t;
     int p = req->p;
+    knn_gemm_units u = knn_gemm_units_of(gemm, p);
+    int fp64 = gemm == KNN_GEMM_FP64;
     knn_select_args sa;
-    sa.panel = d->fused ? NULL : t->panel;
+    sa.panel = d->fused || fp64 ? NULL : t->panel;
+    sa.panel64 = fp64 ? (const double *)t->panel : NULL;
+    sa.col_sqnorm64 = nd->sqnorm64;
+    sa.row_sqnorm64 = nd->sqnorm64 ? nd->sqnorm64 + node0 : NULL;
     sa.ld = d->fused ? 0 : knn_panel_ld(req->n_ref);
     sa.rows = rows;
     sa.n_cols = req->n_ref;
@@ -63,8 +77,8 @@ static knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
     sa.row_margin2 = nd->margin2 + node0;
     sa.row_norm = d->score_kind == KNN_SCORE_DIST && nd->norm
                       ? nd->norm + node0 : NULL;
-    sa.margin_unit = knn_dist_unit_of(gemm, p);
-    sa.margin_floor = knn_margin_floor(p, KNN_TINY32);
+    sa.margin_unit = knn_margin_dist_unit(p, u.in, u.acc);
+    sa.margin_floor = knn_margin_floor(p, u.tiny);
     sa.metric = req->metric;
     sa.scale_exp = nd->scale_exp;
     sa.offsets = offsets;
@@ -105,6 +119,45 @@ static int knn_tile_refined(const knn_gpu_dev *d, int rows,
            knn_tile_algo(d, rows) == KNN_SELECT_RADIX;
 }
 
+/* The selection arguments of rows [r0, r0 + rows) of a tile's. */
+static knn_select_args knn_select_rows(const knn_select_args *sa, int r0,
+                                       int rows)
+{
+    knn_select_args part = *sa;
+    part.rows = rows;
+    if (sa->self_first >= 0) part.self_first = sa->self_first + r0;
+    if (sa->row_sqnorm) part.row_sqnorm = sa->row_sqnorm + r0;
+    if (sa->row_sqnorm64) part.row_sqnorm64 = sa->row_sqnorm64 + r0;
+    if (sa->row_norm) part.row_norm = sa->row_norm + r0;
+    if (sa->row_fast) part.row_fast = sa->row_fast + (size_t)r0 * sa->ldf;
+    if (sa->row_margin2_fp32)
+        part.row_margin2_fp32 = sa->row_margin2_fp32 + r0;
+    if (sa->wide) part.wide = sa->wide + r0;
+    part.row_margin2 = sa->row_margin2 + r0;
+    part.offsets = sa->offsets + r0;
+    part.count = sa->count + r0;
+    part.seg_end = sa->seg_end + r0;
+    return part;
+}
+
+/* A float64 tile's candidates, as many rows at a time as the panel holds
+ * in doubles. */
+static knn_status knn_tile_candidates_fp64(knn_gpu_dev *d,
+                                           const knn_select_args *sa,
+                                           int node0)
+{
+    int step = knn_panel_rows_fp64(&d->t, sa->ld);
+    for (int r0 = 0; r0 < sa->rows; r0 += step) {
+        int rows = sa->rows - r0 < step ? sa->rows - r0 : step;
+        KNN_TRY(knn_panel_gemm(d->blas, &d->nodes, KNN_GEMM_FP64, node0 + r0,
+                               rows, d->t.panel, sa->ld, d->message));
+        knn_select_args part = knn_select_rows(sa, r0, rows);
+        KNN_TRY(knn_select_candidates(&part, KNN_SELECT_RADIX, d->message,
+                                      d->stream));
+    }
+    return KNN_OK;
+}
+
 /* A tile's candidates: the fused kernel, or products into the panel and
  * a selection kernel. */
 static knn_status knn_tile_candidates(knn_gpu_dev *d,
@@ -114,6 +167,7 @@ static knn_status knn_tile_candidates(knn_gpu_dev *d,
     const knn_request *req = d->req;
     const knn_gpu_nodes *nd = &d->nodes;
     knn_gpu_tiles *t = &d->t;
+    if (sa->panel64) return knn_tile_candidates_fp64(d, sa, node0);
     if (d->fused)
         return knn_fused_candidates(sa, nd->fast,
                                     nd->fast + (size_t)node0 * nd->ldf,
@@ -432,33 +486,40 @@ static int knn_refine_too_costly(double wide, int rows, int n_ref)
     return wide > rows * (n_ref / 200.0);
 }
 
-/* What a search that may still leave TF32 (knn_gpu.cuh) does after a
- * tile. */
+/* What a search that may still climb (knn_gpu.cuh) does after a tile. */
 typedef enum {
     KNN_RUNG_STAY = 0,
     KNN_RUNG_REFINE, /* refine TF32 candidates from now on */
-    KNN_RUNG_CLIMB   /* split TF32 from now on (knn_dev_climb) */
+    KNN_RUNG_CLIMB   /* the next arithmetic from now on (knn_dev_climb) */
 } knn_rung_step;
 
-/* A TF32 tile is crowded when its rows average more candidates than
+/* A tile is crowded when its rows average more candidates than
  * knn_rung_too_wide allows or, on the panel path, one overflows its
  * slots: the re-rank of the extra candidates, or the tile's redo, would
  * cost more than the faster products save. (A fused tile's survivors
  * overflow for other reasons too: the thresholds they passed were looser
- * at first.) A crowded tile that did not refine has the search refine
- * from then on, where the request left the selection to the engine; a
- * crowded tile that did refine has it climb. Either way the search
- * climbs once its TF32 candidates are so many that refining them costs
- * more than split TF32's products (knn_refine_too_costly). */
+ * at first.) A crowded split TF32 or float32 tile has the search climb
+ * to float64. A crowded TF32 tile that did not refine has the search
+ * refine from then on, where the request left the selection to the
+ * engine; a crowded tile that did refine has it climb. Either way the
+ * search climbs once its TF32 candidates are so many that refining them
+ * costs more than split TF32's products (knn_refine_too_costly). A tile
+ * that ran before the search last changed course tells nothing of the
+ * course it is on now. */
 static knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
                                        const knn_gpu_slot *sl, double found,
                                        int overflow)
 {
-    if (!d->gemm_adaptive) return KNN_RUNG_STAY;
+    if (!d->gemm_adaptive || sl->gemm != d->gemm ||
+        sl->refine_select != d->refine_select)
+        return KNN_RUNG_STAY;
     const knn_request *req = d->req;
+    int crowded = overflow || knn_rung_too_wide(found, sl->rows, req->k);
+    if (sl->gemm != KNN_GEMM_TF32)
+        return crowded ? KNN_RUNG_CLIMB : KNN_RUNG_STAY;
     double wide = knn_slot_wide(sl, found);
     int costly = knn_refine_too_costly(wide, sl->rows, req->n_ref);
-    if (!overflow && !knn_rung_too_wide(found, sl->rows, req->k))
+    if (!crowded)
         return sl->refined && costly &&
                        knn_rung_too_wide(wide, sl->rows, req->k)
                    ? KNN_RUNG_CLIMB : KNN_RUNG_STAY;
@@ -480,17 +541,71 @@ static knn_status knn_tile_rerun(knn_gpu_dev *d, int s)
     return KNN_OK;
 }
 
-/* The climb: split TF32 from here on, or float32 where the split's arrays
- * do not fit. Tiles already queued keep their TF32 margins and fast
- * vectors: the new ones are computed on the stream after them. */
-static knn_status knn_dev_climb(knn_gpu_dev *d)
+/* Whether the tiles (when planned) hold a row of float64 products. */
+static int knn_dev_fp64_fits(const knn_gpu_dev *d)
+{
+    return !d->t.device_block ||
+           knn_panel_rows_fp64(&d->t, knn_panel_ld(d->req->n_ref)) >= 1;
+}
+
+/* Float64's arrays where they fit (*st KNN_OK); KNN_E_NOMEM, the message
+ * cleared, where they or a float64 row of the panel do not. */
+static knn_status knn_dev_try_fp64(knn_gpu_dev *d)
+{
+    knn_status st = knn_dev_fp64_fits(d)
+        ? knn_nodes_fp64(d->req->metric, &d->nodes, d->message, d->stream)
+        : KNN_E_NOMEM;
+    if (st == KNN_E_NOMEM) d->message[0] = '\0';
+    return st;
+}
+
+/* The next arithmetic after TF32: split TF32; where its arrays do not
+ * fit, float64 on a device that runs it fast and has room for its
+ * (smaller) arrays, else float32. */
+static knn_status knn_dev_leave_tf32(knn_gpu_dev *d, knn_gemm_mode *next)
 {
     knn_status st = knn_nodes_split(&d->nodes, d->message, d->stream);
-    if (st != KNN_OK && st != KNN_E_NOMEM) return st;
+    if (st != KNN_E_NOMEM) {
+        *next = KNN_GEMM_TF32X3;
+        return st;
+    }
     d->message[0] = '\0';
-    d->gemm = st == KNN_OK ? KNN_GEMM_TF32X3 : KNN_GEMM_FP32;
-    d->gemm_adaptive = 0;
-    d->gemm_switched = 1;
+    st = d->fp64_fast ? knn_dev_try_fp64(d) : KNN_E_NOMEM;
+    *next = st == KNN_OK ? KNN_GEMM_FP64 : KNN_GEMM_FP32;
+    return st == KNN_E_NOMEM ? KNN_OK : st;
+}
+
+/* Float64 after split TF32 or float32. The split's arrays go first (the
+ * tiles in flight that read them are waited for): float64's take half
+ * their room. Where float64's do not fit either, float32, as accurate
+ * as split TF32, ends the climb. */
+static knn_status knn_dev_leave_fp32(knn_gpu_dev *d, knn_gemm_mode *next)
+{
+    if (d->nodes.split) {
+        KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
+        cudaFree(d->nodes.split);
+        d->nodes.split = NULL;
+    }
+    knn_status st = knn_dev_try_fp64(d);
+    *next = st == KNN_OK ? KNN_GEMM_FP64 : KNN_GEMM_FP32;
+    return st == KNN_E_NOMEM ? KNN_OK : st;
+}
+
+/* The climb to the next arithmetic, from here on (knn_gpu.cuh has the
+ * order). Tiles already queued keep their margins and vectors: the new
+ * ones are computed on the stream after them. */
+static knn_status knn_dev_climb(knn_gpu_dev *d)
+{
+    knn_gemm_mode next;
+    KNN_TRY(d->gemm == KNN_GEMM_TF32 ? knn_dev_leave_tf32(d, &next)
+                                     : knn_dev_leave_fp32(d, &next));
+    /* Float32 after TF32 may still climb to float64; nothing climbs
+     * further, or from where float64 did not fit. */
+    d->gemm_adaptive = next == KNN_GEMM_TF32X3 ||
+                       (next == KNN_GEMM_FP32 && d->gemm == KNN_GEMM_TF32);
+    if (next == d->gemm) return KNN_OK;
+    d->gemm_before |= knn_gemm_bit(d->gemm);
+    d->gemm = next;
     KNN_BLAS_TRY(d->message,
                  cublasSetMathMode(d->blas, knn_gemm_math(d->gemm)));
     return knn_nodes_remargin(d->req->metric, &d->nodes, d->gemm, d->message,
@@ -499,8 +614,8 @@ static knn_status knn_dev_climb(knn_gpu_dev *d)
 
 /* Waits for slot s, re-runs its tile if a row overflowed (first with the
  * uniform slots where the search has changed its arithmetic or begun to
- * refine since the tile ran: a redo must see the counts of the same
- * selection), and copies its rows x k results into the caller's
+ * refine since the tile ran, as often as it changes: a redo must see the
+ * counts of the same selection), and copies its rows x k results into the caller's
  * n_query x k arrays. A fused tile that shows the search must refine or
  * climb is not collected: *rewind gets that step (a knn_rung_step), and
  * the search goes on from its first row on the panel path (the fused
@@ -522,16 +637,21 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
 
     double found = 0.0;
     int overflow = knn_slot_overflow(t, sl, &found);
-    knn_rung_step step = knn_dev_next_step(d, sl, found,
-                                           sl->fused ? 0 : overflow);
-    if (step == KNN_RUNG_REFINE) d->refine_select = 1;
-    if (sl->fused && step != KNN_RUNG_STAY) {
-        *rewind = (int)step;
-        return KNN_OK;
-    }
-    if (step == KNN_RUNG_CLIMB) KNN_TRY(knn_dev_climb(d));
-    if (overflow && (sl->gemm != d->gemm ||
-                     sl->refine_select != d->refine_select)) {
+    /* A rerun in the search's new course may show it must change again
+     * (TF32, then split TF32, then float64, on data none but float64
+     * resolves): each pass refines or climbs, or leaves the loop. */
+    for (;;) {
+        knn_rung_step step = knn_dev_next_step(d, sl, found,
+                                               sl->fused ? 0 : overflow);
+        if (step == KNN_RUNG_REFINE) d->refine_select = 1;
+        if (sl->fused && step != KNN_RUNG_STAY) {
+            *rewind = (int)step;
+            return KNN_OK;
+        }
+        if (step == KNN_RUNG_CLIMB) KNN_TRY(knn_dev_climb(d));
+        if (!overflow || (sl->gemm == d->gemm &&
+                          sl->refine_select == d->refine_select))
+            break;
         double t0 = knn_seconds();
         KNN_TRY(knn_tile_rerun(d, s));
         d->seconds_search += knn_seconds() - t0;

@@ -42,10 +42,24 @@ static knn_status knn_upload_nodes(knn_gpu_dev *d, double **x)
                               d->copy_threads, &d->shared->stop, d->message);
 }
 
+/* Whether the device runs float64 at half float32's rate or better (the
+ * A100, H100 and H200 do; most other cards at 1/32 or 1/64). */
+static knn_status knn_dev_fp64_rate(knn_gpu_dev *d)
+{
+    int ratio = 0;
+    KNN_CUDA_TRY(d->message,
+                 cudaDeviceGetAttribute(
+                     &ratio, cudaDevAttrSingleToDoublePrecisionPerfRatio,
+                     d->device));
+    d->fp64_fast = ratio > 0 && ratio <= 2;
+    return KNN_OK;
+}
+
 knn_status knn_dev_prepare(knn_gpu_dev *d)
 {
     const knn_request *req = d->req;
     double t0 = knn_seconds();
+    KNN_TRY(knn_dev_fp64_rate(d));
     d->self = req->query == NULL;
     d->n_nodes = req->n_ref + (d->self ? 0 : d->nq);
     double *x = NULL;
@@ -66,6 +80,7 @@ static void knn_tiles_carve(knn_gpu_tiles *t, size_t ld, int k,
                             knn_carver *dev, knn_carver *host)
 {
     size_t r = (size_t)t->rows, rk = r * k;
+    t->panel_floats = r * ld;
     t->panel = knn_carve<float>(dev, r * ld);
     t->offsets_uniform = knn_carve<int>(dev, r + 1);
     t->offsets_exact = knn_carve<int>(dev, r + 1);
@@ -203,10 +218,12 @@ static knn_status knn_host_slots(knn_gpu_dev *d, size_t bytes)
     return KNN_OK;
 }
 
-/* A panel's row length on the device's path: none on the fused path. */
+/* A panel's row length in floats on the device's path: none on the fused
+ * path, twice the reference's for float64 products. */
 static size_t knn_dev_panel_ld(const knn_gpu_dev *d)
 {
-    return d->fused ? 0 : knn_panel_ld(d->req->n_ref);
+    if (d->fused) return 0;
+    return knn_panel_ld(d->req->n_ref) * (d->gemm == KNN_GEMM_FP64 ? 2 : 1);
 }
 
 /* Uniform offsets: row i's slots from i * slots, on the device from the
@@ -294,7 +311,8 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
      * the reference: fewer rows would leave SMs idle for the whole tile. */
     double tile_rows = d->fused
         ? fmax(KNN_FUSED_PAIRS_MAX / req->n_ref, (double)d->wave_rows)
-        : KNN_PANEL_FLOATS_MAX / req->n_ref;
+        : KNN_PANEL_FLOATS_MAX / req->n_ref /
+              (d->gemm == KNN_GEMM_FP64 ? 2 : 1);
     double limits[] = {(double)d->nq, 2147483647.0 / slots,
                        2147483647.0 / (surv_slots > 0 ? surv_slots : 1),
                        KNN_SLOT_BYTES_MAX / (k * 20.0), tile_rows};

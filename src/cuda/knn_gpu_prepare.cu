@@ -169,7 +169,7 @@ __global__ static void knn_margin_corr_kernel(double *margin2, int n, int p,
     int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= n) return;
     double kappa = cosine ? 1.0 : *kappa_max;
-    margin2[g] = 2.0 * knn_margin_corr(p, u.in, u.acc, KNN_TINY32, kappa);
+    margin2[g] = 2.0 * knn_margin_corr(p, u.in, u.acc, u.tiny, kappa);
 }
 
 /* Twice each node's margin, from its norm and the largest ref norm. */
@@ -180,7 +180,7 @@ __global__ static void knn_margin_dist_kernel(double *margin2, int n, int p,
 {
     int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= n) return;
-    margin2[g] = 2.0 * knn_margin_dist(p, u.in, u.acc, KNN_TINY32, norm[g],
+    margin2[g] = 2.0 * knn_margin_dist(p, u.in, u.acc, u.tiny, norm[g],
                                        *norm_max);
 }
 
@@ -209,6 +209,34 @@ __global__ static void knn_split_kernel(const float *fast, int ldf,
     s[ldf + f] = hi;
     s[2 * ldf + f] = knn_round_tf32(v - hi);
     s[3 * ldf + f] = hi;
+}
+
+/* One warp per node: the fp64 rung's vector, the float64 value of each
+ * fast value before its rounding to float32 (the same operations as
+ * knn_canon_kernel and knn_dist_fast_kernel), and, for distances
+ * (centre), its squared norm. */
+__global__ static void knn_fp64_kernel(knn_metric m, const double *x, int p,
+                                       int n, const double *sum,
+                                       const double *css,
+                                       const double *centre, double *fast64,
+                                       int ldf, double *sqnorm64)
+{
+    int g = (int)(((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
+    int lane = threadIdx.x & 31;
+    if (g >= n) return; /* g is the same for the whole warp */
+    const double *xg = x + (size_t)g * p;
+    double *fg = fast64 + (size_t)g * ldf;
+    double mean = 0.0, scale = 1.0, ss = 0.0;
+    if (!centre) knn_fast_corr_form(m, p, sum[g], css[g], &mean, &scale);
+    for (int f = lane; f < p; f += 32) {
+        double v = centre ? xg[f] - centre[f] : (xg[f] - mean) * scale;
+        fg[f] = v;
+        ss += v * v;
+    }
+    if (!sqnorm64) return;
+    for (int o = 16; o > 0; o >>= 1)
+        ss += __shfl_xor_sync(0xffffffffu, ss, o);
+    if (lane == 0) sqnorm64[g] = ss;
 }
 
 static knn_status knn_alloc(void **ptr, size_t bytes, char *message)
@@ -244,6 +272,7 @@ static void knn_nodes_carve(knn_metric m, knn_gpu_nodes *nd,
     nd->norm_max = knn_carve<double>(c, 1);
     sc->mean_parts = knn_carve<double>(c, (size_t)KNN_MEAN_PARTS * nd->p);
     sc->terms = knn_carve<double>(c, 2);
+    nd->centre = sc->mean_parts; /* knn_prepare_dist leaves it there */
 }
 
 static knn_status knn_prepare_corr(knn_metric m, double *x, knn_gpu_nodes *nd,
@@ -390,6 +419,35 @@ knn_status knn_nodes_split(knn_gpu_nodes *nodes, char *message,
     return KNN_OK;
 }
 
+knn_status knn_nodes_fp64(knn_metric metric, knn_gpu_nodes *nodes,
+                          char *message, cudaStream_t stream)
+{
+    size_t n = (size_t)nodes->n_nodes, n_vals = (size_t)nodes->ldf * n;
+    int dist = !knn_is_correlation(metric);
+    knn_carver c = {NULL, 0};
+    knn_carve<double>(&c, n_vals);
+    knn_carve<double>(&c, dist ? n : 0);
+    if (cudaMalloc(&nodes->block64, c.used) != cudaSuccess) {
+        cudaGetLastError();
+        nodes->block64 = NULL;
+        return knn_gpu_fail(message, KNN_E_NOMEM, "fp64 arrays",
+                            "out of GPU memory", __FILE__, __LINE__);
+    }
+    c.block = (char *)nodes->block64;
+    c.used = 0;
+    nodes->fast64 = knn_carve<double>(&c, n_vals);
+    nodes->sqnorm64 = dist ? knn_carve<double>(&c, n) : NULL;
+    /* Zero padding adds nothing to the products. */
+    KNN_CUDA_TRY(message, cudaMemsetAsync(nodes->fast64, 0,
+                                          n_vals * sizeof(double), stream));
+    knn_fp64_kernel<<<knn_blocks(n * 32), KNN_PREP_THREADS, 0, stream>>>(
+        metric, nodes->exact, nodes->p, nodes->n_nodes, nodes->sum,
+        nodes->css, dist ? nodes->centre : NULL, nodes->fast64, nodes->ldf,
+        nodes->sqnorm64);
+    KNN_LAUNCH_TRY(message, "knn_fp64_kernel");
+    return KNN_OK;
+}
+
 knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
                              int n_nodes, double query_max_abs,
                              knn_gemm_mode gemm, knn_gpu_nodes *nodes,
@@ -425,6 +483,8 @@ knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
                                  KNN_GEMM_FP32, message, stream));
         if (gemm == KNN_GEMM_TF32X3)
             KNN_TRY(knn_nodes_split(nodes, message, stream));
+        if (gemm == KNN_GEMM_FP64)
+            KNN_TRY(knn_nodes_fp64(metric, nodes, message, stream));
     }
     KNN_CUDA_TRY(message, cudaStreamSynchronize(stream));
     return KNN_OK;
@@ -435,7 +495,10 @@ void knn_nodes_free(knn_gpu_nodes *nodes)
     cudaFree(nodes->exact);
     cudaFree(nodes->block);
     cudaFree(nodes->split);
+    cudaFree(nodes->block64);
     nodes->split = NULL;
+    nodes->block64 = NULL;
+    nodes->fast64 = nodes->sqnorm64 = nodes->centre = NULL;
     nodes->exact = nodes->sum = nodes->css = nodes->margin2 = NULL;
     nodes->margin2_fp32 = NULL;
     nodes->fast = nodes->sqnorm = NULL;

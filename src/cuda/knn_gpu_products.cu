@@ -15,6 +15,7 @@
  *    the panel holds the canonical key rounded to float32; rounding is
  *    monotone, so the k-th panel value bounds the exact top k with no margin.
  */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "knn_gpu.cuh"
@@ -27,6 +28,7 @@
 knn_gemm_mode knn_gemm_choose(knn_precision force)
 {
     if (force == KNN_PRECISION_FP32) return KNN_GEMM_FP32;
+    if (force == KNN_PRECISION_FP64) return KNN_GEMM_FP64;
     return force == KNN_PRECISION_TF32X3 ? KNN_GEMM_TF32X3 : KNN_GEMM_TF32;
 }
 
@@ -37,8 +39,8 @@ int knn_gemm_adaptive(knn_precision force, knn_metric metric)
 
 cublasMath_t knn_gemm_math(knn_gemm_mode mode)
 {
-    return mode == KNN_GEMM_FP32 ? CUBLAS_DEFAULT_MATH
-                                 : CUBLAS_TF32_TENSOR_OP_MATH;
+    return mode == KNN_GEMM_FP32 || mode == KNN_GEMM_FP64
+               ? CUBLAS_DEFAULT_MATH : CUBLAS_TF32_TENSOR_OP_MATH;
 }
 
 /*
@@ -63,11 +65,22 @@ cublasMath_t knn_gemm_math(knn_gemm_mode mode)
  * 2^-21 + (3p + 4) 2^-33: three times float32's margin, for a third of
  * the passes over the panel that a GEMM of the small terms added to hi.hi
  * would take (one write, not a write, a read and a write).
+ *
+ * float64 (DGEMM, on Hopper's FP64 tensor cores, which round every fused
+ * multiply-add to nearest as IEEE float64 does): the fast vectors stay the
+ * float64 values the float32 ones are rounded from, so inputs add nothing
+ * (unit_in 0) and sums err by 2^-53 a term, in any order; its smallest
+ * normal number is float64's. These are the CPU's float64 rung's units
+ * (knn_cpu.c), for the same vectors.
  */
 knn_gemm_units knn_gemm_units_of(knn_gemm_mode mode, int p)
 {
     knn_gemm_units u;
-    if (mode == KNN_GEMM_FP32) {
+    u.tiny = mode == KNN_GEMM_FP64 ? KNN_TINY64 : KNN_TINY32;
+    if (mode == KNN_GEMM_FP64) {
+        u.in = 0.0;
+        u.acc = KNN_U64;
+    } else if (mode == KNN_GEMM_FP32) {
         u.in = KNN_U32;
         u.acc = KNN_U32;
     } else if (mode == KNN_GEMM_TF32) {
@@ -80,20 +93,37 @@ knn_gemm_units knn_gemm_units_of(knn_gemm_mode mode, int p)
     return u;
 }
 
-const char *knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
-                               int switched, int refined)
+static const char *knn_gemm_name(knn_gemm_mode mode)
 {
-    if (!knn_uses_product(metric))
-        return "fp64 direct candidates + fp64 exact re-rank";
-    if (mode == KNN_GEMM_TF32)
-        return refined ? "tf32 GEMM candidates, fp32 rescored + fp64 exact "
-                         "re-rank"
-                       : "tf32 GEMM candidates + fp64 exact re-rank";
-    if (mode == KNN_GEMM_FP32)
-        return switched ? "tf32, then fp32 GEMM candidates + fp64 exact re-rank"
-                        : "fp32 GEMM candidates + fp64 exact re-rank";
-    return switched ? "tf32, then tf32x3 GEMM candidates + fp64 exact re-rank"
-                    : "tf32x3 GEMM candidates + fp64 exact re-rank";
+    switch (mode) {
+    case KNN_GEMM_TF32: return "tf32";
+    case KNN_GEMM_TF32X3: return "tf32x3";
+    case KNN_GEMM_FP64: return "fp64";
+    default: return "fp32";
+    }
+}
+
+void knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
+                        unsigned before, int refined, char *out,
+                        size_t size)
+{
+    if (!knn_uses_product(metric)) {
+        snprintf(out, size, "fp64 direct candidates + fp64 exact re-rank");
+        return;
+    }
+    /* The climbs' order: TF32, then split TF32 or float32, then float64. */
+    const knn_gemm_mode order[] = {KNN_GEMM_TF32, KNN_GEMM_TF32X3,
+                                   KNN_GEMM_FP32};
+    size_t used = 0;
+    out[0] = '\0';
+    for (knn_gemm_mode m : order)
+        if ((before & knn_gemm_bit(m)) && m != mode && used < size)
+            used += snprintf(out + used, size - used, "%s, then ",
+                             knn_gemm_name(m));
+    if (used < size)
+        snprintf(out + used, size - used, "%s GEMM candidates%s + fp64 "
+                 "exact re-rank", knn_gemm_name(mode),
+                 mode == KNN_GEMM_TF32 && refined ? ", fp32 rescored" : "");
 }
 
 /* panel = ref^T rows over `depth` values of vectors ldf floats apart. */
@@ -109,20 +139,39 @@ static knn_status knn_sgemm(cublasHandle_t blas, const float *ref,
     return KNN_OK;
 }
 
+/* panel = ref^T rows in float64, from the fast vectors' float64 values
+ * (knn_nodes_fp64). */
+static knn_status knn_dgemm(cublasHandle_t blas, const knn_gpu_nodes *nodes,
+                            int node0, int rows, double *panel, size_t ld,
+                            char *message)
+{
+    const double one = 1.0, zero = 0.0;
+    int ldf = nodes->ldf;
+    KNN_BLAS_TRY(message, cublasDgemm(blas, CUBLAS_OP_T, CUBLAS_OP_N,
+                                      nodes->n_ref, rows, ldf, &one,
+                                      nodes->fast64, ldf,
+                                      nodes->fast64 + (size_t)node0 * ldf,
+                                      ldf, &zero, panel, (int)ld));
+    return KNN_OK;
+}
+
 knn_status knn_panel_gemm(cublasHandle_t blas, const knn_gpu_nodes *nodes,
                           knn_gemm_mode mode, int node0, int rows,
-                          float *panel, size_t ld, char *message)
+                          void *panel, size_t ld, char *message)
 {
     int ldf = nodes->ldf, n_ref = nodes->n_ref;
+    if (mode == KNN_GEMM_FP64)
+        return knn_dgemm(blas, nodes, node0, rows, (double *)panel, ld,
+                         message);
     if (mode != KNN_GEMM_TF32X3)
         return knn_sgemm(blas, nodes->fast, nodes->fast + (size_t)node0 * ldf,
-                         ldf, ldf, n_ref, rows, panel, ld, message);
+                         ldf, ldf, n_ref, rows, (float *)panel, ld, message);
     /* [hi | hi | lo | hi] per node: the ref's first three quarters against
      * the rows' last three pair hi.hi, hi.lo and lo.hi. */
     int lds = 4 * ldf;
     return knn_sgemm(blas, nodes->split,
                      nodes->split + (size_t)node0 * lds + ldf, lds, 3 * ldf,
-                     n_ref, rows, panel, ld, message);
+                     n_ref, rows, (float *)panel, ld, message);
 }
 
 __device__ static void knn_mh_stage(double (*dst)[KNN_MH_TILE + 1],

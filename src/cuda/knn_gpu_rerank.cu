@@ -22,17 +22,11 @@
  *    thread t writes element t of that layout, so writes coalesce.
  */
 #include <cub/device/device_segmented_sort.cuh>
-#include "knn_gpu.cuh"
+#include "knn_gpu_score.cuh"
 
 #define KNN_KEY_WARPS 4  /* rows per block */
 #define KNN_KEY_CHUNK 32 /* features staged at a time */
 #define KNN_OUT_THREADS 256
-
-__device__ __forceinline__ uint64_t knn_order_bits64(double key)
-{
-    uint64_t u = (uint64_t)__double_as_longlong(__dadd_rn(key, 0.0));
-    return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
-}
 
 /* Stages features [f0, f0 + w) of the warp's n candidates (lane c holds
  * candidate c's node j) into tile[c][0..w), one coalesced read each. */

@@ -10,20 +10,40 @@
 
 #include "knn_gpu.cuh"
 
+/* Rounded operations of float32 and float64 scores, by overload. */
+__device__ __forceinline__ float knn_fma_rn(float a, float b, float c)
+{
+    return __fmaf_rn(a, b, c);
+}
+__device__ __forceinline__ double knn_fma_rn(double a, double b, double c)
+{
+    return __fma_rn(a, b, c);
+}
+__device__ __forceinline__ float knn_abs(float a) { return fabsf(a); }
+__device__ __forceinline__ double knn_abs(double a) { return fabs(a); }
+__device__ __forceinline__ float knn_add_rn(float a, float b)
+{
+    return __fadd_rn(a, b);
+}
+__device__ __forceinline__ double knn_add_rn(double a, double b)
+{
+    return __dadd_rn(a, b);
+}
+
 /* The fast score of product v for a row of squared fast norm row_sq and a
- * node of col_sq (distances only); smaller is closer. Rounded operations:
- * every pass and path must see the same score bits. */
-template <int KIND>
-__device__ __forceinline__ float knn_score_from(float v, float row_sq,
-                                                float col_sq)
+ * node of col_sq (distances only); smaller is closer. T is float, or
+ * double on the fp64 rung. Rounded operations: every pass and path must
+ * see the same score bits. */
+template <int KIND, typename T>
+__device__ __forceinline__ T knn_score_from(T v, T row_sq, T col_sq)
 {
     if (KIND == KNN_SCORE_NEG) return -v;
-    if (KIND == KNN_SCORE_NEGABS) return -fabsf(v);
+    if (KIND == KNN_SCORE_NEGABS) return -knn_abs(v);
     /* (row_sq + col_sq) - 2v, rounded twice: 2v is exact (a power of two
-     * times a float far from overflow), so one fused multiply-add gives
+     * times a value far from overflow), so one fused multiply-add gives
      * the bits of the subtraction of the rounded product. */
     if (KIND == KNN_SCORE_DIST)
-        return __fmaf_rn(-2.0f, v, __fadd_rn(row_sq, col_sq));
+        return knn_fma_rn((T)-2, v, knn_add_rn(row_sq, col_sq));
     return v;
 }
 
@@ -47,6 +67,19 @@ __device__ __forceinline__ unsigned knn_order_bits(float v)
 __device__ __forceinline__ float knn_order_float(unsigned u)
 {
     return __uint_as_float((u & 0x80000000u) ? (u & 0x7fffffffu) : ~u);
+}
+
+/* The same for a double, -0 counted as +0 (adding +0 makes it so). */
+__device__ __forceinline__ uint64_t knn_order_bits64(double v)
+{
+    uint64_t u = (uint64_t)__double_as_longlong(__dadd_rn(v, 0.0));
+    return (u >> 63) ? ~u : (u | 0x8000000000000000ull);
+}
+
+__device__ __forceinline__ double knn_order_double(uint64_t u)
+{
+    return __longlong_as_double(
+        (long long)((u >> 63) ? (u & 0x7fffffffffffffffull) : ~u));
 }
 
 /* Row setup shared by every kernel (the fused one has no panel). */

@@ -196,13 +196,21 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
                             knn_metric m, knn_report *rep)
 {
     double cand = 0.0;
-    int switched = 0, refined = 0;
-    /* What the devices ended on: one that climbed says to what. */
+    unsigned before = 0;
+    int refined = 0, climbs = -1;
+    /* What the devices ended on: the one that climbed furthest says to
+     * what, and from which arithmetics any of them came. */
     knn_gemm_mode gemm = devs.empty() ? KNN_GEMM_FP32 : devs[0].gemm;
+    for (const knn_gpu_dev &d : devs) {
+        int n = __builtin_popcount(d.gemm_before);
+        if (n > climbs) {
+            climbs = n;
+            gemm = d.gemm;
+        }
+        before |= d.gemm_before;
+    }
     rep->row_tile = 0;
     for (const knn_gpu_dev &d : devs) {
-        if (d.gemm_switched) gemm = d.gemm;
-        switched |= d.gemm_switched;
         refined |= d.refined;
         if (d.seconds_setup > rep->seconds_setup)
             rep->seconds_setup = d.seconds_setup;
@@ -220,8 +228,8 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
     }
     rep->candidates = n_q > 0 ? cand / n_q : 0.0;
     rep->col_tile = devs.empty() ? 0 : devs[0].req->n_ref;
-    snprintf(rep->precision, sizeof rep->precision, "%s",
-             knn_gemm_precision(m, gemm, switched, refined));
+    knn_gemm_precision(m, gemm, before, refined, rep->precision,
+                       sizeof rep->precision);
 }
 
 /* Whether a search runs on the calling thread: one device, and work that

@@ -32,6 +32,12 @@
  *    in float32 (knn_refine), whose narrower margin lets far fewer through
  *    to the float64 re-rank; a search that found TF32 crowded gives the
  *    buffer room for thousands of them (KNN_REFINE_BUF).
+ *  - Float64 panels (the fp64 rung): the radix kernel's full path on the
+ *    64 order-preserving bits, as many 12-bit digits as it takes to leave
+ *    few scores above the k-th in its bucket (five at most: within 2^-48
+ *    relative of it, where float64's margins are some 2^-45), then the
+ *    same compaction. That rung serves data float32 cannot resolve, so
+ *    there is no sample to lean on: rows are crowded near their k-th.
  * knn_select_choose() picks one from (rows, k) by the crossovers that
  * inst/bench/select_thresholds.R measured.
  */
@@ -458,6 +464,92 @@ knn_radix_select_kernel(knn_select_args a, int stride, int cap)
     }
 }
 
+/* ---- float64 panels --------------------------------------------------- */
+
+#define KNN_RADIX64_PASSES 5 /* 12-bit digits from bit 63 down to bit 4 */
+#define KNN_RADIX64_SPARE 32 /* scores above the k-th left in its bucket */
+
+/* knn_radix_histogram on the bits of float64 scores: digit (u >> shift)
+ * of the scores whose bits under mask are prefix. */
+template <typename Score>
+__device__ void knn_radix64_histogram(knn_radix_shared &sh, int count,
+                                      Score score, int shift, uint64_t mask,
+                                      uint64_t prefix)
+{
+    for (int i = threadIdx.x; i < KNN_RADIX_BINS; i += blockDim.x)
+        sh.hist[i] = 0;
+    __syncthreads();
+    for (int base = 0; base < count; base += KNN_RADIX_THREADS * KNN_ITEMS) {
+        double v[KNN_ITEMS];
+        bool ok[KNN_ITEMS];
+#pragma unroll
+        for (int it = 0; it < KNN_ITEMS; it++) {
+            int i = base + it * KNN_RADIX_THREADS + threadIdx.x;
+            ok[it] = i < count && score(i, &v[it]);
+        }
+#pragma unroll
+        for (int it = 0; it < KNN_ITEMS; it++) {
+            if (!ok[it]) continue;
+            uint64_t u = knn_order_bits64(v[it]);
+            if ((u & mask) == prefix)
+                atomicAdd(&sh.hist[(u >> shift) & 0xfffu], 1u);
+        }
+    }
+    __syncthreads();
+}
+
+/* Upper edge of the bucket holding the k-th smallest score, after as many
+ * digits as leave at most KNN_RADIX64_SPARE scores above it in its bucket
+ * (every thread sees the same counts, so all leave the loop together). */
+template <typename Score>
+__device__ double knn_radix64_bound(knn_radix_shared &sh, int count,
+                                    Score score, int k)
+{
+    uint64_t prefix = 0, mask = 0;
+    unsigned rank = (unsigned)k;
+    int shift = 64;
+    for (int pass = 0; pass < KNN_RADIX64_PASSES; pass++) {
+        shift -= 12;
+        knn_radix64_histogram(sh, count, score, shift, mask, prefix);
+        unsigned bin, rank_in_bin;
+        knn_radix_find(sh, rank, &bin, &rank_in_bin);
+        unsigned in_bin = sh.hist[bin];
+        __syncthreads(); /* read before the next pass clears the bins */
+        prefix |= (uint64_t)bin << shift;
+        mask |= (uint64_t)0xfff << shift;
+        rank = rank_in_bin;
+        if (in_bin - rank_in_bin <= KNN_RADIX64_SPARE) break;
+    }
+    return knn_order_double(prefix | ~mask);
+}
+
+template <int KIND>
+__global__ void __launch_bounds__(KNN_RADIX_THREADS)
+knn_radix64_select_kernel(knn_select_args a)
+{
+    __shared__ knn_radix_shared sh;
+    int r = blockIdx.x;
+    knn_row w = knn_row_of(a, r);
+    const double *vals = a.panel64 + (size_t)r * a.ld;
+    double sq = KIND == KNN_SCORE_DIST ? a.row_sqnorm64[r] : 0.0;
+    auto score = [&](int j) {
+        return knn_score_from<KIND>(vals[j], sq, KIND == KNN_SCORE_DIST
+                                                     ? a.col_sqnorm64[j]
+                                                     : 0.0);
+    };
+    double t = knn_row_bound(a, w, knn_radix64_bound(sh, a.n_cols,
+        [&](int j, double *v) {
+            *v = score(j);
+            return j != w.self;
+        }, a.k));
+    int found = knn_block_compact(sh, a.n_cols, [&](int j) {
+        return j != w.self && score(j) <= t;
+    }, [&](int j, int pos) {
+        if (pos < w.slots) a.cand_index[w.begin + pos] = j;
+    });
+    if (threadIdx.x == 0) knn_row_done(a, r, w, found);
+}
+
 /* The sampling stride: about KNN_SAMPLE_BUF / 4 expected nodes under T1,
  * with at least 4k sampled nodes; 1 (no sampling) when that leaves < 2. */
 static int knn_sample_stride(int n_cols, int k)
@@ -513,6 +605,16 @@ static knn_status knn_launch_radix(const knn_select_args *a, char *message,
     return KNN_OK;
 }
 
+template <int KIND>
+static knn_status knn_launch_radix64(const knn_select_args *a, char *message,
+                                     cudaStream_t stream)
+{
+    knn_radix64_select_kernel<KIND><<<a->rows, KNN_RADIX_THREADS, 0,
+                                      stream>>>(*a);
+    KNN_LAUNCH_TRY(message, "knn_radix64_select_kernel");
+    return KNN_OK;
+}
+
 template <int K, int KIND>
 static knn_status knn_launch_warp(const knn_select_args *a, char *message,
                                   cudaStream_t stream)
@@ -533,6 +635,7 @@ static knn_status knn_select_kind(const knn_select_args *a,
                                   knn_select_algo algo, char *message,
                                   cudaStream_t stream)
 {
+    if (a->panel64) return knn_launch_radix64<KIND>(a, message, stream);
     if (algo == KNN_SELECT_RADIX)
         return knn_launch_radix<KIND>(a, message, stream);
     KNN_WARP_BUCKET(1)

@@ -46,7 +46,9 @@ typedef struct {
     void *slots_block;      /* the candidate arrays, re-sized by a redo */
     int rows;               /* row tile R */
     int slots;              /* uniform candidate slots per row */
-    float *panel;           /* R x n_ref */
+    float *panel;           /* R x n_ref, or R x n_ref doubles where
+                               planned for float64 */
+    size_t panel_floats;    /* its size */
     int *offsets_uniform;   /* r * slots */
     int *offsets_exact;     /* a redo's per-row counts, summed */
     int *h_offsets;         /* pinned, R + 1 */
@@ -84,8 +86,12 @@ typedef struct {
     double query_max_abs;   /* distances, query search: max |query| */
     knn_score_kind score_kind;
     knn_gemm_mode gemm;
-    int gemm_adaptive;      /* may still give TF32 up for float32 */
-    int gemm_switched;      /* did */
+    int gemm_adaptive;      /* may still climb to a finer arithmetic */
+    unsigned gemm_before;   /* the arithmetics it climbed from
+                               (knn_gemm_bit) */
+    int fp64_fast;          /* the device runs float64 at half float32's
+                               rate or better: float64 may stand in for
+                               split TF32 where its arrays do not fit */
     int fused;              /* tiles take the fused path (TF32 only) */
     int refine_select;      /* TF32 found too many candidates for the
                                plain selection: tiles take the panel path

@@ -73,11 +73,11 @@ typedef enum {
  * policy); every rung is followed by the float64 re-rank, so the bits are
  * the same on every rung, only the time differs. AUTO starts on the
  * cheapest rung of the backend (the GPU's TF32, the CPU's float32 BLAS)
- * and climbs to the next (the GPU's split TF32, TF32X3, or float32 where
- * the split's arrays do not fit; the CPU's float64 BLAS) for the rest of
- * the search once a tile's rows average more candidates than the re-rank
- * can afford (knn_rung_too_wide). TF32 and TF32X3 exist on the GPU only
- * and FP64 on the CPU only: forcing a rung the backend lacks is
+ * and climbs to the next (the GPU's split TF32, TF32X3, then float64
+ * DGEMM; the CPU's float64 BLAS) for the rest of the search once a tile's
+ * rows average more candidates than the re-rank can afford
+ * (knn_rung_too_wide); src/cuda/knn_gpu.cuh has the GPU's detours. TF32
+ * and TF32X3 exist on the GPU only: forcing them on the CPU is
  * KNN_E_INVALID. Order matches the R layer's names (R/engine.R). */
 typedef enum {
     KNN_PRECISION_AUTO = 0,

@@ -54,10 +54,6 @@ knn_status knn_search(const knn_request *req, knn_backend backend,
          req->precision == KNN_PRECISION_TF32X3))
         return knn_invalid(report, "tf32 and tf32x3 products exist on the "
                                    "GPU only");
-    if (backend == KNN_BACKEND_GPU && req->precision == KNN_PRECISION_FP64)
-        return knn_invalid(report, "fp64 products are the CPU's rung; the "
-                                   "GPU finds candidates in tf32, tf32x3 "
-                                   "or fp32");
     if (req->algorithm == KNN_ALGO_TREE && knn_is_correlation(req->metric))
         return knn_invalid(report, "the k-d tree serves the distance "
                                    "metrics only");

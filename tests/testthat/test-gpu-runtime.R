@@ -318,7 +318,7 @@ test_that("every GPU rung gives the CPU's bits on hard data", {
     for (kind in hardKinds) {
         x <- hardMatrix(kind, 3000, 45)
         for (metric in c("pearson", "cosine", "euclidean", "abspearson")) {
-            for (rung in c("auto", "tf32", "tf32x3", "fp32")) {
+            for (rung in c("auto", "tf32", "tf32x3", "fp32", "fp64")) {
                 got <- expectGpuIdentical(x, 10, metric,
                                           label = paste(kind, rung),
                                           gpuPrecision = rung)
@@ -329,9 +329,39 @@ test_that("every GPU rung gives the CPU's bits on hard data", {
             }
         }
     }
-    expect_error(knnSearch(hardMatrix("levels", 50, 46), k = 3,
-                           device = "gpu", precision = "fp64"),
-                 "is not a rung of the GPU")
+})
+
+test_that("a search climbs to float64 where float32 cannot resolve", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## Three clusters of 1000 copies of a profile, each copy moved by noise
+    ## of sd 1e-4: neighbours differ by some 1e-7 of the norms, inside
+    ## split TF32's and float32's margins, far outside float64's. A small
+    ## memory budget makes many tiles, so the climbs meet tiles already in
+    ## flight and tiles run again.
+    set.seed(50)
+    centres <- matrix(rnorm(3 * 30), 3)
+    x <- centres[rep(1:3, length.out = 3000), ] +
+        matrix(rnorm(3000 * 30, sd = 1e-4), 3000)
+    for (metric in c("euclidean", "cosine", "pearson")) {
+        got <- withOptions(list(knngpu.gpu.memory = 4e6),
+                           expectGpuIdentical(x, 10, metric,
+                                              label = "clusters auto"))
+        expect_match(attr(got$gpu, "precision"),
+                     "^tf32, then tf32x3, then fp64 GEMM", label = metric)
+        expect_lt(attr(got$gpu, "timings")$candidates, 30)
+        fp64 <- expectGpuIdentical(x, 10, metric, label = "clusters fp64",
+                                   gpuPrecision = "fp64")
+        expect_match(attr(fp64$gpu, "precision"), "^fp64 GEMM")
+        expect_lt(attr(fp64$gpu, "timings")$candidates, 30)
+        split <- knnSearch(x, k = 10, metric = metric, device = "gpu",
+                           precision = "tf32x3", progress = FALSE)
+        expect_identical(split$index, fp64$cpu$index)
+        expect_gt(attr(split, "timings")$candidates, 500)
+    }
+    ## A query search in float64 over several tiles.
+    q <- x[c(1, 2, 3, 1500, 2999), ] + 1e-5
+    expectGpuIdentical(x, 7, "euclidean", query = q, label = "fp64 query",
+                       gpuPrecision = "fp64")
 })
 
 test_that("TF32 candidates are rescored in float32 before the re-rank", {
