@@ -3,7 +3,7 @@
 # CUDA, runs the whole test suite (the GPU tests run, not skip), the C-level
 # parity harness (tools/gpu-harness.c: knn_gpu_search against a plain
 # float64 reference), and compute-sanitizer memcheck and racecheck on a
-# small knnGraph (panel, split TF32 and fused paths). Logs and summary.txt
+# small knnGraph (panel, split TF32, float64 and fused paths). Logs and summary.txt
 # go to $OUT (default /tmp/knngpu-check).
 #
 # Through the device tool, from this machine (R does not exist there):
@@ -90,9 +90,16 @@ sanitize() {
             g <- knnGraph(x, k = 600, device = "gpu", progress = FALSE)
             g <- knnGraph(t, k = 5, metric = "cosine", device = "gpu",
                           progress = FALSE)
-            for (m in c("pearson", "euclidean"))
+            for (m in c("pearson", "euclidean")) {
                 g <- knnGraph(x, k = 20, metric = m, device = "gpu",
                               precision = "tf32x3", progress = FALSE)
+                g <- knnGraph(x, k = 20, metric = m, device = "gpu",
+                              precision = "fp64", progress = FALSE)
+            }
+            ## replicates of three profiles: TF32, split TF32, float64
+            cl <- x[rep(1:3, 500), ] + rnorm(1500 * 20, sd = 1e-4)
+            g <- knnGraph(cl, k = 10, metric = "cosine", device = "gpu",
+                          progress = FALSE)
             Sys.setenv(KNNGPU_SELECT = "fused")
             for (m in c("pearson", "euclidean"))
                 g <- knnGraph(x, k = 20, metric = m, device = "gpu",

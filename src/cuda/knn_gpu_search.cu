@@ -269,7 +269,9 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
         d->nq = n_q - d->q0 < block ? n_q - d->q0 : block;
         d->query_max_abs = qmax;
         d->score_kind = knn_score_of(req->metric);
-        d->gemm = knn_gemm_choose(req->precision);
+        /* Manhattan multiplies nothing: its panel is float32 sums. */
+        d->gemm = knn_uses_product(req->metric)
+                      ? knn_gemm_choose(req->precision) : KNN_GEMM_FP32;
         d->gemm_adaptive = knn_gemm_adaptive(req->precision, req->metric);
         d->copy_threads = copy_threads;
     }

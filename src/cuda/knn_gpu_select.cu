@@ -32,12 +32,12 @@
  *    in float32 (knn_refine), whose narrower margin lets far fewer through
  *    to the float64 re-rank; a search that found TF32 crowded gives the
  *    buffer room for thousands of them (KNN_REFINE_BUF).
- *  - Float64 panels (the fp64 rung): the radix kernel's full path on the
- *    64 order-preserving bits, as many 12-bit digits as it takes to leave
+ *  - Float64 panels (the fp64 rung): the radix kernel on the 64
+ *    order-preserving bits, as many 12-bit digits as it takes to leave
  *    few scores above the k-th in its bucket (five at most: within 2^-48
- *    relative of it, where float64's margins are some 2^-45), then the
- *    same compaction. That rung serves data float32 cannot resolve, so
- *    there is no sample to lean on: rows are crowded near their k-th.
+ *    relative of it, where float64's margins are some 2^-45), its
+ *    sampled path keeping the nodes under the sample's bound in shared
+ *    memory (KNN_SAMPLE64_BUF), then the same compaction.
  * knn_select_choose() picks one from (rows, k) by the crossovers that
  * inst/bench/select_thresholds.R measured.
  */
@@ -368,6 +368,27 @@ __device__ int knn_radix_keep(knn_radix_shared &sh, const knn_radix_buf &b,
     });
 }
 
+/* The sample of a row of n_cols nodes at a stride: runs of 32 contiguous
+ * nodes (whole memory sectors), one run in every `stride` runs. */
+struct knn_sample {
+    int period, size;
+};
+
+__device__ __forceinline__ knn_sample knn_sample_of(int n_cols, int stride)
+{
+    knn_sample sm;
+    sm.period = 32 * stride;
+    int runs = n_cols / sm.period, tail = n_cols - runs * sm.period;
+    sm.size = runs * 32 + (tail < 32 ? tail : 32);
+    return sm;
+}
+
+/* The row's node of sample item i. */
+__device__ __forceinline__ int knn_sample_node(const knn_sample &sm, int i)
+{
+    return (i >> 5) * sm.period + (i & 31);
+}
+
 /* Sampled path (stride > 1): T1 from 1 / stride of the nodes bounds the row's
  * k-th score from above (a subset's k-th is never below the whole row's);
  * one pass keeps the nodes under T1 + margin in shared memory, where the
@@ -381,15 +402,11 @@ __device__ int knn_radix_sampled(knn_radix_shared &sh, const knn_radix_buf &b,
                                  const knn_select_args &a, const knn_row &w,
                                  int r, int stride, int *wide)
 {
-    /* The sample: runs of 32 contiguous nodes (whole memory sectors), one
-     * run in every stride runs. */
-    int period = 32 * stride, runs = a.n_cols / period;
-    int tail = a.n_cols - runs * period;
-    int n_sample = runs * 32 + (tail < 32 ? tail : 32);
-    if (n_sample <= a.k) return -1; /* the sample needs k nodes besides self */
-    double t1 = knn_row_bound(a, w, knn_radix_bound(sh, n_sample,
+    knn_sample sm = knn_sample_of(a.n_cols, stride);
+    if (sm.size <= a.k) return -1; /* the sample needs k nodes besides self */
+    double t1 = knn_row_bound(a, w, knn_radix_bound(sh, sm.size,
         [&](int i, float *v) {
-            int j = (i >> 5) * period + (i & 31);
+            int j = knn_sample_node(sm, i);
             *v = knn_fast_score<KIND>(w.vals[j], j, a, w.sq);
             return j != w.self;
         }, a.k));
@@ -523,11 +540,60 @@ __device__ double knn_radix64_bound(knn_radix_shared &sh, int count,
     return knn_order_double(prefix | ~mask);
 }
 
+/* The float64 kernel's buffer: the nodes under the sample's bound and
+ * their scores, beside knn_radix_shared in a block's static 48 KB. */
+#define KNN_SAMPLE64_BUF 2048
+struct knn_radix64_buf {
+    int index[KNN_SAMPLE64_BUF];
+    double score[KNN_SAMPLE64_BUF];
+};
+
+/* The float64 kernel's sampled path, as knn_radix_sampled's: T1 from the
+ * sample, one pass keeping the nodes under it in the buffer, where the
+ * bucket of the k-th score is found and the candidates compacted. -1
+ * where the sample is too small or the nodes do not fit (the caller then
+ * reads the whole row for each digit). */
+template <int KIND, typename Score>
+__device__ int knn_radix64_sampled(knn_radix_shared &sh, knn_radix64_buf &b,
+                                   const knn_select_args &a,
+                                   const knn_row &w, int stride, Score score)
+{
+    knn_sample sm = knn_sample_of(a.n_cols, stride);
+    if (sm.size <= a.k) return -1; /* the sample needs k nodes besides self */
+    double t1 = knn_row_bound(a, w, knn_radix64_bound(sh, sm.size,
+        [&](int i, double *v) {
+            int j = knn_sample_node(sm, i);
+            *v = score(j);
+            return j != w.self;
+        }, a.k));
+    int kept = knn_block_compact(sh, a.n_cols, [&](int j) {
+        return j != w.self && score(j) <= t1;
+    }, [&](int j, int pos) {
+        if (pos < KNN_SAMPLE64_BUF) {
+            b.index[pos] = j;
+            b.score[pos] = score(j);
+        }
+    });
+    if (kept > KNN_SAMPLE64_BUF) return -1;
+    __syncthreads();
+    double t = knn_row_bound(a, w, knn_radix64_bound(sh, kept,
+        [&](int i, double *v) {
+            *v = b.score[i];
+            return true;
+        }, a.k));
+    return knn_block_compact(sh, kept, [&](int i) {
+        return b.score[i] <= t;
+    }, [&](int i, int pos) {
+        if (pos < w.slots) a.cand_index[w.begin + pos] = b.index[i];
+    });
+}
+
 template <int KIND>
 __global__ void __launch_bounds__(KNN_RADIX_THREADS)
-knn_radix64_select_kernel(knn_select_args a)
+knn_radix64_select_kernel(knn_select_args a, int stride)
 {
     __shared__ knn_radix_shared sh;
+    __shared__ knn_radix64_buf b;
     int r = blockIdx.x;
     knn_row w = knn_row_of(a, r);
     const double *vals = a.panel64 + (size_t)r * a.ld;
@@ -537,16 +603,20 @@ knn_radix64_select_kernel(knn_select_args a)
                                                      ? a.col_sqnorm64[j]
                                                      : 0.0);
     };
-    double t = knn_row_bound(a, w, knn_radix64_bound(sh, a.n_cols,
-        [&](int j, double *v) {
-            *v = score(j);
-            return j != w.self;
-        }, a.k));
-    int found = knn_block_compact(sh, a.n_cols, [&](int j) {
-        return j != w.self && score(j) <= t;
-    }, [&](int j, int pos) {
-        if (pos < w.slots) a.cand_index[w.begin + pos] = j;
-    });
+    int found = stride > 1
+        ? knn_radix64_sampled<KIND>(sh, b, a, w, stride, score) : -1;
+    if (found < 0) {
+        double t = knn_row_bound(a, w, knn_radix64_bound(sh, a.n_cols,
+            [&](int j, double *v) {
+                *v = score(j);
+                return j != w.self;
+            }, a.k));
+        found = knn_block_compact(sh, a.n_cols, [&](int j) {
+            return j != w.self && score(j) <= t;
+        }, [&](int j, int pos) {
+            if (pos < w.slots) a.cand_index[w.begin + pos] = j;
+        });
+    }
     if (threadIdx.x == 0) knn_row_done(a, r, w, found);
 }
 
@@ -610,7 +680,8 @@ static knn_status knn_launch_radix64(const knn_select_args *a, char *message,
                                      cudaStream_t stream)
 {
     knn_radix64_select_kernel<KIND><<<a->rows, KNN_RADIX_THREADS, 0,
-                                      stream>>>(*a);
+                                      stream>>>(
+        *a, knn_sample_stride(a->n_cols, a->k));
     KNN_LAUNCH_TRY(message, "knn_radix64_select_kernel");
     return KNN_OK;
 }
