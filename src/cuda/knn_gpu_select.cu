@@ -337,6 +337,7 @@ __device__ double knn_refine(knn_radix_shared &sh, const knn_radix_buf &b,
     for (int i = threadIdx.x >> 5; i < n; i += KNN_RADIX_THREADS / 32) {
         int j = moved[i];
         float v = knn_warp_dot(x, a.fast + (size_t)j * a.ldf, a.ldf, lane);
+        __syncwarp(); /* every lane has read moved[i] */
         if (lane == 0) {
             b.index[i] = j;
             b.score[i] = knn_fast_score<KIND>(v, j, a, w.sq);
