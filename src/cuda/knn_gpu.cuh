@@ -235,18 +235,21 @@ knn_status knn_select_candidates(const knn_select_args *a,
  * A search whose TF32 tile still shows too many goes on refining (leaving
  * the fused path and the warp kernel, which do not), and then, or where
  * the refinement would read more than split TF32's extra products cost,
- * in split TF32 (float32 where its arrays do not fit; knn_gemm_adaptive,
- * knn_rung_too_wide, knn_dev_next_step in knn_gpu_loop.cu). Split TF32
+ * in split TF32 (knn_gemm_adaptive, knn_rung_too_wide, knn_dev_next_step
+ * in knn_gpu_loop.cu). Split TF32
  * errs nearly as little as float32 (its margins are some three times
  * float32's, from the accumulation over 3p terms) and runs on tensor
  * cores, faster than float32 on an H100 or H200. Where a tile is still
  * crowded there (nodes whose neighbours differ by less than float32
  * resolves: points on a curve, near-copies of a profile, cosine about a
  * large common level), the search climbs once more, to float64, whose
- * margins are 2^29 times narrower; float64 is also the last rung where
- * the split's arrays do not fit on a device whose float64 runs at half
- * float32's rate or better (knn_gpu_loop.cu, knn_dev_climb). The
- * request's `precision` can force one arithmetic for the whole search. */
+ * margins are 2^29 times narrower (inst/bench/rungs.R on replicates of
+ * 20 profiles: 10 candidates a row where float32 leaves 10000). Where the
+ * split's arrays do not fit, float64 takes their place on a device whose
+ * float64 runs at half float32's rate or better (A100, H100, H200), and
+ * float32 on others, which climb to float64 only from a crowded float32
+ * tile (knn_gpu_loop.cu, knn_dev_climb). The request's `precision` can
+ * force one arithmetic for the whole search. */
 typedef enum {
     KNN_GEMM_FP32 = 0,
     KNN_GEMM_TF32,
