@@ -964,8 +964,9 @@ static int knn_cpu_interrupted(const knn_request *req)
 
 /* Goes on in float64 products once the float32 rung's candidates, `found`
  * over `rows` finished rows, are too many for the data. Pools already
- * open keep their float32 margins: the float64 scores they go on to
- * receive are closer to their keys than those margins. */
+ * open keep their float32 margins (the float64 scores they go on to
+ * receive are closer to their keys than those margins), unless a self
+ * search starts again (knn_cpu_restarts). */
 static void knn_cpu_climb(knn_cpu *cpu, double found, int rows)
 {
     if (!cpu->adaptive || !knn_rung_too_wide(found, rows, cpu->req->k))
@@ -1049,6 +1050,24 @@ static void knn_cpu_describe_failure(const knn_cpu *cpu, knn_status st,
                  "stopped between tiles; all memory released");
 }
 
+/* Whether a self search starts again after the climb to float64, its
+ * pools emptied and opened with float64's margins: in a self search every
+ * node's pool is open from the first tile on, and pools that keep
+ * float32's margins keep float32's crowd of candidates to the end (999 a
+ * row on inst/bench/shapes-data.R's clusters at 20000 nodes, against 10
+ * in float64). Only while the rows done are a small share of the search
+ * (KNN_CPU_RESTART_SHARE), which bounds what starting again costs. */
+#define KNN_CPU_RESTART_SHARE 8
+static int knn_cpu_restarts(knn_cpu *cpu, int climbed, int rows_done)
+{
+    if (!cpu->symmetric || climbed || !cpu->climbed ||
+        (double)rows_done * KNN_CPU_RESTART_SHARE > cpu->n_query)
+        return 0;
+    for (int j = 0; j < cpu->req->n_ref; j++)
+        knn_cpu_reset_pool(cpu, &cpu->pools[j], j);
+    return 1;
+}
+
 knn_status knn_cpu_search(const knn_request *req, knn_result *out,
                           knn_report *report)
 {
@@ -1062,9 +1081,15 @@ knn_status knn_cpu_search(const knn_request *req, knn_result *out,
     double pooled = 0.0;
     int nr = 0;
     for (int q0 = 0; st == KNN_OK && q0 < cpu.n_query; q0 += nr) {
+        int climbed = cpu.climbed;
         nr = knn_cpu_tile_rows(&cpu, nr);
         if (nr > cpu.n_query - q0) nr = cpu.n_query - q0;
         st = knn_cpu_row_tile(&cpu, q0, nr, out, &pooled);
+        if (st == KNN_OK && knn_cpu_restarts(&cpu, climbed, q0 + nr)) {
+            pooled = 0.0;
+            q0 = -nr; /* the loop's step makes it 0 */
+            continue;
+        }
         if (st == KNN_OK && req->cb.progress)
             req->cb.progress(req->cb.ctx, q0 + nr, cpu.n_query);
     }
