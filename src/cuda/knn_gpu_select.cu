@@ -212,18 +212,19 @@ __device__ static void knn_radix_find(knn_radix_shared &sh, unsigned rank,
     __syncthreads();
 }
 
-/* score(i, &v) gives item i's score, or false for an item not counted.
- * Each thread loads KNN_ITEMS items before counting them, so that enough
- * loads are in flight to keep device memory busy. */
-template <typename Score>
-__device__ void knn_radix_histogram(knn_radix_shared &sh, int count,
-                                    Score score, int pass, unsigned prefix)
+/* score(i, &v) gives item i's score (a V), or false for an item not
+ * counted; digit(v) its bin, or -1 for a score outside the bucket being
+ * refined. Each thread loads KNN_ITEMS items before counting them, so
+ * that enough loads are in flight to keep device memory busy. */
+template <typename V, typename Score, typename Digit>
+__device__ void knn_radix_count(knn_radix_shared &sh, int count, Score score,
+                                Digit digit)
 {
     for (int i = threadIdx.x; i < KNN_RADIX_BINS; i += blockDim.x)
         sh.hist[i] = 0;
     __syncthreads();
     for (int base = 0; base < count; base += KNN_RADIX_THREADS * KNN_ITEMS) {
-        float v[KNN_ITEMS];
+        V v[KNN_ITEMS];
         bool ok[KNN_ITEMS];
 #pragma unroll
         for (int it = 0; it < KNN_ITEMS; it++) {
@@ -232,14 +233,24 @@ __device__ void knn_radix_histogram(knn_radix_shared &sh, int count,
         }
 #pragma unroll
         for (int it = 0; it < KNN_ITEMS; it++) {
-            if (!ok[it]) continue;
-            unsigned u = knn_order_bits(v[it]);
-            if (pass == 0) atomicAdd(&sh.hist[u >> 20], 1u);
-            else if ((u >> 20) == prefix)
-                atomicAdd(&sh.hist[(u >> 8) & 0xfffu], 1u);
+            int bin = ok[it] ? digit(v[it]) : -1;
+            if (bin >= 0) atomicAdd(&sh.hist[bin], 1u);
         }
     }
     __syncthreads();
+}
+
+/* Float scores: the top 12 bits (pass 0), then the next 12 of those whose
+ * top ones are prefix. */
+template <typename Score>
+__device__ void knn_radix_histogram(knn_radix_shared &sh, int count,
+                                    Score score, int pass, unsigned prefix)
+{
+    knn_radix_count<float>(sh, count, score, [&](float v) {
+        unsigned u = knn_order_bits(v);
+        if (pass == 0) return (int)(u >> 20);
+        return (u >> 20) == prefix ? (int)((u >> 8) & 0xfffu) : -1;
+    });
 }
 
 /* Upper edge of the 24-bit bucket holding the k-th smallest score: at most
@@ -487,33 +498,17 @@ knn_radix_select_kernel(knn_select_args a, int stride, int cap)
 #define KNN_RADIX64_PASSES 5 /* 12-bit digits from bit 63 down to bit 4 */
 #define KNN_RADIX64_SPARE 32 /* scores above the k-th left in its bucket */
 
-/* knn_radix_histogram on the bits of float64 scores: digit (u >> shift)
- * of the scores whose bits under mask are prefix. */
+/* Float64 scores: digit (u >> shift) of those whose bits under mask are
+ * prefix. */
 template <typename Score>
 __device__ void knn_radix64_histogram(knn_radix_shared &sh, int count,
                                       Score score, int shift, uint64_t mask,
                                       uint64_t prefix)
 {
-    for (int i = threadIdx.x; i < KNN_RADIX_BINS; i += blockDim.x)
-        sh.hist[i] = 0;
-    __syncthreads();
-    for (int base = 0; base < count; base += KNN_RADIX_THREADS * KNN_ITEMS) {
-        double v[KNN_ITEMS];
-        bool ok[KNN_ITEMS];
-#pragma unroll
-        for (int it = 0; it < KNN_ITEMS; it++) {
-            int i = base + it * KNN_RADIX_THREADS + threadIdx.x;
-            ok[it] = i < count && score(i, &v[it]);
-        }
-#pragma unroll
-        for (int it = 0; it < KNN_ITEMS; it++) {
-            if (!ok[it]) continue;
-            uint64_t u = knn_order_bits64(v[it]);
-            if ((u & mask) == prefix)
-                atomicAdd(&sh.hist[(u >> shift) & 0xfffu], 1u);
-        }
-    }
-    __syncthreads();
+    knn_radix_count<double>(sh, count, score, [&](double v) {
+        uint64_t u = knn_order_bits64(v);
+        return (u & mask) == prefix ? (int)((u >> shift) & 0xfffu) : -1;
+    });
 }
 
 /* Upper edge of the bucket holding the k-th smallest score, after as many
