@@ -55,7 +55,7 @@
 
 ## The GPU's selection kernel, chosen by measured cost ("auto") or forced
 ## (knn_select_force, in order).
-.gpuSelects <- c("auto", "warp", "radix", "fused")
+.gpuSelects <- c("auto", "warp", "radix", "fused", "fused_rows")
 
 ## The rungs of the candidate arithmetic (knn_precision, in order): "auto"
 ## climbs from the cheapest as the data asks; the others force one.

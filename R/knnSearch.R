@@ -79,7 +79,9 @@
 #'   \code{backend} (\code{"cpu"} or \code{"gpu"}), \code{device} (its
 #'   description), \code{precision} and \code{elapsed} say how it was
 #'   computed; \code{timings} holds the engine's phases in seconds (what
-#'   \code{verbose = TRUE} prints).
+#'   \code{verbose = TRUE} prints) and \code{pairs_once}, whether a GPU
+#'   self search computed each pair of nodes once (the fused path on one
+#'   GPU, beyond one tile).
 #'
 #' @details Memory is bounded: work proceeds in tiles sized from
 #'   \code{getOption("knngpu.cpu.memory")} (bytes, default 64 MB) or

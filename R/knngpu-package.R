@@ -34,7 +34,10 @@
 #' }
 #' The environment variable \code{KNNGPU_SELECT} (\code{"warp"},
 #' \code{"radix"}: a panel of products, then that selection kernel;
-#' \code{"fused"}: products and selection in one kernel, where it can run)
+#' \code{"fused"}: products and selection in one kernel, where it can run,
+#' each pair of nodes computed once in a self search on one GPU;
+#' \code{"fused_rows"}: the same kernel, every node's row walking every
+#' node)
 #' forces the GPU's candidate selection, for measurements; the candidate
 #' arithmetic is the verbs' \code{precision} argument. The bits are the
 #' same.

@@ -18,7 +18,8 @@
             if (gpu) sprintf("copy-out %.3f s, ", info$seconds_collect),
             sprintf(paste0("total %.3f s; %.1f candidates per node; ",
                            "tiles %d x %d"), info$elapsed, info$candidates,
-                    info$row_tile, info$col_tile))
+                    info$row_tile, info$col_tile),
+            if (isTRUE(info$pairs_once)) "; each pair computed once")
 }
 
 ## A search in blocks (BPPARAM): where the blocks ran and the wall time;

@@ -40,8 +40,8 @@ static SEXP knn_report_list(const knn_report *report)
     const char *names[] = {"device", "precision", "seconds_setup",
                            "seconds_prepare", "seconds_search",
                            "seconds_rerank", "seconds_collect", "candidates",
-                           "row_tile", "col_tile"};
-    SEXP info = PROTECT(knn_named_list(10, names));
+                           "row_tile", "col_tile", "pairs_once"};
+    SEXP info = PROTECT(knn_named_list(11, names));
     SET_VECTOR_ELT(info, 0, mkString(report->device));
     SET_VECTOR_ELT(info, 1, mkString(report->precision));
     SET_VECTOR_ELT(info, 2, ScalarReal(report->seconds_setup));
@@ -52,6 +52,7 @@ static SEXP knn_report_list(const knn_report *report)
     SET_VECTOR_ELT(info, 7, ScalarReal(report->candidates));
     SET_VECTOR_ELT(info, 8, ScalarInteger(report->row_tile));
     SET_VECTOR_ELT(info, 9, ScalarInteger(report->col_tile));
+    SET_VECTOR_ELT(info, 10, ScalarLogical(report->pairs_once));
     UNPROTECT(1);
     return info;
 }

@@ -106,6 +106,11 @@ sanitize() {
                               progress = FALSE)
             g <- knnGraph(t, k = 5, metric = "cosine", device = "gpu",
                           progress = FALSE)
+            ## tiles of a few hundred rows: each pair computed once
+            options(knngpu.gpu.memory = 1.5e6)
+            for (m in c("pearson", "euclidean"))
+                g <- knnGraph(x, k = 20, metric = m, device = "gpu",
+                              progress = FALSE)
             cat("sanitized run done\n")'
 }
 

@@ -243,6 +243,8 @@ static void check_case(const char *data, knn_metric m, const double *ref,
     force_select = !select ? KNN_SELECT_CHOOSE
                  : strcmp(select, "warp") == 0 ? KNN_SELECT_FORCE_WARP
                  : strcmp(select, "fused") == 0 ? KNN_SELECT_FORCE_FUSED
+                 : strcmp(select, "fused_rows") == 0
+                     ? KNN_SELECT_FORCE_FUSED_ROWS
                  : KNN_SELECT_FORCE_RADIX;
     knn_report rep;
     double t0 = knn_seconds();
@@ -311,11 +313,15 @@ static void check_metric(const char *data, knn_metric m, const double *ref,
                 check_case(data, m, ref, n_ref, query, n_query, p, k, 5e5, 0,
                            NULL, "warp", 0, ri, rd, rw);
             /* The fused kernel (products and selection in one; the panel
-             * path where it cannot run): one tile, then many. */
+             * path where it cannot run): one tile, then many, where a
+             * self search computes each pair once, and many with every
+             * row walking every node. */
             check_case(data, m, ref, n_ref, query, n_query, p, k, 0, 0, NULL,
                        "fused", 0, ri, rd, rw);
             check_case(data, m, ref, n_ref, query, n_query, p, k, 2e6, 0,
                        NULL, "fused", 0, ri, rd, rw);
+            check_case(data, m, ref, n_ref, query, n_query, p, k, 2e6, 0,
+                       NULL, "fused_rows", 0, ri, rd, rw);
             check_case(data, m, ref, n_ref, query, n_query, p, k, 3e6, 2,
                        dev0, "fused", 1, ri, rd, rw);
             check_case(data, m, ref, n_ref, query, n_query, p, k, 3e6, 2,

@@ -5,7 +5,8 @@
  * (knn_gpu_prepare.cu), the row tile and its buffers (knn_gpu_plan.cu), the
  * loop over tiles (knn_gpu_loop.cu), a tile's candidates from a panel of
  * products (knn_gpu_products.cu) and a selection kernel
- * (knn_gpu_select.cu) or from the fused kernel (knn_gpu_fused.cu), and the
+ * (knn_gpu_select.cu) or from the fused kernel (knn_gpu_fused.cu), whose
+ * self searches may compute each pair once (knn_gpu_pairs.cu), and the
  * exact re-rank (knn_gpu_rerank.cu). Every function returns a knn_status
  * and, on failure, writes the failing call into dev->message; kernels
  * never allocate, and streams are passed explicitly, last.
@@ -312,7 +313,59 @@ knn_status knn_fused_candidates(const knn_select_args *sel,
                                 const float *fast_ref, const float *fast_rows,
                                 int ldf, uint64_t *survivor,
                                 const int *surv_offsets, int *survivors,
+                                const struct knn_pairs_walk *walk,
                                 char *message, cudaStream_t stream);
+
+/* A self search on one device computes each pair of nodes once
+ * (knn_gpu_pairs.cu): tile t's rows walk the nodes before their tile's
+ * end only, and each product against a node of an earlier tile is also
+ * offered to that node, whose list keeps it when it is at or below the
+ * node's threshold. Per node, for the whole search: */
+typedef struct {
+    int n, k, cap;      /* nodes, neighbours, list entries per node */
+    float *best;        /* [n][k]: the node's k smallest fast scores seen
+                           (+inf where fewer), node j's from j * k */
+    float *threshold;   /* [n]: its candidate bound, rounded down to a
+                           float; NaN before its own tile has run */
+    uint64_t *list;     /* [n][cap]: (knn_order_bits(score) << 32) | node,
+                           every node seen at or below the threshold */
+    int *count;         /* [n]: entries listed (past cap: lost; *overflow
+                           is set) */
+    int *merged;        /* [n]: entries already merged into best */
+    int *overflow;      /* 1 once a list overflowed */
+    void *block;        /* the one allocation of the arrays above */
+} knn_pairs;
+
+/* What a tile of the shared walk adds to the fused kernel: nodes
+ * [0, offer_end) (the earlier tiles') receive offers; the tile's rows walk
+ * sel->n_cols nodes (up to their tile's end). */
+struct knn_pairs_walk {
+    knn_pairs pairs;
+    int offer_end;
+};
+
+/* Whether a device's search shares its pairs: the fused path (not forced
+ * to walk every node per row), k <= 32, a self search whose rows all lie
+ * on this device, in more than one tile of `tile_rows` (0: any size);
+ * unless forced, where it was measured to win (the correlation scores). */
+int knn_pairs_choose(knn_select_force force, knn_score_kind kind, int fused,
+                     int self, int k, int nq, int n_ref, int tile_rows);
+/* Bytes of the per-node arrays; their allocation and release. */
+double knn_pairs_bytes(int n, int k, int cap);
+knn_status knn_pairs_alloc(knn_pairs *p, int n, int k, int cap,
+                           char *message, cudaStream_t stream);
+void knn_pairs_free(knn_pairs *p);
+/* After a tile's walk: each node of [0, n_nodes) with new offers merges
+ * them into its k smallest, tightens its threshold (the bound of sel's
+ * margins, sel describing the nodes from node 0) and drops the entries
+ * above it. */
+knn_status knn_pairs_merge(const knn_pairs *p, const knn_select_args *sel,
+                           int n_nodes, char *message, cudaStream_t stream);
+/* After the walk: the candidates of a tile of sel->rows rows from node
+ * node0 (sel's offsets give each row cap slots), in ascending node order,
+ * as knn_select_candidates gives them. */
+knn_status knn_pairs_gather(const knn_pairs *p, const knn_select_args *sel,
+                            int node0, char *message, cudaStream_t stream);
 
 /* Products of a row tile (nodes node0..node0 + rows - 1) against the
  * reference into the panel, in the given arithmetic (split TF32: from

@@ -93,7 +93,9 @@ int knn_fused_choose(knn_select_force force, knn_metric metric,
     if (!knn_uses_product(metric) || gemm != KNN_GEMM_TF32 ||
         k > KNN_FUSED_MAX_K)
         return 0;
-    if (force == KNN_SELECT_FORCE_FUSED) return 1;
+    if (force == KNN_SELECT_FORCE_FUSED ||
+        force == KNN_SELECT_FORCE_FUSED_ROWS)
+        return 1;
     long long blocks = (rows + KNN_FUSED_ROWS - 1) / KNN_FUSED_ROWS;
     return k <= KNN_FUSED_AUTO_MAX_K && p <= KNN_FUSED_AUTO_MAX_FEATURES &&
            blocks * KNN_FUSED_SMS_PER_BLOCK >= sm_count;
@@ -203,6 +205,7 @@ struct knn_fused_args {
     uint64_t *survivor;     /* per-row slots as surv_offsets gives them */
     const int *surv_offsets; /* rows + 1 */
     int *survivors;         /* out: survivors per row (may exceed slots) */
+    knn_pairs_walk walk;    /* the shared walk's (PAIRS kernels only) */
 };
 
 __device__ __forceinline__ void knn_mma_tf32(float (&d)[4],
@@ -517,25 +520,51 @@ __device__ void knn_owner_tile(const knn_fused_args &a,
         if (row[c] <= o->bound) knn_owner_append(a, o, row[c], col0 + c);
 }
 
+/* A shared walk's row after its walk: its k smallest and threshold
+ * become its node's, from which later tiles' offers are judged (the
+ * candidates are already in its list, `kept` of them). */
+__device__ void knn_owner_to_node(const knn_fused_args &a,
+                                  const knn_fused_shared &sh,
+                                  const knn_owner *o, int node, int kept,
+                                  double bound)
+{
+    const knn_pairs &p = a.walk.pairs;
+    for (int i = 0; i < p.k; i++)
+        p.best[(size_t)node * p.k + i] = i < o->filled
+            ? sh.best[i * KNN_FUSED_ROWS + threadIdx.x] : INFINITY;
+    p.threshold[node] = __double2float_rd(bound);
+    p.count[node] = kept;
+    p.merged[node] = kept;
+    if (kept > p.cap) *p.overflow = 1;
+}
+
 /* After the last column block: the final bound from the row's k smallest,
- * and the survivors under it, in node order, become the candidates. */
-__device__ void knn_owner_finish(const knn_fused_args &a, knn_owner *o,
+ * and the survivors under it, in node order, become the candidates (of a
+ * shared walk: the first entries of its node's list). */
+template <bool PAIRS>
+__device__ void knn_owner_finish(const knn_fused_args &a,
+                                 const knn_fused_shared &sh, knn_owner *o,
                                  int r)
 {
     const knn_select_args &s = a.sel;
+    const knn_pairs &p = a.walk.pairs;
     double bound = o->filled < s.k ? INFINITY
         : knn_row_bound(s, o->w, (double)o->kth);
+    int node = s.self_first + r;
     int stored = min(o->survivors, o->sslots), kept = 0;
     for (int i = 0; i < stored; i++) {
         uint64_t u = a.survivor[o->sbegin + i];
         if ((double)knn_order_float((unsigned)(u >> 32)) <= bound) {
-            if (kept < o->w.slots)
+            if (PAIRS && kept < p.cap)
+                p.list[(size_t)node * p.cap + kept] = u;
+            else if (!PAIRS && kept < o->w.slots)
                 s.cand_index[o->w.begin + kept] = (int)(u & 0xffffffffu);
             kept++;
         }
     }
     a.survivors[r] = o->survivors;
     knn_row_done(s, r, o->w, kept);
+    if (PAIRS) knn_owner_to_node(a, sh, o, node, kept, bound);
 }
 
 /* This thread's 8 rows' squared norms (distances; zeros otherwise). */
@@ -608,18 +637,34 @@ __device__ __forceinline__ void knn_fused_list(const knn_select_args &s,
     }
 }
 
+/* A shared walk's offer of row node `node`, at score v, to node j's list
+ * (a full list sets the walk's overflow flag). */
+__device__ __forceinline__ void knn_pairs_offer(const knn_pairs &p, int j,
+                                                float v, int node)
+{
+    int pos = atomicAdd(&p.count[j], 1);
+    if (pos < p.cap)
+        p.list[(size_t)j * p.cap + pos] =
+            ((uint64_t)knn_order_bits(v) << 32) | (unsigned)node;
+    else
+        *p.overflow = 1;
+}
+
 /* Epilogue of a column block: the scores at or below their rows'
  * thresholds into the rows' lists (a full list sets the overflow flag).
  * Per score, an addition, a fused multiply-add and a comparison, with no
  * branch: a column's 8 scores are tested together, and only a column
  * where one passes is taken score by score, each checked for a node that
- * exists and is not the row's own. */
-template <int KIND>
+ * exists and is not the row's own. A shared walk (PAIRS) tests each score
+ * against its column's threshold too, where that node takes offers (an
+ * earlier tile's), and offers it the row's node where it passes. */
+template <int KIND, bool PAIRS>
 __device__ __forceinline__ void knn_fused_epilogue(
-    const knn_select_args &s, const knn_fused_shared &sh,
+    const knn_fused_args &fa, const knn_fused_shared &sh,
     const float *col_sq, const float (&acc)[4][4][4],
-    int self0, int col0, int tag)
+    int self0, int row0, int col0, int tag)
 {
+    const knn_select_args &s = fa.sel;
     knn_frag fr = knn_frag_of();
     float row_sq[4][2];
     knn_fused_row_sq<KIND>(sh, row_sq);
@@ -633,16 +678,21 @@ __device__ __forceinline__ void knn_fused_epilogue(
     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            int cl = knn_frag_col(fr, nt, e);
+            int cl = knn_frag_col(fr, nt, e), j = col0 + cl;
             float csq = KIND == KNN_SCORE_DIST ? col_sq[cl] : 0.0f;
+            /* NaN, under which no score is, where j takes no offers. */
+            float cthr = PAIRS && j < fa.walk.offer_end
+                ? fa.walk.pairs.threshold[j] : __int_as_float(0x7fffffff);
             bool any = false;
 #pragma unroll
             for (int mt = 0; mt < 4; mt++)
 #pragma unroll
-                for (int h = 0; h < 2; h++)
-                    any |= knn_score_from<KIND>(acc[mt][nt][2 * h + e],
-                                                row_sq[mt][h], csq) <=
-                           bound[mt][h];
+                for (int h = 0; h < 2; h++) {
+                    float v = knn_score_from<KIND>(acc[mt][nt][2 * h + e],
+                                                   row_sq[mt][h], csq);
+                    any |= v <= bound[mt][h];
+                    if (PAIRS) any |= v <= cthr;
+                }
             if (!any) continue;
 #pragma unroll
             for (int mt = 0; mt < 4; mt++)
@@ -654,16 +704,18 @@ __device__ __forceinline__ void knn_fused_epilogue(
                     float a = acc[mt][nt][2 * h + e];
                     asm("" : "+f"(a));
                     float v = knn_score_from<KIND>(a, row_sq[mt][h], csq);
+                    int rl = knn_frag_row(fr, mt, h);
                     if (v <= bound[mt][h])
-                        knn_fused_list(s, sh, v, knn_frag_row(fr, mt, h), cl,
-                                       self0, col0, tag);
+                        knn_fused_list(s, sh, v, rl, cl, self0, col0, tag);
+                    if (PAIRS && v <= cthr && row0 + rl < s.rows)
+                        knn_pairs_offer(fa.walk.pairs, j, v, self0 + rl);
                 }
         }
 }
 
 /* ---- the kernel -------------------------------------------------------- */
 
-template <int KIND>
+template <int KIND, bool PAIRS>
 __global__ void __launch_bounds__(KNN_FUSED_THREADS, 2)
 knn_fused_kernel(knn_fused_args a)
 {
@@ -716,8 +768,8 @@ knn_fused_kernel(knn_fused_args a)
                                                      KNN_FUSED_COLS,
                                      row0, col0 + KNN_FUSED_COLS);
 
-        knn_fused_epilogue<KIND>(s, sh, col_sq, acc, self0, col0,
-                                 block + 1);
+        knn_fused_epilogue<KIND, PAIRS>(a, sh, col_sq, acc, self0, row0,
+                                        col0, block + 1);
         __syncthreads();
         /* Owners and the overflow flag need no barrier after them: the
          * lists, thresholds and flag are next written in the next block's
@@ -744,33 +796,45 @@ knn_fused_kernel(knn_fused_args a)
         if (owner) sh.threshold[threadIdx.x] = o.bound;
     }
     if (owner)
-        knn_owner_finish(a, &o, row0 + threadIdx.x);
+        knn_owner_finish<PAIRS>(a, sh, &o, row0 + threadIdx.x);
 }
 
 /* ---- dispatch ---------------------------------------------------------- */
 
 /* Lets the kind's kernel take the shared memory it needs for this k
  * (*smem bytes; beyond 48 KB a kernel must be allowed it). */
-template <int KIND>
+template <int KIND, bool PAIRS>
 static knn_status knn_fused_allow_smem(int k, size_t *smem, char *message)
 {
     *smem = knn_fused_smem_bytes(k);
     KNN_CUDA_TRY(message, cudaFuncSetAttribute(
-        knn_fused_kernel<KIND>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-        (int)*smem));
+        knn_fused_kernel<KIND, PAIRS>,
+        cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*smem));
     return KNN_OK;
 }
 
+template <int KIND, bool PAIRS>
+static knn_status knn_fused_launch_as(const knn_fused_args *a,
+                                      char *message, cudaStream_t stream)
+{
+    size_t smem = 0;
+    KNN_TRY((knn_fused_allow_smem<KIND, PAIRS>(a->sel.k, &smem, message)));
+    unsigned blocks = (a->sel.rows + KNN_FUSED_ROWS - 1) / KNN_FUSED_ROWS;
+    knn_fused_kernel<KIND, PAIRS>
+        <<<blocks, KNN_FUSED_THREADS, smem, stream>>>(*a);
+    KNN_LAUNCH_TRY(message, "knn_fused_kernel");
+    return KNN_OK;
+}
+
+/* The kernel of a shared walk (a->walk.pairs.list set) or of a plain
+ * one. */
 template <int KIND>
 static knn_status knn_fused_launch(const knn_fused_args *a, char *message,
                                    cudaStream_t stream)
 {
-    size_t smem = 0;
-    KNN_TRY(knn_fused_allow_smem<KIND>(a->sel.k, &smem, message));
-    unsigned blocks = (a->sel.rows + KNN_FUSED_ROWS - 1) / KNN_FUSED_ROWS;
-    knn_fused_kernel<KIND><<<blocks, KNN_FUSED_THREADS, smem, stream>>>(*a);
-    KNN_LAUNCH_TRY(message, "knn_fused_kernel");
-    return KNN_OK;
+    return a->walk.pairs.list
+        ? knn_fused_launch_as<KIND, true>(a, message, stream)
+        : knn_fused_launch_as<KIND, false>(a, message, stream);
 }
 
 /* The end of each dispatch on the score kind: the kernel has no other. */
@@ -782,14 +846,21 @@ static knn_status knn_fused_kind_refused(char *message)
 }
 
 /* Blocks of the kind's kernel that one SM holds at once for this k
- * (registers and shared memory decide it), at least one. */
+ * (registers and shared memory decide it), at least one: the fewer of
+ * the plain and the shared walk's kernels, so that a wave is one for
+ * either. */
 template <int KIND>
 static knn_status knn_fused_blocks_per_sm(int k, int *blocks, char *message)
 {
     size_t smem = 0;
-    KNN_TRY(knn_fused_allow_smem<KIND>(k, &smem, message));
+    int plain = 1, pairs = 1;
+    KNN_TRY((knn_fused_allow_smem<KIND, false>(k, &smem, message)));
+    KNN_TRY((knn_fused_allow_smem<KIND, true>(k, &smem, message)));
     KNN_CUDA_TRY(message, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        blocks, knn_fused_kernel<KIND>, KNN_FUSED_THREADS, smem));
+        &plain, knn_fused_kernel<KIND, false>, KNN_FUSED_THREADS, smem));
+    KNN_CUDA_TRY(message, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &pairs, knn_fused_kernel<KIND, true>, KNN_FUSED_THREADS, smem));
+    *blocks = plain < pairs ? plain : pairs;
     if (*blocks < 1) *blocks = 1;
     return KNN_OK;
 }
@@ -821,9 +892,12 @@ knn_status knn_fused_candidates(const knn_select_args *sel,
                                 const float *fast_ref, const float *fast_rows,
                                 int ldf, uint64_t *survivor,
                                 const int *surv_offsets, int *survivors,
+                                const knn_pairs_walk *walk,
                                 char *message, cudaStream_t stream)
 {
     knn_fused_args a;
+    memset(&a.walk, 0, sizeof a.walk);
+    if (walk) a.walk = *walk;
     a.sel = *sel;
     a.fast_ref = fast_ref;
     a.fast_rows = fast_rows;

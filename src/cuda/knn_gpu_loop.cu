@@ -158,8 +158,8 @@ static knn_status knn_tile_candidates_fp64(knn_gpu_dev *d,
     return KNN_OK;
 }
 
-/* A tile's candidates: the fused kernel, or products into the panel and
- * a selection kernel. */
+/* A tile's candidates: a shared walk's lists, the fused kernel, or
+ * products into the panel and a selection kernel. */
 static knn_status knn_tile_candidates(knn_gpu_dev *d,
                                       const knn_select_args *sa, int node0,
                                       const int *surv_offsets)
@@ -167,12 +167,15 @@ static knn_status knn_tile_candidates(knn_gpu_dev *d,
     const knn_request *req = d->req;
     const knn_gpu_nodes *nd = &d->nodes;
     knn_gpu_tiles *t = &d->t;
+    if (d->gathering)
+        return knn_pairs_gather(&d->pairs, sa, node0, d->message, d->stream);
     if (sa->panel64) return knn_tile_candidates_fp64(d, sa, node0);
     if (d->fused)
         return knn_fused_candidates(sa, nd->fast,
                                     nd->fast + (size_t)node0 * nd->ldf,
                                     nd->ldf, t->survivor, surv_offsets,
-                                    t->survivors, d->message, d->stream);
+                                    t->survivors, NULL, d->message,
+                                    d->stream);
     if (knn_uses_product(req->metric))
         KNN_TRY(knn_panel_gemm(d->blas, nd, d->gemm, node0, sa->rows,
                                t->panel, sa->ld, d->message));
@@ -267,7 +270,8 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
     sl->row0 = row0;
     sl->rows = rows;
     sl->gemm = d->gemm;
-    sl->fused = d->fused;
+    sl->fused = d->fused && !d->gathering;
+    sl->gathered = d->gathering;
     sl->refined = knn_tile_refined(d, rows, d->gemm);
     sl->refine_select = d->refine_select;
 
@@ -505,12 +509,13 @@ typedef enum {
  * search climbs once its TF32 candidates are so many that refining them
  * costs more than split TF32's products (knn_refine_too_costly). A tile
  * that ran before the search last changed course tells nothing of the
- * course it is on now. */
+ * course it is on now; nor does one gathered from a shared walk, whose
+ * tiles were judged as they ran. */
 static knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
                                        const knn_gpu_slot *sl, double found,
                                        int overflow)
 {
-    if (!d->gemm_adaptive || sl->gemm != d->gemm ||
+    if (!d->gemm_adaptive || sl->gathered || sl->gemm != d->gemm ||
         sl->refine_select != d->refine_select)
         return KNN_RUNG_STAY;
     const knn_request *req = d->req;
@@ -676,7 +681,9 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
     double t0 = knn_seconds();
     knn_copy_out(d, sl);
     d->seconds_collect += knn_seconds() - t0;
-    d->shared->rows_done += sl->rows;
+    /* A shared walk counted half of each row as its tile ran. */
+    d->shared->rows_done += sl->gathered ? sl->rows - sl->rows / 2
+                                         : sl->rows;
     return KNN_OK;
 }
 
@@ -696,17 +703,16 @@ static knn_status knn_dev_leave_fused(knn_gpu_dev *d, int step)
 }
 
 /* Two tiles in flight: tile t is queued before tile t-1 is collected.
- * A fused search that may still climb starts with a probe: one full wave
- * of blocks, collected before any other tile is queued, so
+ * A fused search that may still climb starts with a probe (`probe`): one
+ * full wave of blocks, collected before any other tile is queued, so
  * that data which needs a finer arithmetic costs that wave, not a whole
  * tile, in TF32. */
-knn_status knn_dev_search(knn_gpu_dev *d)
+static knn_status knn_dev_tiles(knn_gpu_dev *d, int probe)
 {
     knn_gpu_tiles *t = &d->t;
     int end = d->q0 + d->nq, next = d->q0; /* first row not yet queued */
     int pending = -1; /* slot whose results are not yet collected */
     int s = 0;
-    int probe = d->fused && d->gemm_adaptive;
     while (!d->shared->stop) {
         int queued = -1, rewind = KNN_RUNG_STAY;
         if (next < end) {
@@ -738,4 +744,119 @@ knn_status knn_dev_search(knn_gpu_dev *d)
     }
     KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
     return d->shared->stop ? KNN_E_INTERRUPTED : KNN_OK;
+}
+
+/* ---- the shared walk (knn_gpu_pairs.cu) -------------------------------- */
+
+/* Runs rows [row0, row0 + rows) of a shared walk, judged through slot 0:
+ * the fused kernel over the nodes up to the tile's end, offering to the
+ * earlier tiles' nodes, then those nodes' merge; waits for both. The
+ * slot gets the rows' own candidate and survivor counts (the policy's and
+ * the redo's inputs on the plain walk), *lost whether a list overflowed. */
+static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
+                                      int *lost)
+{
+    knn_gpu_tiles *t = &d->t;
+    knn_gpu_slot *sl = &t->slot[0];
+    const knn_gpu_nodes *nd = &d->nodes;
+    sl->row0 = row0;
+    sl->rows = rows;
+    sl->gemm = d->gemm;
+    sl->fused = 1;
+    sl->gathered = 0;
+    sl->refined = 0;
+    sl->refine_select = d->refine_select;
+    KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
+    knn_select_args sa = knn_tile_select_args(d, row0, row0, rows,
+                                              t->offsets_uniform, d->gemm);
+    sa.n_cols = row0 + rows;
+    knn_pairs_walk walk = {d->pairs, row0};
+    KNN_TRY(knn_fused_candidates(&sa, nd->fast,
+                                 nd->fast + (size_t)row0 * nd->ldf, nd->ldf,
+                                 t->survivor, t->surv_offsets_uniform,
+                                 t->survivors, &walk, d->message, d->stream));
+    knn_select_args earlier = knn_tile_select_args(d, 0, 0, row0,
+                                                   t->offsets_uniform,
+                                                   d->gemm);
+    KNN_TRY(knn_pairs_merge(&d->pairs, &earlier, row0, d->message,
+                            d->stream));
+    KNN_CUDA_TRY(d->message, cudaEventRecord(sl->selected, d->stream));
+    size_t r = (size_t)rows;
+    KNN_TRY(knn_copy_back(d, sl->count, t->count, r * sizeof(int)));
+    KNN_TRY(knn_copy_back(d, sl->survivors, t->survivors, r * sizeof(int)));
+    KNN_TRY(knn_copy_back(d, t->h_offsets, d->pairs.overflow, sizeof(int)));
+    KNN_CUDA_TRY(d->message, cudaEventRecord(sl->done, d->stream));
+    KNN_CUDA_TRY(d->message, cudaEventSynchronize(sl->done));
+    float ms = 0.0f;
+    KNN_CUDA_TRY(d->message, cudaEventElapsedTime(&ms, sl->start, sl->done));
+    d->seconds_search += ms / 1000.0;
+    *lost = t->h_offsets[0];
+    return KNN_OK;
+}
+
+/* The walk of every tile. Each is judged as it ends, as the plain walk's
+ * are: *left gets the step (a knn_rung_step) where the search must refine
+ * or climb, or -1 where a row's survivors, candidates or list overflowed
+ * (a rerun would offer its pairs twice); 0 when the walk is done. */
+static knn_status knn_pairs_walk_all(knn_gpu_dev *d, int *left)
+{
+    knn_gpu_tiles *t = &d->t;
+    knn_gpu_slot *sl = &t->slot[0];
+    int end = d->q0 + d->nq;
+    *left = 0;
+    for (int row0 = d->q0; row0 < end && !d->shared->stop;) {
+        int rows = end - row0 < t->rows ? end - row0 : t->rows, lost = 0;
+        KNN_TRY(knn_pairs_walk_tile(d, row0, rows, &lost));
+        double found = 0.0;
+        int overflow = knn_slot_overflow(t, sl, &found);
+        knn_rung_step step = knn_dev_next_step(d, sl, found, 0);
+        if (step != KNN_RUNG_STAY) {
+            *left = (int)step;
+            return KNN_OK;
+        }
+        if (overflow || lost) {
+            *left = -1;
+            return KNN_OK;
+        }
+        d->shared->rows_done += rows / 2;
+        row0 += rows;
+    }
+    return KNN_OK;
+}
+
+/* Leaves a shared walk that could not finish (left: see
+ * knn_pairs_walk_all): its progress is taken back, and the search starts
+ * again from its first row, refining or climbing as the walk's tile
+ * showed, or, where a list overflowed, on the plain walk. */
+static knn_status knn_dev_leave_pairs(knn_gpu_dev *d, int left)
+{
+    long long credited = 0;
+    for (int row0 = d->q0; row0 < d->q0 + d->nq; row0 += d->t.rows) {
+        if (row0 >= d->t.slot[0].row0) break;
+        int rows = d->q0 + d->nq - row0 < d->t.rows ? d->q0 + d->nq - row0
+                                                    : d->t.rows;
+        credited += rows / 2;
+    }
+    d->shared->rows_done -= credited;
+    if (left < 0) d->pairs_refused = 1;
+    else if (left == KNN_RUNG_REFINE) d->refine_select = 1;
+    return knn_dev_leave_fused(d, left < 0 ? KNN_RUNG_STAY : left);
+}
+
+knn_status knn_dev_search(knn_gpu_dev *d)
+{
+    if (d->pairs.block) {
+        int left = 0;
+        KNN_TRY(knn_pairs_walk_all(d, &left));
+        if (d->shared->stop) return KNN_E_INTERRUPTED;
+        if (!left) {
+            d->gathering = 1;
+            d->pairs_once = 1;
+            knn_status st = knn_dev_tiles(d, 0);
+            d->gathering = 0;
+            return st;
+        }
+        KNN_TRY(knn_dev_leave_pairs(d, left));
+    }
+    return knn_dev_tiles(d, d->fused && d->gemm_adaptive);
 }

@@ -290,6 +290,31 @@ static knn_status knn_dev_choose_path(knn_gpu_dev *d)
     return KNN_OK;
 }
 
+/* Whether the search takes a shared walk (knn_gpu_pairs.cu) in tiles of
+ * `rows` rows (0: of whatever size). */
+static int knn_dev_wants_pairs(const knn_gpu_dev *d, int rows)
+{
+    const knn_request *req = d->req;
+    return !d->pairs_refused &&
+           knn_pairs_choose(req->select, d->score_kind, d->fused, d->self,
+                            req->k, d->nq, req->n_ref, rows);
+}
+
+/* The shared walk's per-node arrays, where they fit (the tiles, allocated
+ * next, take what is left): each node lists its candidates in `slots`
+ * entries, the tiles' slots. */
+static knn_status knn_dev_plan_pairs(knn_gpu_dev *d, int slots)
+{
+    const knn_request *req = d->req;
+    knn_status st = knn_pairs_alloc(&d->pairs, req->n_ref, req->k, slots,
+                                    d->message, d->stream);
+    if (st == KNN_E_NOMEM) {
+        d->message[0] = '\0';
+        return KNN_OK;
+    }
+    return st;
+}
+
 knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
 {
     const knn_request *req = d->req;
@@ -297,6 +322,7 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
     int avail = req->n_ref - (d->self ? 1 : 0);
     KNN_TRY(knn_dev_choose_path(d));
     int slots = 2 * k + 256 < avail ? 2 * k + 256 : avail;
+    knn_pairs_free(&d->pairs);
     int surv_slots = d->fused ? knn_fused_survivor_slots(k, req->n_ref, avail)
                               : 0;
     size_t free_b = 0, total_b = 0;
@@ -308,8 +334,11 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
                                    k);
     double rows = budget / per_row;
     /* A fused tile keeps at least one full wave of blocks, however wide
-     * the reference: fewer rows would leave SMs idle for the whole tile. */
-    double tile_rows = d->fused
+     * the reference: fewer rows would leave SMs idle for the whole tile.
+     * A shared walk takes one wave a tile: the pairs within a tile are
+     * computed twice, so more tiles save more. */
+    double tile_rows = knn_dev_wants_pairs(d, 0) ? (double)d->wave_rows
+        : d->fused
         ? fmax(KNN_FUSED_PAIRS_MAX / req->n_ref, (double)d->wave_rows)
         : KNN_PANEL_FLOATS_MAX / req->n_ref /
               (d->gemm == KNN_GEMM_FP64 ? 2 : 1);
@@ -324,6 +353,7 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
      * 537 blocks of 128 rows against 264 at once on an H200). */
     if (d->fused && r < d->nq && r > d->wave_rows)
         r -= r % d->wave_rows;
+    if (knn_dev_wants_pairs(d, r)) KNN_TRY(knn_dev_plan_pairs(d, slots));
     for (;;) {
         knn_status st = knn_tiles_alloc(d, r, slots, surv_slots);
         if (st == KNN_OK) {
@@ -355,6 +385,7 @@ void knn_dev_free(knn_gpu_dev *d)
 {
     if (d->stream) cudaStreamSynchronize(d->stream);
     knn_tiles_free(&d->t);
+    knn_pairs_free(&d->pairs);
     knn_nodes_free(&d->nodes);
     knn_context_release(d->ctx, d->status);
     d->ctx = NULL;

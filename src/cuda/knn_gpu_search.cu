@@ -210,8 +210,10 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
         before |= d.gemm_before;
     }
     rep->row_tile = 0;
+    rep->pairs_once = !devs.empty();
     for (const knn_gpu_dev &d : devs) {
         refined |= d.refined;
+        rep->pairs_once &= d.pairs_once;
         if (d.seconds_setup > rep->seconds_setup)
             rep->seconds_setup = d.seconds_setup;
         if (d.seconds_collect > rep->seconds_collect)

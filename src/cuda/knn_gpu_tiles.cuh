@@ -25,6 +25,8 @@ typedef struct {
     int refined;            /* its selection may rescore TF32 candidates
                                in float32 (knn_gpu_select.cu, knn_refine) */
     int refine_select;      /* knn_gpu_dev's when it ran */
+    int gathered;           /* its candidates came from a shared walk's
+                               lists (knn_gpu_pairs.cu) */
     int *index, *count;
     int *wide;              /* TF32 candidates before the refinement */
     int *survivors;         /* fused: the slots each row needed */
@@ -99,6 +101,11 @@ typedef struct {
     int refined;            /* a tile's refinement dropped candidates */
     int wave_rows;          /* fused: rows of one full wave of blocks
                                (every SM holding all the blocks it can) */
+    knn_pairs pairs;        /* a shared walk's per-node arrays (pairs.block
+                               set: this search computes each pair once) */
+    int pairs_refused;      /* a shared walk overflowed: not again */
+    int gathering;          /* the walk is done: tiles gather its lists */
+    int pairs_once;         /* the search ended with a shared walk */
     knn_gpu_context *ctx;   /* the device's stream, handle, staging */
     cudaStream_t stream;    /* ctx's */
     cublasHandle_t blas;

@@ -60,13 +60,15 @@ typedef enum {
  * the others force one, for measurement scripts and tests: WARP and RADIX
  * select from a panel of products (cuBLAS), FUSED computes the products
  * and selects in one kernel (product metrics in TF32, k <= 128; elsewhere
- * the panel path runs). The bits are the same. Order matches the R
- * layer's names (R/engine.R). */
+ * the panel path runs), computing each pair once in a self search on one
+ * device; FUSED_ROWS is FUSED with every row walking every node. The bits
+ * are the same. Order matches the R layer's names (R/engine.R). */
 typedef enum {
     KNN_SELECT_CHOOSE = 0,
     KNN_SELECT_FORCE_WARP,
     KNN_SELECT_FORCE_RADIX,
-    KNN_SELECT_FORCE_FUSED
+    KNN_SELECT_FORCE_FUSED,
+    KNN_SELECT_FORCE_FUSED_ROWS
 } knn_select_force;
 
 /* The arithmetic that finds candidates (the rungs of the precision
@@ -166,6 +168,8 @@ typedef struct {
     double candidates;      /* mean candidates re-ranked per query */
     int row_tile;           /* tile shape the plan chose */
     int col_tile;
+    int pairs_once;         /* GPU: the self search computed each pair of
+                               nodes once (src/cuda/knn_gpu_pairs.cu) */
 } knn_report;
 
 /* Runs the search on one backend. Returns KNN_OK and fills `out`, or an error

@@ -83,6 +83,66 @@ test_that("the fused kernel gives the CPU's bits on every data kind", {
     })
 })
 
+test_that("a self search on one GPU computes each pair once, same bits", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    old <- Sys.getenv("KNNGPU_SELECT")
+    on.exit(Sys.setenv(KNNGPU_SELECT = old))
+    metrics <- c("pearson", "cosine", "euclidean", "abspearson",
+                 "sqeuclidean")
+    pairsOnce <- function(res) attr(res, "timings")$pairs_once
+    ## Small budgets: tiles of a few hundred rows, whose products with the
+    ## earlier tiles' nodes are offered to those nodes; rows past a whole
+    ## block of 128; the hard kinds in TF32 (whose lists may overflow,
+    ## where the search leaves the shared walk: the same bits either way).
+    for (kind in hardKinds) {
+        x <- hardMatrix(kind, 1700, 48)
+        for (metric in metrics) {
+            Sys.setenv(KNNGPU_SELECT = "fused")
+            withOptions(list(knngpu.gpu.memory = 3e6), {
+                got <- expectGpuIdentical(x, 10, metric,
+                                          label = paste(kind, "pairs"),
+                                          gpuPrecision = "tf32")
+            })
+            Sys.setenv(KNNGPU_SELECT = "fused_rows")
+            withOptions(list(knngpu.gpu.memory = 3e6), {
+                rows <- knnSearch(x, k = 10, metric = metric,
+                                  device = "gpu", precision = "tf32",
+                                  progress = FALSE)
+            })
+            expect_false(pairsOnce(rows))
+            expect_identical(rows$index, got$gpu$index)
+            expect_identical(rows$distance, got$gpu$distance)
+        }
+    }
+    ## k up to the walk's limit (32) and beyond it (forced fused, where
+    ## every row walks every node); features over several stages. The
+    ## budget keeps the nodes on the device (not streamed in blocks).
+    Sys.setenv(KNNGPU_SELECT = "fused")
+    x <- randomMatrix(2500, 70, 62)
+    for (k in c(1, 16, 32, 33, 100)) {
+        withOptions(list(knngpu.gpu.memory = 6e6), {
+            got <- expectGpuIdentical(x, k, "euclidean", label = "pairs k")
+            expectGpuIdentical(x, k, "pearson", label = "pairs k")
+        })
+        expect_identical(pairsOnce(got$gpu), k <= 32, label = paste("k", k))
+    }
+    ## Ties everywhere, k large against them: lists full of tied
+    ## candidates; the same bits whether or not a list overflowed.
+    t <- tiedMatrix(1500, 10, 63)
+    withOptions(list(knngpu.gpu.memory = 2e6), {
+        for (metric in metrics) {
+            expectGpuIdentical(t, 100, metric, label = "pairs ties")
+        }
+    })
+    ## A query search, or several GPUs, never shares pairs.
+    q <- randomMatrix(300, 70, 64)
+    withOptions(list(knngpu.gpu.memory = 6e6), {
+        got <- expectGpuIdentical(x, 10, "euclidean", query = q,
+                                  label = "pairs query")
+    })
+    expect_false(pairsOnce(got$gpu))
+})
+
 test_that("a fused search that must climb goes on in split TF32", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     old <- Sys.getenv("KNNGPU_SELECT")

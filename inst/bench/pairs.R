@@ -1,0 +1,56 @@
+## Measures the GPU's shared walk (src/cuda/knn_gpu_pairs.cu: a self search
+## that computes each pair of nodes once) against the plain fused walk
+## (every row walks every node), to set knn_pairs_choose()'s constants.
+##
+## Usage, on a machine with a GPU, from the repository root:
+##   Rscript inst/bench/pairs.R [--out=FILE]
+##
+## Self searches of N(0,1) nodes, each path forced in turn
+## (.engineSearch(select = "fused") and "fused_rows"), after a warm-up run:
+## the engine's wall time and its search phase in seconds, the tiles,
+## whether the shared walk ran, and whether the two gave identical bits.
+
+suppressPackageStartupMessages(library(knngpu))
+source("tools/args.R")
+out <- argValue("out", "")
+
+timed <- function(x, k, metric, select) {
+    knngpu:::.engineSearch(x, NULL, k, metric, gpu = TRUE, select = select)
+    gc()
+    t0 <- proc.time()[["elapsed"]]
+    res <- knngpu:::.engineSearch(x, NULL, k, metric, gpu = TRUE,
+                                  select = select)
+    list(seconds = proc.time()[["elapsed"]] - t0, res = res)
+}
+
+cases <- list(c(n = 200000, d = 50, k = 10), c(n = 262144, d = 128, k = 32),
+              c(n = 1000000, d = 50, k = 15), c(n = 1000000, d = 50, k = 32))
+rows <- list()
+for (cs in cases) {
+    set.seed(1)
+    x <- matrix(rnorm(cs[["n"]] * cs[["d"]]), cs[["d"]])
+    for (metric in c("euclidean", "pearson")) {
+        pairs <- timed(x, cs[["k"]], metric, "fused")
+        plain <- timed(x, cs[["k"]], metric, "fused_rows")
+        same <- identical(pairs$res$index, plain$res$index) &&
+            identical(pairs$res$distance, plain$res$distance)
+        rows[[length(rows) + 1L]] <- data.frame(
+            n = cs[["n"]], d = cs[["d"]], k = cs[["k"]], metric = metric,
+            pairs_s = signif(pairs$seconds, 3),
+            pairs_search = signif(pairs$res$info$seconds_search, 3),
+            pairs_tile = pairs$res$info$row_tile,
+            shared = pairs$res$info$pairs_once,
+            plain_s = signif(plain$seconds, 3),
+            plain_search = signif(plain$res$info$seconds_search, 3),
+            plain_tile = plain$res$info$row_tile,
+            pairs_over_plain = signif(pairs$seconds / plain$seconds, 3),
+            identical = same)
+    }
+}
+grid <- do.call(rbind, rows)
+lines <- c(sprintf("each pair once on %s, %s",
+                   gpuInfo()$devices$name[1L],
+                   format(Sys.time(), "%Y-%m-%d %H:%M UTC", tz = "UTC")),
+           capture.output(print(grid, row.names = FALSE)))
+writeLines(lines)
+if (nzchar(out)) writeLines(lines, out)

@@ -1,0 +1,244 @@
+/*
+ * knn_gpu_pairs.cu: a self search that computes each pair of nodes once
+ * (the CPU engine's habit, knn_cpu.c), on the fused path of one device.
+ *
+ * The row tiles run in order. Tile t's rows walk the nodes up to the end
+ * of their own tile only (the fused kernel, knn_gpu_fused.cu, with a
+ * knn_pairs_walk), so the pairs of a row and a later tile's node are left
+ * to that later tile. Its kernel tests each product against the node's
+ * threshold too, and offers the row's node to the node's list where it
+ * passes. Between tiles, knn_pairs_merge takes each node's new offers into
+ * its k smallest scores and tightens its threshold. After the last tile
+ * every node's list holds its candidates, which knn_pairs_gather hands to
+ * the exact re-rank, tile by tile, as the selection would.
+ *
+ * Why the lists hold every candidate: each pair's fast score is computed
+ * once (in whichever tile meets it first) and judged, for each of its
+ * two nodes, against a threshold that was then the bound of the k
+ * smallest scores of nodes already seen, never below the node's final
+ * bound: the argument of the fused kernel, now over offers as well. The
+ * candidates are thus those under the final bound, and the float64
+ * re-rank gives the same bits as every other path. A list that overflows
+ * its entries loses offers: the device then leaves the shared walk and
+ * searches again without it (knn_gpu_loop.cu).
+ *
+ * Thresholds tighten as the search goes: tile 0's rows know only their
+ * own tile's nodes when tile 1 makes its offers, so each node sees about
+ * (k + the margins' band) / t offers from tile t; the pairs cost half of
+ * the plain walk's, plus one tile of the diagonal.
+ */
+#include <string.h>
+#include "knn_gpu_score.cuh"
+
+#define KNN_PAIRS_WARPS 8 /* nodes per block: one warp each */
+/* The merge holds a node's k smallest in a warp, one per lane. */
+#define KNN_PAIRS_MAX_K 32
+/* Where the engine chooses (inst/bench/pairs.R on one H200, RESULTS.md
+ * "Each pair once"): end to end, the shared walk took 0.51x to 0.98x the
+ * plain walk's time for Pearson (200000 to 1M nodes, k 10 to 32), but
+ * 1.10x to 1.23x for the Euclidean distance at 1M nodes, whose kernel
+ * spills registers with the offers' tests (0.77x to 1.01x at 200000 and
+ * 262144, from its tiles' overlap more than from the pairs). So it is
+ * chosen for the correlation scores; forcing "fused" takes it wherever it
+ * can run. */
+int knn_pairs_choose(knn_select_force force, knn_score_kind kind, int fused,
+                     int self, int k, int nq, int n_ref, int tile_rows)
+{
+    if (!fused || !self || force == KNN_SELECT_FORCE_FUSED_ROWS ||
+        k > KNN_PAIRS_MAX_K || nq != n_ref || tile_rows >= nq || nq < 2)
+        return 0;
+    return force == KNN_SELECT_FORCE_FUSED || kind != KNN_SCORE_DIST;
+}
+
+/* The arrays of knn_pairs, carved from one block (sizes only without
+ * one). */
+static void knn_pairs_carve(knn_pairs *p, knn_carver *c)
+{
+    size_t n = (size_t)p->n;
+    p->best = knn_carve<float>(c, n * p->k);
+    p->threshold = knn_carve<float>(c, n);
+    p->list = knn_carve<uint64_t>(c, n * p->cap);
+    p->count = knn_carve<int>(c, n);
+    p->merged = knn_carve<int>(c, n);
+    p->overflow = knn_carve<int>(c, 1);
+}
+
+double knn_pairs_bytes(int n, int k, int cap)
+{
+    knn_pairs p;
+    memset(&p, 0, sizeof p);
+    p.n = n;
+    p.k = k;
+    p.cap = cap;
+    knn_carver c = {NULL, 0};
+    knn_pairs_carve(&p, &c);
+    return (double)c.used;
+}
+
+void knn_pairs_free(knn_pairs *p)
+{
+    cudaFree(p->block);
+    memset(p, 0, sizeof *p);
+}
+
+knn_status knn_pairs_alloc(knn_pairs *p, int n, int k, int cap,
+                           char *message, cudaStream_t stream)
+{
+    memset(p, 0, sizeof *p);
+    p->n = n;
+    p->k = k;
+    p->cap = cap;
+    knn_carver c = {NULL, 0};
+    knn_pairs_carve(p, &c);
+    cudaError_t e = cudaMalloc(&p->block, c.used);
+    if (e != cudaSuccess) {
+        cudaGetLastError();
+        p->block = NULL;
+        return e == cudaErrorMemoryAllocation
+            ? KNN_E_NOMEM
+            : knn_gpu_fail_cuda(message, e, "cudaMalloc(pairs)", __FILE__,
+                                __LINE__);
+    }
+    c.block = (char *)p->block;
+    c.used = 0;
+    knn_pairs_carve(p, &c);
+    /* Thresholds NaN (all bits set): no offer passes before a node's own
+     * tile has run. */
+    KNN_CUDA_TRY(message, cudaMemsetAsync(p->threshold, 0xff,
+                                          (size_t)n * sizeof(float), stream));
+    KNN_CUDA_TRY(message, cudaMemsetAsync(p->count, 0,
+                                          (size_t)n * sizeof(int), stream));
+    KNN_CUDA_TRY(message, cudaMemsetAsync(p->merged, 0,
+                                          (size_t)n * sizeof(int), stream));
+    KNN_CUDA_TRY(message, cudaMemsetAsync(p->overflow, 0, sizeof(int),
+                                          stream));
+    return KNN_OK;
+}
+
+__device__ __forceinline__ float knn_entry_score(uint64_t u)
+{
+    return knn_order_float((unsigned)(u >> 32));
+}
+
+__device__ __forceinline__ float knn_warp_max(float v)
+{
+    for (int o = 16; o > 0; o >>= 1)
+        v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+/* Inserts s into the k smallest that the warp's lanes hold (lane i < k
+ * its i-th, in no order; lanes past k -inf, never the largest), given
+ * their largest mx; returns the new largest. */
+__device__ __forceinline__ float knn_warp_best_insert(float &b, float mx,
+                                                      float s, int lane)
+{
+    if (!(s < mx)) return mx;
+    unsigned at = __ballot_sync(0xffffffffu, b == mx);
+    if (lane == __ffs(at) - 1) b = s;
+    return knn_warp_max(b);
+}
+
+/* Keeps the first n entries of list that are at or below thr, in their
+ * order; returns how many. Each round reads its 32 entries before the
+ * ballot and writes at or before them after it. */
+__device__ __forceinline__ int knn_warp_compact(uint64_t *list, int n,
+                                                float thr, int lane)
+{
+    int kept = 0;
+    for (int e0 = 0; e0 < n; e0 += 32) {
+        int e = e0 + lane;
+        uint64_t u = e < n ? list[e] : 0;
+        bool keep = e < n && knn_entry_score(u) <= thr;
+        unsigned mask = __ballot_sync(0xffffffffu, keep);
+        if (keep) list[kept + __popc(mask & ((1u << lane) - 1u))] = u;
+        kept += __popc(mask);
+    }
+    return kept;
+}
+
+/* One warp per node: its new offers into its k smallest, its threshold
+ * from their bound, its list cut to the entries under it. */
+__global__ static void __launch_bounds__(KNN_PAIRS_WARPS * 32)
+knn_pairs_merge_kernel(knn_pairs p, knn_select_args sel, int n_nodes)
+{
+    int lane = threadIdx.x & 31;
+    int j = blockIdx.x * KNN_PAIRS_WARPS + (threadIdx.x >> 5);
+    if (j >= n_nodes) return; /* the whole warp */
+    int listed = min(p.count[j], p.cap), from = p.merged[j];
+    if (listed == from) return;
+    uint64_t *list = p.list + (size_t)j * p.cap;
+    float b = lane < p.k ? p.best[(size_t)j * p.k + lane] : -INFINITY;
+    float mx = knn_warp_max(b);
+    for (int e0 = from; e0 < listed; e0 += 32) {
+        int n = min(32, listed - e0);
+        float mine = lane < n ? knn_entry_score(list[e0 + lane]) : 0.0f;
+        for (int i = 0; i < n; i++)
+            mx = knn_warp_best_insert(
+                b, mx, __shfl_sync(0xffffffffu, mine, i), lane);
+    }
+    knn_row w;
+    memset(&w, 0, sizeof w);
+    w.margin2 = sel.row_margin2[j];
+    w.norm = sel.row_norm ? sel.row_norm[j] : 0.0;
+    double bound = isinf(mx) ? INFINITY : knn_row_bound(sel, w, (double)mx);
+    float thr = fminf(p.threshold[j], __double2float_rd(bound));
+    int kept = knn_warp_compact(list, listed, thr, lane);
+    if (lane < p.k) p.best[(size_t)j * p.k + lane] = b;
+    if (lane == 0) {
+        p.threshold[j] = thr;
+        p.count[j] = kept;
+        p.merged[j] = kept;
+    }
+}
+
+knn_status knn_pairs_merge(const knn_pairs *p, const knn_select_args *sel,
+                           int n_nodes, char *message, cudaStream_t stream)
+{
+    if (n_nodes <= 0) return KNN_OK;
+    unsigned blocks = (n_nodes + KNN_PAIRS_WARPS - 1) / KNN_PAIRS_WARPS;
+    knn_pairs_merge_kernel<<<blocks, KNN_PAIRS_WARPS * 32, 0, stream>>>(
+        *p, *sel, n_nodes);
+    KNN_LAUNCH_TRY(message, "knn_pairs_merge_kernel");
+    return KNN_OK;
+}
+
+/* One warp per tile row: its node's list, placed in ascending node order
+ * (each entry at the number of smaller nodes: the nodes are distinct)
+ * into the row's candidate slots. */
+__global__ static void __launch_bounds__(KNN_PAIRS_WARPS * 32)
+knn_pairs_gather_kernel(knn_pairs p, knn_select_args sel, int node0)
+{
+    int lane = threadIdx.x & 31;
+    int r = blockIdx.x * KNN_PAIRS_WARPS + (threadIdx.x >> 5);
+    if (r >= sel.rows) return; /* the whole warp */
+    int node = node0 + r;
+    int n = min(p.count[node], p.cap);
+    const uint64_t *list = p.list + (size_t)node * p.cap;
+    knn_row w = knn_row_of(sel, r);
+    for (int c0 = 0; c0 < n; c0 += 32) {
+        int mine = c0 + lane < n ? (int)(list[c0 + lane] & 0xffffffffu)
+                                 : 0x7fffffff;
+        int rank = 0;
+        for (int d0 = 0; d0 < n; d0 += 32) {
+            int other = d0 + lane < n
+                ? (int)(list[d0 + lane] & 0xffffffffu) : 0x7fffffff;
+            int m = min(32, n - d0);
+            for (int i = 0; i < m; i++)
+                rank += __shfl_sync(0xffffffffu, other, i) < mine;
+        }
+        if (c0 + lane < n && rank < w.slots)
+            sel.cand_index[w.begin + rank] = mine;
+    }
+    if (lane == 0) knn_row_done(sel, r, w, n);
+}
+
+knn_status knn_pairs_gather(const knn_pairs *p, const knn_select_args *sel,
+                            int node0, char *message, cudaStream_t stream)
+{
+    unsigned blocks = (sel->rows + KNN_PAIRS_WARPS - 1) / KNN_PAIRS_WARPS;
+    knn_pairs_gather_kernel<<<blocks, KNN_PAIRS_WARPS * 32, 0, stream>>>(
+        *p, *sel, node0);
+    KNN_LAUNCH_TRY(message, "knn_pairs_gather_kernel");
+    return KNN_OK;
+}
