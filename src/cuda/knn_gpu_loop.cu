@@ -784,25 +784,29 @@ static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
     size_t r = (size_t)rows;
     KNN_TRY(knn_copy_back(d, sl->count, t->count, r * sizeof(int)));
     KNN_TRY(knn_copy_back(d, sl->survivors, t->survivors, r * sizeof(int)));
-    KNN_TRY(knn_copy_back(d, t->h_offsets, d->pairs.overflow, sizeof(int)));
+    KNN_TRY(knn_copy_back(d, t->h_pairs_lost, d->pairs.overflow,
+                          sizeof(int)));
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->done, d->stream));
     KNN_CUDA_TRY(d->message, cudaEventSynchronize(sl->done));
     float ms = 0.0f;
     KNN_CUDA_TRY(d->message, cudaEventElapsedTime(&ms, sl->start, sl->done));
     d->seconds_search += ms / 1000.0;
-    *lost = t->h_offsets[0];
+    *lost = *t->h_pairs_lost;
     return KNN_OK;
 }
 
 /* The walk of every tile. Each is judged as it ends, as the plain walk's
  * are: *left gets the step (a knn_rung_step) where the search must refine
  * or climb, or -1 where a row's survivors, candidates or list overflowed
- * (a rerun would offer its pairs twice); 0 when the walk is done. */
+ * (a rerun would offer its pairs twice); 0 when the walk is done. Half of
+ * each walked row counts as progress; a walk that is left takes it
+ * back. */
 static knn_status knn_pairs_walk_all(knn_gpu_dev *d, int *left)
 {
     knn_gpu_tiles *t = &d->t;
     knn_gpu_slot *sl = &t->slot[0];
     int end = d->q0 + d->nq;
+    long long credited = 0;
     *left = 0;
     for (int row0 = d->q0; row0 < end && !d->shared->stop;) {
         int rows = end - row0 < t->rows ? end - row0 : t->rows, lost = 0;
@@ -810,34 +814,25 @@ static knn_status knn_pairs_walk_all(knn_gpu_dev *d, int *left)
         double found = 0.0;
         int overflow = knn_slot_overflow(t, sl, &found);
         knn_rung_step step = knn_dev_next_step(d, sl, found, 0);
-        if (step != KNN_RUNG_STAY) {
-            *left = (int)step;
-            return KNN_OK;
-        }
-        if (overflow || lost) {
-            *left = -1;
+        *left = step != KNN_RUNG_STAY ? (int)step
+              : overflow || lost      ? -1 : 0;
+        if (*left) {
+            d->shared->rows_done -= credited;
             return KNN_OK;
         }
         d->shared->rows_done += rows / 2;
+        credited += rows / 2;
         row0 += rows;
     }
     return KNN_OK;
 }
 
 /* Leaves a shared walk that could not finish (left: see
- * knn_pairs_walk_all): its progress is taken back, and the search starts
- * again from its first row, refining or climbing as the walk's tile
- * showed, or, where a list overflowed, on the plain walk. */
+ * knn_pairs_walk_all): the search starts again from its first row,
+ * refining or climbing as the walk's tile showed, or, where a list
+ * overflowed, on the plain walk. */
 static knn_status knn_dev_leave_pairs(knn_gpu_dev *d, int left)
 {
-    long long credited = 0;
-    for (int row0 = d->q0; row0 < d->q0 + d->nq; row0 += d->t.rows) {
-        if (row0 >= d->t.slot[0].row0) break;
-        int rows = d->q0 + d->nq - row0 < d->t.rows ? d->q0 + d->nq - row0
-                                                    : d->t.rows;
-        credited += rows / 2;
-    }
-    d->shared->rows_done -= credited;
     if (left < 0) d->pairs_refused = 1;
     else if (left == KNN_RUNG_REFINE) d->refine_select = 1;
     return knn_dev_leave_fused(d, left < 0 ? KNN_RUNG_STAY : left);

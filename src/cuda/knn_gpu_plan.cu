@@ -95,6 +95,7 @@ static void knn_tiles_carve(knn_gpu_tiles *t, size_t ld, int k,
     t->out_distance = knn_carve<double>(dev, rk);
     t->out_weight = knn_carve<double>(dev, rk);
     t->h_offsets = knn_carve<int>(host, r + 1);
+    t->h_pairs_lost = knn_carve<int>(host, 1);
     for (int s = 0; s < 2; s++) {
         knn_gpu_slot *sl = &t->slot[s];
         sl->index = knn_carve<int>(host, rk);

@@ -54,6 +54,7 @@ typedef struct {
     int *offsets_uniform;   /* r * slots */
     int *offsets_exact;     /* a redo's per-row counts, summed */
     int *h_offsets;         /* pinned, R + 1 */
+    int *h_pairs_lost;      /* pinned: a shared walk's list overflowed */
     int *seg_end, *count;
     int *wide;              /* knn_select_args.wide */
     int64_t n_slots_alloc;
