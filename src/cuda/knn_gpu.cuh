@@ -346,10 +346,9 @@ struct knn_pairs_walk {
 
 /* Whether a device's search shares its pairs: the fused path (not forced
  * to walk every node per row), k <= 32, a self search whose rows all lie
- * on this device, in more than one tile of `tile_rows` (0: any size);
- * unless forced, where it was measured to win (the correlation scores). */
-int knn_pairs_choose(knn_select_force force, knn_score_kind kind, int fused,
-                     int self, int k, int nq, int n_ref, int tile_rows);
+ * on this device, in more than one tile of `tile_rows` (0: any size). */
+int knn_pairs_choose(knn_select_force force, int fused, int self, int k,
+                     int nq, int n_ref, int tile_rows);
 /* Bytes of the per-node arrays; their allocation and release. */
 double knn_pairs_bytes(int n, int k, int cap);
 knn_status knn_pairs_alloc(knn_pairs *p, int n, int k, int cap,

@@ -655,16 +655,13 @@ __device__ __forceinline__ void knn_pairs_offer(const knn_pairs &p, int j,
  * Per score, an addition, a fused multiply-add and a comparison, with no
  * branch: a column's 8 scores are tested together, and only a column
  * where one passes is taken score by score, each checked for a node that
- * exists and is not the row's own. A shared walk (PAIRS) tests each score
- * against its column's threshold too, where that node takes offers (an
- * earlier tile's), and offers it the row's node where it passes. */
-template <int KIND, bool PAIRS>
+ * exists and is not the row's own. */
+template <int KIND>
 __device__ __forceinline__ void knn_fused_epilogue(
-    const knn_fused_args &fa, const knn_fused_shared &sh,
+    const knn_select_args &s, const knn_fused_shared &sh,
     const float *col_sq, const float (&acc)[4][4][4],
-    int self0, int row0, int col0, int tag)
+    int self0, int col0, int tag)
 {
-    const knn_select_args &s = fa.sel;
     knn_frag fr = knn_frag_of();
     float row_sq[4][2];
     knn_fused_row_sq<KIND>(sh, row_sq);
@@ -678,21 +675,16 @@ __device__ __forceinline__ void knn_fused_epilogue(
     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            int cl = knn_frag_col(fr, nt, e), j = col0 + cl;
+            int cl = knn_frag_col(fr, nt, e);
             float csq = KIND == KNN_SCORE_DIST ? col_sq[cl] : 0.0f;
-            /* NaN, under which no score is, where j takes no offers. */
-            float cthr = PAIRS && j < fa.walk.offer_end
-                ? fa.walk.pairs.threshold[j] : __int_as_float(0x7fffffff);
             bool any = false;
 #pragma unroll
             for (int mt = 0; mt < 4; mt++)
 #pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float v = knn_score_from<KIND>(acc[mt][nt][2 * h + e],
-                                                   row_sq[mt][h], csq);
-                    any |= v <= bound[mt][h];
-                    if (PAIRS) any |= v <= cthr;
-                }
+                for (int h = 0; h < 2; h++)
+                    any |= knn_score_from<KIND>(acc[mt][nt][2 * h + e],
+                                                row_sq[mt][h], csq) <=
+                           bound[mt][h];
             if (!any) continue;
 #pragma unroll
             for (int mt = 0; mt < 4; mt++)
@@ -704,11 +696,56 @@ __device__ __forceinline__ void knn_fused_epilogue(
                     float a = acc[mt][nt][2 * h + e];
                     asm("" : "+f"(a));
                     float v = knn_score_from<KIND>(a, row_sq[mt][h], csq);
-                    int rl = knn_frag_row(fr, mt, h);
                     if (v <= bound[mt][h])
-                        knn_fused_list(s, sh, v, rl, cl, self0, col0, tag);
-                    if (PAIRS && v <= cthr && row0 + rl < s.rows)
-                        knn_pairs_offer(fa.walk.pairs, j, v, self0 + rl);
+                        knn_fused_list(s, sh, v, knn_frag_row(fr, mt, h), cl,
+                                       self0, col0, tag);
+                }
+        }
+}
+
+/* A shared walk's offers from a column block of earlier tiles' nodes:
+ * each score at or below its column's threshold offers the row's node to
+ * the column's node, tested as the epilogue tests a column. A pass of its
+ * own after the rows' epilogue: one pass testing both thresholds held
+ * more values than the registers (ptxas spilled the rows' squared norms,
+ * reloaded for every column), which made the Euclidean walk slower than
+ * the plain one. */
+template <int KIND>
+__device__ __forceinline__ void knn_fused_offers(
+    const knn_fused_args &fa, const knn_fused_shared &sh,
+    const float *col_sq, const float (&acc)[4][4][4],
+    int self0, int row0, int col0)
+{
+    const knn_pairs &p = fa.walk.pairs;
+    knn_frag fr = knn_frag_of();
+    float row_sq[4][2];
+    knn_fused_row_sq<KIND>(sh, row_sq);
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            int cl = knn_frag_col(fr, nt, e), j = col0 + cl;
+            if (j >= fa.walk.offer_end) continue;
+            float csq = KIND == KNN_SCORE_DIST ? col_sq[cl] : 0.0f;
+            float cthr = p.threshold[j];
+            bool any = false;
+#pragma unroll
+            for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++)
+                    any |= knn_score_from<KIND>(acc[mt][nt][2 * h + e],
+                                                row_sq[mt][h], csq) <= cthr;
+            if (!any) continue;
+#pragma unroll
+            for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float a = acc[mt][nt][2 * h + e];
+                    asm("" : "+f"(a));
+                    float v = knn_score_from<KIND>(a, row_sq[mt][h], csq);
+                    int rl = knn_frag_row(fr, mt, h);
+                    if (v <= cthr && row0 + rl < fa.sel.rows)
+                        knn_pairs_offer(p, j, v, self0 + rl);
                 }
         }
 }
@@ -768,8 +805,10 @@ knn_fused_kernel(knn_fused_args a)
                                                      KNN_FUSED_COLS,
                                      row0, col0 + KNN_FUSED_COLS);
 
-        knn_fused_epilogue<KIND, PAIRS>(a, sh, col_sq, acc, self0, row0,
-                                        col0, block + 1);
+        knn_fused_epilogue<KIND>(s, sh, col_sq, acc, self0, col0,
+                                 block + 1);
+        if (PAIRS && col0 < a.walk.offer_end)
+            knn_fused_offers<KIND>(a, sh, col_sq, acc, self0, row0, col0);
         __syncthreads();
         /* Owners and the overflow flag need no barrier after them: the
          * lists, thresholds and flag are next written in the next block's

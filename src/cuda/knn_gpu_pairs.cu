@@ -33,21 +33,15 @@
 #define KNN_PAIRS_WARPS 8 /* nodes per block: one warp each */
 /* The merge holds a node's k smallest in a warp, one per lane. */
 #define KNN_PAIRS_MAX_K 32
-/* Where the engine chooses (inst/bench/pairs.R on one H200, RESULTS.md
- * "Each pair once"): end to end, the shared walk took 0.51x to 0.98x the
- * plain walk's time for Pearson (200000 to 1M nodes, k 10 to 32), but
- * 1.10x to 1.23x for the Euclidean distance at 1M nodes, whose kernel
- * spills registers with the offers' tests (0.77x to 1.01x at 200000 and
- * 262144, from its tiles' overlap more than from the pairs). So it is
- * chosen for the correlation scores; forcing "fused" takes it wherever it
- * can run. */
-int knn_pairs_choose(knn_select_force force, knn_score_kind kind, int fused,
-                     int self, int k, int nq, int n_ref, int tile_rows)
+/* Taken wherever it can run: end to end, the shared walk took 0.56x to
+ * 0.88x the plain walk's time on one H200 (inst/bench/pairs.R, RESULTS.md
+ * "Each pair once": Pearson and Euclidean, 200000 to 1M nodes, k 10 to
+ * 32). */
+int knn_pairs_choose(knn_select_force force, int fused, int self, int k,
+                     int nq, int n_ref, int tile_rows)
 {
-    if (!fused || !self || force == KNN_SELECT_FORCE_FUSED_ROWS ||
-        k > KNN_PAIRS_MAX_K || nq != n_ref || tile_rows >= nq || nq < 2)
-        return 0;
-    return force == KNN_SELECT_FORCE_FUSED || kind != KNN_SCORE_DIST;
+    return fused && self && force != KNN_SELECT_FORCE_FUSED_ROWS &&
+           k <= KNN_PAIRS_MAX_K && nq == n_ref && tile_rows < nq && nq > 1;
 }
 
 /* The arrays of knn_pairs, carved from one block (sizes only without

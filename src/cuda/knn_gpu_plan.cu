@@ -297,8 +297,8 @@ static int knn_dev_wants_pairs(const knn_gpu_dev *d, int rows)
 {
     const knn_request *req = d->req;
     return !d->pairs_refused &&
-           knn_pairs_choose(req->select, d->score_kind, d->fused, d->self,
-                            req->k, d->nq, req->n_ref, rows);
+           knn_pairs_choose(req->select, d->fused, d->self, req->k, d->nq,
+                            req->n_ref, rows);
 }
 
 /* The shared walk's per-node arrays, where they fit (the tiles, allocated
