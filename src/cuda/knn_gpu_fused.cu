@@ -113,6 +113,23 @@ int knn_fused_survivor_slots(int k, int n_ref, int avail)
     return want < avail ? (int)want : avail;
 }
 
+/* What the owner of a row keeps, in shared memory: only owners touch it,
+ * and seldom, where in registers it held 19 of the 128 that every thread's
+ * products and epilogue need (ptxas spilled the shared walk's epilogue).
+ * The row's bound inputs and candidate slots are read where needed
+ * (knn_row_of). */
+struct knn_owner {
+    int row;        /* in the tile */
+    int sbegin, sslots; /* the row's survivor slots */
+    int filled;     /* scores in best, <= k */
+    float kth;      /* once filled == k: the largest of them, the row's */
+    int kth_at;     /* k-th smallest so far, and its place in best */
+    int stale;      /* they changed since the bound was last taken */
+    int survivors;  /* appended so far (may pass sslots) */
+    int listed;     /* list entries from the column blocks before this one */
+    float bound;    /* the row's threshold */
+};
+
 /* Floats of the block's shared memory besides the staging buffers: the
  * column blocks' squared norms (two), the lists, the thresholds and the
  * rows' squared norms. */
@@ -124,7 +141,8 @@ static size_t knn_fused_smem_bytes(int k)
 {
     size_t floats = KNN_FUSED_STAGING + KNN_FUSED_SMALL +
                     (size_t)k * KNN_FUSED_ROWS;
-    return floats * sizeof(float) + (KNN_FUSED_ROWS + 1) * sizeof(int);
+    return floats * sizeof(float) + (KNN_FUSED_ROWS + 1) * sizeof(int) +
+           KNN_FUSED_ROWS * sizeof(knn_owner);
 }
 
 /* This thread's place in the block's 128 x 128 tile of products: warp
@@ -350,6 +368,7 @@ struct knn_fused_shared {
     int *list_count;    /* [128] */
     int *overflow;      /* the last column block whose lists overflowed,
                            numbered from 1 */
+    knn_owner *owners;  /* [128] */
 };
 
 __device__ __forceinline__ knn_fused_shared knn_fused_carve(float *base,
@@ -366,21 +385,10 @@ __device__ __forceinline__ knn_fused_shared knn_fused_carve(float *base,
     sh.best = sh.row_sq + KNN_FUSED_ROWS;
     sh.list_count = (int *)(sh.best + (size_t)k * KNN_FUSED_ROWS);
     sh.overflow = sh.list_count + KNN_FUSED_ROWS;
+    sh.owners = (knn_owner *)(sh.overflow + 1);
     return sh;
 }
 
-/* What the owner of a row keeps in registers. */
-struct knn_owner {
-    knn_row w;
-    int sbegin, sslots; /* the row's survivor slots */
-    int filled;     /* scores in best, <= k */
-    float kth;      /* once filled == k: the largest of them, the row's */
-    int kth_at;     /* k-th smallest so far, and its place in best */
-    int stale;      /* they changed since the bound was last taken */
-    int survivors;  /* appended so far (may pass sslots) */
-    int listed;     /* list entries from the column blocks before this one */
-    float bound;    /* the row's threshold */
-};
 
 /* The largest of the row's k smallest and its place: k independent
  * loads, where keeping them sorted would shift them one after another. */
@@ -436,7 +444,7 @@ __device__ __forceinline__ void knn_owner_tighten(const knn_select_args &a,
 {
     o->stale |= changed;
     if (!o->stale || o->filled < a.k) return;
-    double b = knn_row_bound(a, o->w, (double)o->kth);
+    double b = knn_row_bound(a, knn_row_of(a, o->row), (double)o->kth);
     o->bound = fminf(o->bound, __double2float_rd(b));
     o->stale = 0;
 }
@@ -548,8 +556,9 @@ __device__ void knn_owner_finish(const knn_fused_args &a,
 {
     const knn_select_args &s = a.sel;
     const knn_pairs &p = a.walk.pairs;
+    knn_row w = knn_row_of(s, r);
     double bound = o->filled < s.k ? INFINITY
-        : knn_row_bound(s, o->w, (double)o->kth);
+        : knn_row_bound(s, w, (double)o->kth);
     int node = s.self_first + r;
     int stored = min(o->survivors, o->sslots), kept = 0;
     for (int i = 0; i < stored; i++) {
@@ -557,13 +566,13 @@ __device__ void knn_owner_finish(const knn_fused_args &a,
         if ((double)knn_order_float((unsigned)(u >> 32)) <= bound) {
             if (PAIRS && kept < p.cap)
                 p.list[(size_t)node * p.cap + kept] = u;
-            else if (!PAIRS && kept < o->w.slots)
-                s.cand_index[o->w.begin + kept] = (int)(u & 0xffffffffu);
+            else if (!PAIRS && kept < w.slots)
+                s.cand_index[w.begin + kept] = (int)(u & 0xffffffffu);
             kept++;
         }
     }
     a.survivors[r] = o->survivors;
-    knn_row_done(s, r, o->w, kept);
+    knn_row_done(s, r, w, kept);
     if (PAIRS) knn_owner_to_node(a, sh, o, node, kept, bound);
 }
 
@@ -650,18 +659,47 @@ __device__ __forceinline__ void knn_pairs_offer(const knn_pairs &p, int j,
         *p.overflow = 1;
 }
 
-/* Epilogue of a column block: the scores at or below their rows'
- * thresholds into the rows' lists (a full list sets the overflow flag).
- * Per score, an addition, a fused multiply-add and a comparison, with no
- * branch: a column's 8 scores are tested together, and only a column
- * where one passes is taken score by score, each checked for a node that
- * exists and is not the row's own. */
+/* A shared walk's offers from column cl (node j) of an earlier tile: each
+ * of the thread's scores at or below the node's threshold cthr offers the
+ * row's node to j's list. */
 template <int KIND>
-__device__ __forceinline__ void knn_fused_epilogue(
-    const knn_select_args &s, const knn_fused_shared &sh,
-    const float *col_sq, const float (&acc)[4][4][4],
-    int self0, int col0, int tag)
+__device__ __forceinline__ void knn_fused_offer_column(
+    const knn_fused_args &fa, const float (&acc)[4][4][4],
+    const float (&row_sq)[4][2], float csq, float cthr, int nt, int e,
+    int j, int self0, int row0)
 {
+    knn_frag fr = knn_frag_of();
+#pragma unroll
+    for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            float a = acc[mt][nt][2 * h + e];
+            asm("" : "+f"(a));
+            float v = knn_score_from<KIND>(a, row_sq[mt][h], csq);
+            int rl = knn_frag_row(fr, mt, h);
+            if (v <= cthr && row0 + rl < fa.sel.rows)
+                knn_pairs_offer(fa.walk.pairs, j, v, self0 + rl);
+        }
+}
+
+/* Epilogue of a column block: the scores at or below their rows'
+ * thresholds into the rows' lists (a full list sets the overflow flag)
+ * and, in a shared walk's block of earlier tiles' nodes (OFFERS), the
+ * offers of knn_fused_offer_column. Per score, an addition, a fused
+ * multiply-add, a comparison and (OFFERS) a minimum, with no branch: a
+ * column's 8 scores are tested together, against their rows' thresholds
+ * and, by their smallest, against the column's, and only a column where
+ * one passes is taken score by score, each checked for a node that
+ * exists and is not the row's own. One pass, not one per test: two
+ * computed each score twice (the 1M x 50 Euclidean shared walk, k = 15,
+ * searched in 0.918 s with two passes, 0.808 s with one, on an H200). */
+template <int KIND, bool OFFERS>
+__device__ __forceinline__ void knn_fused_epilogue(
+    const knn_fused_args &fa, const knn_fused_shared &sh,
+    const float *col_sq, const float (&acc)[4][4][4],
+    int self0, int row0, int col0, int tag)
+{
+    const knn_select_args &s = fa.sel;
     knn_frag fr = knn_frag_of();
     float row_sq[4][2];
     knn_fused_row_sq<KIND>(sh, row_sq);
@@ -675,16 +713,25 @@ __device__ __forceinline__ void knn_fused_epilogue(
     for (int nt = 0; nt < 4; nt++)
 #pragma unroll
         for (int e = 0; e < 2; e++) {
-            int cl = knn_frag_col(fr, nt, e);
+            int cl = knn_frag_col(fr, nt, e), j = col0 + cl;
             float csq = KIND == KNN_SCORE_DIST ? col_sq[cl] : 0.0f;
+            /* Nodes past the earlier tiles take no offers (NaN). */
+            float cthr = OFFERS && j < fa.walk.offer_end
+                ? fa.walk.pairs.threshold[j] : __int_as_float(0x7fffffff);
             bool any = false;
+            float lowest = INFINITY;
 #pragma unroll
             for (int mt = 0; mt < 4; mt++)
 #pragma unroll
-                for (int h = 0; h < 2; h++)
-                    any |= knn_score_from<KIND>(acc[mt][nt][2 * h + e],
-                                                row_sq[mt][h], csq) <=
-                           bound[mt][h];
+                for (int h = 0; h < 2; h++) {
+                    float v = knn_score_from<KIND>(acc[mt][nt][2 * h + e],
+                                                   row_sq[mt][h], csq);
+                    any |= v <= bound[mt][h];
+                    if (OFFERS) lowest = fminf(lowest, v);
+                }
+            if (OFFERS && lowest <= cthr)
+                knn_fused_offer_column<KIND>(fa, acc, row_sq, csq, cthr, nt,
+                                             e, j, self0, row0);
             if (!any) continue;
 #pragma unroll
             for (int mt = 0; mt < 4; mt++)
@@ -699,53 +746,6 @@ __device__ __forceinline__ void knn_fused_epilogue(
                     if (v <= bound[mt][h])
                         knn_fused_list(s, sh, v, knn_frag_row(fr, mt, h), cl,
                                        self0, col0, tag);
-                }
-        }
-}
-
-/* A shared walk's offers from a column block of earlier tiles' nodes:
- * each score at or below its column's threshold offers the row's node to
- * the column's node, tested as the epilogue tests a column. A pass of its
- * own after the rows' epilogue: one pass testing both thresholds held
- * more values than the registers (ptxas spilled the rows' squared norms,
- * reloaded for every column), which made the Euclidean walk slower than
- * the plain one. */
-template <int KIND>
-__device__ __forceinline__ void knn_fused_offers(
-    const knn_fused_args &fa, const knn_fused_shared &sh,
-    const float *col_sq, const float (&acc)[4][4][4],
-    int self0, int row0, int col0)
-{
-    const knn_pairs &p = fa.walk.pairs;
-    knn_frag fr = knn_frag_of();
-    float row_sq[4][2];
-    knn_fused_row_sq<KIND>(sh, row_sq);
-#pragma unroll
-    for (int nt = 0; nt < 4; nt++)
-#pragma unroll
-        for (int e = 0; e < 2; e++) {
-            int cl = knn_frag_col(fr, nt, e), j = col0 + cl;
-            if (j >= fa.walk.offer_end) continue;
-            float csq = KIND == KNN_SCORE_DIST ? col_sq[cl] : 0.0f;
-            float cthr = p.threshold[j];
-            bool any = false;
-#pragma unroll
-            for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++)
-                    any |= knn_score_from<KIND>(acc[mt][nt][2 * h + e],
-                                                row_sq[mt][h], csq) <= cthr;
-            if (!any) continue;
-#pragma unroll
-            for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-                for (int h = 0; h < 2; h++) {
-                    float a = acc[mt][nt][2 * h + e];
-                    asm("" : "+f"(a));
-                    float v = knn_score_from<KIND>(a, row_sq[mt][h], csq);
-                    int rl = knn_frag_row(fr, mt, h);
-                    if (v <= cthr && row0 + rl < fa.sel.rows)
-                        knn_pairs_offer(p, j, v, self0 + rl);
                 }
         }
 }
@@ -765,19 +765,19 @@ knn_fused_kernel(knn_fused_args a)
                  row0 + (int)threadIdx.x < s.rows;
 
     knn_fused_prefetch<KIND>(a, sh.stage, sh.col_sq, row0, 0);
-    knn_owner o;
+    knn_owner *o = owner ? sh.owners + threadIdx.x : NULL;
     if (owner) {
         int r = row0 + threadIdx.x;
-        o.w = knn_row_of(s, r);
-        o.sbegin = a.surv_offsets[r];
-        o.sslots = a.surv_offsets[r + 1] - o.sbegin;
-        o.filled = 0;
-        o.kth = INFINITY;
-        o.kth_at = 0;
-        o.stale = 0;
-        o.survivors = 0;
-        o.listed = 0;
-        o.bound = INFINITY;
+        o->row = r;
+        o->sbegin = a.surv_offsets[r];
+        o->sslots = a.surv_offsets[r + 1] - o->sbegin;
+        o->filled = 0;
+        o->kth = INFINITY;
+        o->kth_at = 0;
+        o->stale = 0;
+        o->survivors = 0;
+        o->listed = 0;
+        o->bound = INFINITY;
     }
     if (threadIdx.x < KNN_FUSED_ROWS) {
         /* A row past the tile has a NaN threshold, under which no score
@@ -805,10 +805,12 @@ knn_fused_kernel(knn_fused_args a)
                                                      KNN_FUSED_COLS,
                                      row0, col0 + KNN_FUSED_COLS);
 
-        knn_fused_epilogue<KIND>(s, sh, col_sq, acc, self0, col0,
-                                 block + 1);
         if (PAIRS && col0 < a.walk.offer_end)
-            knn_fused_offers<KIND>(a, sh, col_sq, acc, self0, row0, col0);
+            knn_fused_epilogue<KIND, true>(a, sh, col_sq, acc, self0, row0,
+                                           col0, block + 1);
+        else
+            knn_fused_epilogue<KIND, false>(a, sh, col_sq, acc, self0, row0,
+                                            col0, block + 1);
         __syncthreads();
         /* Owners and the overflow flag need no barrier after them: the
          * lists, thresholds and flag are next written in the next block's
@@ -818,24 +820,24 @@ knn_fused_kernel(knn_fused_args a)
             /* Some list overflowed: the lists as the earlier blocks left
              * them are taken, then this block whole, 64 rows at a time
              * (warps of row half h write, owners of those rows read). */
-            if (owner) knn_owner_list(a, sh, &o, o.listed);
+            if (owner) knn_owner_list(a, sh, o, o->listed);
             for (int h = 0; h < 2; h++) {
                 if (wm == h)
                     knn_fused_tile_half<KIND>(s, sh, col_sq, acc, self0,
                                               col0);
                 __syncthreads();
                 if (owner && (int)threadIdx.x / 64 == h)
-                    knn_owner_tile(a, sh, &o, sh.tile + (threadIdx.x - 64 * h)
+                    knn_owner_tile(a, sh, o, sh.tile + (threadIdx.x - 64 * h)
                                                   * KNN_FUSED_TILE_LD, col0);
                 __syncthreads();
             }
         } else if (owner) {
-            knn_owner_after(a, sh, &o, block, last);
+            knn_owner_after(a, sh, o, block, last);
         }
-        if (owner) sh.threshold[threadIdx.x] = o.bound;
+        if (owner) sh.threshold[threadIdx.x] = o->bound;
     }
     if (owner)
-        knn_owner_finish<PAIRS>(a, sh, &o, row0 + threadIdx.x);
+        knn_owner_finish<PAIRS>(a, sh, o, row0 + threadIdx.x);
 }
 
 /* ---- dispatch ---------------------------------------------------------- */
