@@ -1,18 +1,22 @@
 ## Measures the GPU's shared walk (src/cuda/knn_gpu_pairs.cu: a self search
 ## that computes each pair of nodes once) against the plain fused walk
-## (every row walks every node), to set knn_pairs_choose()'s constants.
+## (every row walks every node) and the panel path (cuBLAS products, then
+## the warp selection kernel), to set knn_pairs_choose()'s and
+## knn_fused_choose()'s constants.
 ##
 ## Usage, on a machine with a GPU, from the repository root:
-##   Rscript inst/bench/pairs.R [--out=FILE]
+##   Rscript inst/bench/pairs.R [--out=FILE] [--cases=n200k_d50_k10,...]
 ##
 ## Self searches of N(0,1) nodes, each path forced in turn
-## (.engineSearch(select = "fused") and "fused_rows"), after a warm-up run:
-## the engine's wall time and its search phase in seconds, the tiles,
-## whether the shared walk ran, and whether the two gave identical bits.
+## (.engineSearch(select = "fused"), "fused_rows" and "warp"), after a
+## warm-up run: the engine's wall time and its search phase in seconds, the
+## tiles, whether the shared walk ran, the ratios of its time to the other
+## two, and whether all three gave identical bits.
 
 suppressPackageStartupMessages(library(knngpu))
 source("tools/args.R")
 out <- argValue("out", "")
+wanted <- argValue("cases", "n200k_d50_k10,n262k_d128_k32,n1M_d50_k15,n1M_d50_k32")
 
 timed <- function(x, k, metric, select) {
     knngpu:::.engineSearch(x, NULL, k, metric, gpu = TRUE, select = select)
@@ -23,17 +27,27 @@ timed <- function(x, k, metric, select) {
     list(seconds = proc.time()[["elapsed"]] - t0, res = res)
 }
 
-cases <- list(c(n = 200000, d = 50, k = 10), c(n = 262144, d = 128, k = 32),
-              c(n = 1000000, d = 50, k = 15), c(n = 1000000, d = 50, k = 32))
+cases <- list(n200k_d50_k10 = c(n = 200000, d = 50, k = 10),
+              n262k_d128_k32 = c(n = 262144, d = 128, k = 32),
+              n1M_d50_k15 = c(n = 1000000, d = 50, k = 15),
+              n1M_d50_k32 = c(n = 1000000, d = 50, k = 32),
+              n200k_d295_k20 = c(n = 200000, d = 295, k = 20),
+              n1M_d295_k20 = c(n = 1000000, d = 295, k = 20),
+              n1.53M_d295_k20 = c(n = 1533876, d = 295, k = 20))
+unknown <- setdiff(strsplit(wanted, ",")[[1L]], names(cases))
+if (length(unknown)) stop("unknown --cases: ", toString(unknown))
 rows <- list()
-for (cs in cases) {
+for (cs in cases[strsplit(wanted, ",")[[1L]]]) {
     set.seed(1)
     x <- matrix(rnorm(cs[["n"]] * cs[["d"]]), cs[["d"]])
     for (metric in c("euclidean", "pearson")) {
         pairs <- timed(x, cs[["k"]], metric, "fused")
         plain <- timed(x, cs[["k"]], metric, "fused_rows")
-        same <- identical(pairs$res$index, plain$res$index) &&
-            identical(pairs$res$distance, plain$res$distance)
+        panel <- timed(x, cs[["k"]], metric, "warp")
+        same <- all(vapply(list(plain, panel), function(other)
+            identical(pairs$res$index, other$res$index) &&
+                identical(pairs$res$distance, other$res$distance),
+            logical(1)))
         rows[[length(rows) + 1L]] <- data.frame(
             n = cs[["n"]], d = cs[["d"]], k = cs[["k"]], metric = metric,
             pairs_s = signif(pairs$seconds, 3),
@@ -44,6 +58,8 @@ for (cs in cases) {
             plain_search = signif(plain$res$info$seconds_search, 3),
             plain_tile = plain$res$info$row_tile,
             pairs_over_plain = signif(pairs$seconds / plain$seconds, 3),
+            panel_s = signif(panel$seconds, 3),
+            pairs_over_panel = signif(pairs$seconds / panel$seconds, 3),
             identical = same)
     }
 }

@@ -291,11 +291,11 @@ void knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
  * kernel, so the panel never exists. Whether a device's search of `rows`
  * query rows of p features takes it: the forced choice where the kernel
  * can run (product metrics in TF32, k <= 128), else where it was measured
- * to win (small k, at most 160 features, a block of 128 rows per 4 SMs
- * at least). */
+ * to win (small k, at most 160 features unless it would be a shared walk,
+ * a block of 128 rows per 4 SMs at least). */
 int knn_fused_choose(knn_select_force force, knn_metric metric,
                      knn_gemm_mode gemm, int k, int p, int rows,
-                     int sm_count);
+                     int sm_count, int shared_walk);
 /* Rows of one full wave of the fused kernel's blocks on sm_count SMs:
  * as many blocks as each SM holds at once for this k and score kind. */
 knn_status knn_fused_wave_rows(knn_score_kind kind, int k, int sm_count,

@@ -73,7 +73,11 @@
  * and lists taken every few blocks (2026-11-24 04:33 UTC, one run) k = 24
  * took 0.66x to 0.86x and k = 32 0.81x to 0.98x at 16 to 128 features; it
  * loses at k = 100 and at 295 features, where the products dominate and
- * cuBLAS computes them faster. With few blocks the panel
+ * cuBLAS computes them faster, unless it computes each pair once (a
+ * shared walk, knn_gpu_pairs.cu): then 0.24x to 0.59x the panel path's
+ * time at 295 features, k = 20 (inst/bench/pairs.R, 200000 and 1533876
+ * nodes, 2026-11-24 12:32 UTC), so the feature limit is the plain walk's
+ * only. With few blocks the panel
  * path, whose GEMM splits columns too, keeps the device busier: 2048
  * queries (16 blocks) took 1.63x to 1.75x, 8192 (64) 0.76x to 0.83x,
  * 32768 0.38x to 0.56x; the fused path needs a block per 4 SMs.
@@ -86,7 +90,7 @@
 
 int knn_fused_choose(knn_select_force force, knn_metric metric,
                      knn_gemm_mode gemm, int k, int p, int rows,
-                     int sm_count)
+                     int sm_count, int shared_walk)
 {
     if (force == KNN_SELECT_FORCE_WARP || force == KNN_SELECT_FORCE_RADIX)
         return 0;
@@ -97,7 +101,8 @@ int knn_fused_choose(knn_select_force force, knn_metric metric,
         force == KNN_SELECT_FORCE_FUSED_ROWS)
         return 1;
     long long blocks = (rows + KNN_FUSED_ROWS - 1) / KNN_FUSED_ROWS;
-    return k <= KNN_FUSED_AUTO_MAX_K && p <= KNN_FUSED_AUTO_MAX_FEATURES &&
+    return k <= KNN_FUSED_AUTO_MAX_K &&
+           (p <= KNN_FUSED_AUTO_MAX_FEATURES || shared_walk) &&
            blocks * KNN_FUSED_SMS_PER_BLOCK >= sm_count;
 }
 

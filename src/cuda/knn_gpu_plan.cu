@@ -274,31 +274,45 @@ static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots,
     return KNN_OK;
 }
 
-/* Whether the device's search takes the fused path (knn_fused_choose). */
+/* Whether a search on the fused path would take a shared walk
+ * (knn_gpu_pairs.cu) in tiles of `rows` rows (0: of whatever size). */
+static int knn_dev_could_pair(const knn_gpu_dev *d, int rows)
+{
+    const knn_request *req = d->req;
+    return !d->pairs_refused &&
+           knn_pairs_choose(req->select, 1, d->self, req->k, d->nq,
+                            req->n_ref, rows);
+}
+
+/* Whether the device's search takes a shared walk, in such tiles. */
+static int knn_dev_wants_pairs(const knn_gpu_dev *d, int rows)
+{
+    return d->fused && knn_dev_could_pair(d, rows);
+}
+
+/* Whether the device's search takes the fused path (knn_fused_choose),
+ * and its wave: some searches take it only as a shared walk, which needs
+ * more than one wave of rows. */
 static knn_status knn_dev_choose_path(knn_gpu_dev *d)
 {
+    const knn_request *req = d->req;
     int sms = 0;
     KNN_CUDA_TRY(d->message,
                  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
                                         d->device));
-    d->fused = !d->refine_select &&
-               knn_fused_choose(d->req->select, d->req->metric, d->gemm,
-                                d->req->k, d->req->p, d->nq, sms);
+    d->fused = 0;
     d->wave_rows = 0;
-    if (d->fused)
-        KNN_TRY(knn_fused_wave_rows(d->score_kind, d->req->k, sms,
-                                    &d->wave_rows, d->message));
+    if (d->refine_select ||
+        !knn_fused_choose(req->select, req->metric, d->gemm, req->k, req->p,
+                          d->nq, sms, 1))
+        return KNN_OK;
+    KNN_TRY(knn_fused_wave_rows(d->score_kind, req->k, sms, &d->wave_rows,
+                                d->message));
+    d->fused = knn_fused_choose(req->select, req->metric, d->gemm, req->k,
+                                req->p, d->nq, sms,
+                                knn_dev_could_pair(d, d->wave_rows));
+    if (!d->fused) d->wave_rows = 0;
     return KNN_OK;
-}
-
-/* Whether the search takes a shared walk (knn_gpu_pairs.cu) in tiles of
- * `rows` rows (0: of whatever size). */
-static int knn_dev_wants_pairs(const knn_gpu_dev *d, int rows)
-{
-    const knn_request *req = d->req;
-    return !d->pairs_refused &&
-           knn_pairs_choose(req->select, d->fused, d->self, req->k, d->nq,
-                            req->n_ref, rows);
 }
 
 /* The shared walk's per-node arrays, where they fit (the tiles, allocated
