@@ -13,11 +13,7 @@
 
 suppressPackageStartupMessages(library(knngpu))
 
-args <- commandArgs(trailingOnly = TRUE)
-argValue <- function(name, default) {
-    hit <- grep(paste0("^--", name, "="), args, value = TRUE)
-    if (length(hit)) sub(paste0("^--", name, "="), "", hit[1L]) else default
-}
+source("tools/args.R")
 
 cases <- list(
     s16k_q4k_d128_k16 = list(n = 16384, nq = 4096, d = 128, k = 16,
@@ -25,6 +21,7 @@ cases <- list(
     g100k_d50_k10 = list(n = 1e5, nq = 0, d = 50, k = 10, verb = "graph"),
     g262k_d128_k100 = list(n = 262144, nq = 0, d = 128, k = 100,
                            verb = "graph"),
+    g1M_d50_k15 = list(n = 1e6, nq = 0, d = 50, k = 15, verb = "graph"),
     g262k_d128_k1024 = list(n = 262144, nq = 0, d = 128, k = 1024,
                             verb = "graph"),
     s262k_d128_k1024 = list(n = 262144, nq = 0, d = 128, k = 1024,

@@ -283,6 +283,8 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
     std::vector<std::thread> threads;
     knn_status st = KNN_OK;
     bool on_caller = knn_runs_inline(req, n_dev);
+    knn_pages pages;
+    knn_pages_start(&pages, out, (size_t)n_q * req->k, &shared);
     if (on_caller) {
         j.running = 1;
         knn_dev_thread(&devs[0], &j);
@@ -302,6 +304,8 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
     }
     int interrupted = knn_wait_devices(req, &j, &shared, (double)n_q);
     for (std::thread &t : threads) t.join();
+    if (st != KNN_OK) shared.stop = 1;
+    knn_pages_join(&pages);
     if (st != KNN_OK) return st;
 
     for (const knn_gpu_dev &d : devs) {

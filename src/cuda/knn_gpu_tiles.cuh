@@ -7,6 +7,7 @@
 #define KNN_GPU_TILES_CUH
 
 #include <atomic>
+#include <thread>
 #include "knn_gpu.cuh"
 
 /* What the calling thread and the device threads share. */
@@ -15,6 +16,19 @@ typedef struct {
                                          next tile */
     std::atomic<long long> rows_done; /* query rows finished, all devices */
 } knn_gpu_shared;
+
+/* The caller's result arrays made resident while the devices search
+ * (knn_gpu_pages.cu), once a first tile is done: started with the
+ * devices, joined after them (or, should an exception leave first, on the
+ * way out: a joinable thread destroyed would end the process). */
+struct knn_pages;
+void knn_pages_start(knn_pages *job, const knn_result *out, size_t entries,
+                     const knn_gpu_shared *shared);
+void knn_pages_join(knn_pages *job);
+struct knn_pages {
+    std::thread thread;
+    ~knn_pages() { knn_pages_join(this); }
+};
 
 /* One of the two pinned result slots: the host copies one out while the
  * device fills the other. */
