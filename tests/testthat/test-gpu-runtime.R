@@ -174,6 +174,26 @@ test_that("inputs larger than the staging ring arrive intact", {
     }
 })
 
+test_that("results made resident during the search arrive intact", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## 180000 rows x 20 neighbours are 72 MB of results, over the 64 MB
+    ## from which a thread populates their pages while the device searches
+    ## (src/cuda/knn_gpu_pages.cu); a budget of 100 MB keeps the nodes on
+    ## the device and gives several tiles, whose copy-outs write while it
+    ## populates. A search's matrices (by query) and a graph's edges (in
+    ## edge order), against the CPU's bits.
+    x <- randomMatrix(180000, 6, 30)
+    withOptions(list(knngpu.gpu.memory = 1e8), {
+        got <- expectGpuIdentical(x, 20, "euclidean", label = "resident")
+        edges <- knnGraph(x, k = 20, metric = "euclidean", device = "gpu",
+                          progress = FALSE)
+    })
+    expect_identical(edges$from, rep(seq_len(180000), each = 20))
+    expect_identical(edges$to, as.vector(t(got$cpu$index)))
+    expect_identical(edges$distance, as.vector(t(got$cpu$distance)))
+    expect_identical(edges$rank, rep(1:20, 180000))
+})
+
 test_that("values that are not finite are found while uploading", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     x <- randomMatrix(120000, 37, 35)
