@@ -1,22 +1,24 @@
 ## Measures the GPU's shared walk (src/cuda/knn_gpu_pairs.cu: a self search
 ## that computes each pair of nodes once) against the plain fused walk
 ## (every row walks every node) and the panel path (cuBLAS products, then
-## the warp selection kernel), to set knn_pairs_choose()'s and
-## knn_fused_choose()'s constants.
+## the faster of the warp and radix selection kernels), to set
+## knn_pairs_choose()'s and knn_fused_choose()'s constants.
 ##
 ## Usage, on a machine with a GPU, from the repository root:
 ##   Rscript inst/bench/pairs.R [--out=FILE] [--cases=n200k_d50_k10,...]
 ##
 ## Self searches of N(0,1) nodes, each path forced in turn
-## (.engineSearch(select = "fused"), "fused_rows" and "warp"), after a
-## warm-up run: the engine's wall time and its search phase in seconds, the
-## tiles, whether the shared walk ran, the ratios of its time to the other
-## two, and whether all three gave identical bits.
+## (.engineSearch(select = "fused"), "fused_rows", "warp" and "radix"),
+## after a warm-up run: the engine's wall time and its search phase in
+## seconds, the tiles, whether the shared walk ran, the ratios of its time
+## to the plain walk's and the faster panel kernel's, and whether all four
+## gave identical bits.
 
 suppressPackageStartupMessages(library(knngpu))
 source("tools/args.R")
 out <- argValue("out", "")
-wanted <- argValue("cases", "n200k_d50_k10,n262k_d128_k32,n1M_d50_k15,n1M_d50_k32")
+wanted <- argValue("cases", paste0("n200k_d50_k10,n262k_d128_k32,",
+                                   "n1M_d50_k15,n1M_d50_k32"))
 
 timed <- function(x, k, metric, select) {
     knngpu:::.engineSearch(x, NULL, k, metric, gpu = TRUE, select = select)
@@ -43,8 +45,11 @@ for (cs in cases[strsplit(wanted, ",")[[1L]]]) {
     for (metric in c("euclidean", "pearson")) {
         pairs <- timed(x, cs[["k"]], metric, "fused")
         plain <- timed(x, cs[["k"]], metric, "fused_rows")
-        panel <- timed(x, cs[["k"]], metric, "warp")
-        same <- all(vapply(list(plain, panel), function(other)
+        warp <- timed(x, cs[["k"]], metric, "warp")
+        radix <- timed(x, cs[["k"]], metric, "radix")
+        kernel <- if (warp$seconds <= radix$seconds) "warp" else "radix"
+        panel <- list(warp = warp, radix = radix)[[kernel]]
+        same <- all(vapply(list(plain, warp, radix), function(other)
             identical(pairs$res$index, other$res$index) &&
                 identical(pairs$res$distance, other$res$distance),
             logical(1)))
@@ -59,6 +64,7 @@ for (cs in cases[strsplit(wanted, ",")[[1L]]]) {
             plain_tile = plain$res$info$row_tile,
             pairs_over_plain = signif(pairs$seconds / plain$seconds, 3),
             panel_s = signif(panel$seconds, 3),
+            panel_kernel = kernel,
             pairs_over_panel = signif(pairs$seconds / panel$seconds, 3),
             identical = same)
     }

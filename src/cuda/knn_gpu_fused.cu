@@ -75,10 +75,10 @@
  * loses at k = 100 and at 295 features, where the products dominate and
  * cuBLAS computes them faster, unless it computes each pair once (a
  * shared walk, knn_gpu_pairs.cu): at 295 features, k = 20, that took
- * 0.53x to 0.59x the time of the panel path with the warp kernel at
- * 200000 nodes (inst/bench/pairs.R, 2026-11-24 12:32 UTC), and 6.6 s at
- * 1533876 nodes, where the panel path as auto chose it took 12.2 s; so
- * the feature limit is the plain walk's only. With few blocks the panel
+ * 0.50x to 0.72x the time of the panel path with its faster kernel
+ * (radix) at 200000 and 1533876 nodes (inst/bench/pairs.R, 2026-11-24
+ * 13:42 UTC); so the feature limit is the plain walk's only. With few
+ * blocks the panel
  * path, whose GEMM splits columns too, keeps the device busier: 2048
  * queries (16 blocks) took 1.63x to 1.75x, 8192 (64) 0.76x to 0.83x,
  * 32768 0.38x to 0.56x; the fused path needs a block per 4 SMs.
