@@ -78,10 +78,9 @@
  * 0.50x to 0.72x the time of the panel path with its faster kernel
  * (radix) at 200000 and 1533876 nodes (inst/bench/pairs.R, 2026-11-24
  * 13:42 UTC); so the feature limit is the plain walk's only. With few
- * blocks the panel
- * path, whose GEMM splits columns too, keeps the device busier: 2048
- * queries (16 blocks) took 1.63x to 1.75x, 8192 (64) 0.76x to 0.83x,
- * 32768 0.38x to 0.56x; the fused path needs a block per 4 SMs.
+ * blocks the panel path, whose GEMM splits columns too, keeps the device
+ * busier: 2048 queries (16 blocks) took 1.63x to 1.75x, 8192 (64) 0.76x
+ * to 0.83x, 32768 0.38x to 0.56x; the fused path needs a block per 4 SMs.
  * KNN_FUSED_MAX_K is the kernel's limit, for forced runs: its shared
  * memory grows by 512 bytes per unit of k. */
 #define KNN_FUSED_MAX_K 128
