@@ -344,11 +344,12 @@ struct knn_pairs_walk {
     int offer_end;
 };
 
-/* Whether a device's search shares its pairs: the fused path (not forced
- * to walk every node per row), k <= 32, a self search whose rows all lie
- * on this device, in more than one tile of `tile_rows` (0: any size). */
-int knn_pairs_choose(knn_select_force force, int fused, int self, int k,
-                     int nq, int n_ref, int tile_rows);
+/* Whether a device's search on the fused path shares its pairs: not
+ * forced to walk every node per row, k <= 32, a self search whose rows
+ * all lie on this device, in more than one tile of `tile_rows` (0: any
+ * size). */
+int knn_pairs_choose(knn_select_force force, int self, int k, int nq,
+                     int n_ref, int tile_rows);
 /* Bytes of the per-node arrays; their allocation and release. */
 double knn_pairs_bytes(int n, int k, int cap);
 knn_status knn_pairs_alloc(knn_pairs *p, int n, int k, int cap,

@@ -394,7 +394,6 @@ __device__ __forceinline__ knn_fused_shared knn_fused_carve(float *base,
     return sh;
 }
 
-
 /* The largest of the row's k smallest and its place: k independent
  * loads, where keeping them sorted would shift them one after another. */
 __device__ __forceinline__ void knn_best_max(const float *best, int k,
@@ -664,6 +663,20 @@ __device__ __forceinline__ void knn_pairs_offer(const knn_pairs &p, int j,
         *p.overflow = 1;
 }
 
+/* The score of entry (mt, h) of column (nt, e), for a column that passed
+ * its test: computed again, not kept from the test (live scores would
+ * spill); the empty asm keeps the compiler from reusing them. Same
+ * bits. */
+template <int KIND>
+__device__ __forceinline__ float knn_fused_rescore(
+    const float (&acc)[4][4][4], const float (&row_sq)[4][2], float csq,
+    int mt, int nt, int h, int e)
+{
+    float a = acc[mt][nt][2 * h + e];
+    asm("" : "+f"(a));
+    return knn_score_from<KIND>(a, row_sq[mt][h], csq);
+}
+
 /* A shared walk's offers from column cl (node j) of an earlier tile: each
  * of the thread's scores at or below the node's threshold cthr offers the
  * row's node to j's list. */
@@ -678,9 +691,7 @@ __device__ __forceinline__ void knn_fused_offer_column(
     for (int mt = 0; mt < 4; mt++)
 #pragma unroll
         for (int h = 0; h < 2; h++) {
-            float a = acc[mt][nt][2 * h + e];
-            asm("" : "+f"(a));
-            float v = knn_score_from<KIND>(a, row_sq[mt][h], csq);
+            float v = knn_fused_rescore<KIND>(acc, row_sq, csq, mt, nt, h, e);
             int rl = knn_frag_row(fr, mt, h);
             if (v <= cthr && row0 + rl < fa.sel.rows)
                 knn_pairs_offer(fa.walk.pairs, j, v, self0 + rl);
@@ -742,12 +753,8 @@ __device__ __forceinline__ void knn_fused_epilogue(
             for (int mt = 0; mt < 4; mt++)
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
-                    /* Computed again, not kept from the test (live scores
-                     * would spill); the empty asm keeps the compiler from
-                     * reusing them. Same bits. */
-                    float a = acc[mt][nt][2 * h + e];
-                    asm("" : "+f"(a));
-                    float v = knn_score_from<KIND>(a, row_sq[mt][h], csq);
+                    float v = knn_fused_rescore<KIND>(acc, row_sq, csq, mt,
+                                                      nt, h, e);
                     if (v <= bound[mt][h])
                         knn_fused_list(s, sh, v, knn_frag_row(fr, mt, h), cl,
                                        self0, col0, tag);

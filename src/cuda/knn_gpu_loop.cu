@@ -260,13 +260,11 @@ static knn_tile_slots knn_slots_uniform(const knn_gpu_tiles *t, int rows)
     return ts;
 }
 
-/* Queues tile work for global query rows [row0, row0 + rows) with the given
- * slots, and the transfer of its results into slot s. */
-static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
-                                   const knn_tile_slots *ts, int s)
+/* What slot sl's tile of rows [row0, row0 + rows) runs on: the course
+ * the search is on as it is queued (knn_dev_next_step reads it back). */
+static void knn_slot_begin(const knn_gpu_dev *d, knn_gpu_slot *sl, int row0,
+                           int rows)
 {
-    knn_gpu_slot *sl = &d->t.slot[s];
-    int node0 = d->self ? row0 : d->req->n_ref + (row0 - d->q0);
     sl->row0 = row0;
     sl->rows = rows;
     sl->gemm = d->gemm;
@@ -274,7 +272,16 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
     sl->gathered = d->gathering;
     sl->refined = knn_tile_refined(d, rows, d->gemm);
     sl->refine_select = d->refine_select;
+}
 
+/* Queues tile work for global query rows [row0, row0 + rows) with the given
+ * slots, and the transfer of its results into slot s. */
+static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
+                                   const knn_tile_slots *ts, int s)
+{
+    knn_gpu_slot *sl = &d->t.slot[s];
+    int node0 = d->self ? row0 : d->req->n_ref + (row0 - d->q0);
+    knn_slot_begin(d, sl, row0, rows);
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
     knn_select_args sa = knn_tile_select_args(d, row0, node0, rows,
                                               ts->offsets, sl->gemm);
@@ -759,13 +766,7 @@ static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
     knn_gpu_tiles *t = &d->t;
     knn_gpu_slot *sl = &t->slot[0];
     const knn_gpu_nodes *nd = &d->nodes;
-    sl->row0 = row0;
-    sl->rows = rows;
-    sl->gemm = d->gemm;
-    sl->fused = 1;
-    sl->gathered = 0;
-    sl->refined = 0;
-    sl->refine_select = d->refine_select;
+    knn_slot_begin(d, sl, row0, rows);
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
     knn_select_args sa = knn_tile_select_args(d, row0, row0, rows,
                                               t->offsets_uniform, d->gemm);

@@ -26,7 +26,6 @@
 #include <unistd.h>
 #include <algorithm>
 #include <chrono>
-#include <new>
 #include "knn_gpu_tiles.cuh"
 
 #if defined(__linux__) && !defined(MADV_POPULATE_WRITE)

@@ -37,10 +37,10 @@
  * 0.88x the plain walk's time on one H200 (inst/bench/pairs.R, RESULTS.md
  * "Each pair once": Pearson and Euclidean, 200000 to 1M nodes, k 10 to
  * 32). */
-int knn_pairs_choose(knn_select_force force, int fused, int self, int k,
-                     int nq, int n_ref, int tile_rows)
+int knn_pairs_choose(knn_select_force force, int self, int k, int nq,
+                     int n_ref, int tile_rows)
 {
-    return fused && self && force != KNN_SELECT_FORCE_FUSED_ROWS &&
+    return self && force != KNN_SELECT_FORCE_FUSED_ROWS &&
            k <= KNN_PAIRS_MAX_K && nq == n_ref && tile_rows < nq && nq > 1;
 }
 

@@ -280,8 +280,8 @@ static int knn_dev_could_pair(const knn_gpu_dev *d, int rows)
 {
     const knn_request *req = d->req;
     return !d->pairs_refused &&
-           knn_pairs_choose(req->select, 1, d->self, req->k, d->nq,
-                            req->n_ref, rows);
+           knn_pairs_choose(req->select, d->self, req->k, d->nq, req->n_ref,
+                            rows);
 }
 
 /* Whether the device's search takes a shared walk, in such tiles. */

@@ -304,7 +304,6 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
     }
     int interrupted = knn_wait_devices(req, &j, &shared, (double)n_q);
     for (std::thread &t : threads) t.join();
-    if (st != KNN_OK) shared.stop = 1;
     knn_pages_join(&pages);
     if (st != KNN_OK) return st;
 
