@@ -106,11 +106,16 @@ sanitize() {
                               progress = FALSE)
             g <- knnGraph(t, k = 5, metric = "cosine", device = "gpu",
                           progress = FALSE)
-            ## tiles of a few hundred rows: each pair computed once
-            options(knngpu.gpu.memory = 1.5e6)
+            ## tiles of a few hundred rows beside the per-node arrays:
+            ## each pair computed once (k = 100: the k smallest of each row in
+            ## device memory, four entries a lane in the merge)
+            options(knngpu.gpu.memory = 1e7)
             for (m in c("pearson", "euclidean"))
                 g <- knnGraph(x, k = 20, metric = m, device = "gpu",
                               progress = FALSE)
+            options(knngpu.gpu.memory = 1.8e7)
+            g <- knnGraph(x, k = 100, metric = "euclidean", device = "gpu",
+                          progress = FALSE)
             cat("sanitized run done\n")'
 }
 

@@ -288,6 +288,14 @@ static void check_case(const char *data, knn_metric m, const double *ref,
     free_results(gi, gd, gw);
 }
 
+/* At least the bytes of a shared walk's per-node arrays (knn_pairs_bytes:
+ * k scores, a threshold, a list of up to 2 (2k + 256) entries of 8 bytes
+ * and three ints a node), which come out of a search's budget. */
+static double pairs_bytes_max(int n, int k)
+{
+    return (double)n * (4.0 * k + 16.0 * (2 * k + 256) + 16.0) + 4096.0;
+}
+
 static void check_metric(const char *data, knn_metric m, const double *ref,
                          int n_ref, const double *query, int n_query, int p,
                          const int *ks, int nks, int extras)
@@ -318,8 +326,9 @@ static void check_metric(const char *data, knn_metric m, const double *ref,
              * row walking every node. */
             check_case(data, m, ref, n_ref, query, n_query, p, k, 0, 0, NULL,
                        "fused", 0, ri, rd, rw);
-            check_case(data, m, ref, n_ref, query, n_query, p, k, 2e6, 0,
-                       NULL, "fused", 0, ri, rd, rw);
+            check_case(data, m, ref, n_ref, query, n_query, p, k,
+                       2e6 + pairs_bytes_max(n_ref, k), 0, NULL, "fused", 0,
+                       ri, rd, rw);
             check_case(data, m, ref, n_ref, query, n_query, p, k, 2e6, 0,
                        NULL, "fused_rows", 0, ri, rd, rw);
             check_case(data, m, ref, n_ref, query, n_query, p, k, 3e6, 2,

@@ -31,8 +31,14 @@ timed <- function(x, k, metric, select) {
 
 cases <- list(n200k_d50_k10 = c(n = 200000, d = 50, k = 10),
               n262k_d128_k32 = c(n = 262144, d = 128, k = 32),
+              n262k_d128_k64 = c(n = 262144, d = 128, k = 64),
+              n262k_d128_k100 = c(n = 262144, d = 128, k = 100),
+              n262k_d50_k100 = c(n = 262144, d = 50, k = 100),
+              n262k_d64_k64 = c(n = 262144, d = 64, k = 64),
+              n1M_d128_k100 = c(n = 1000000, d = 128, k = 100),
               n1M_d50_k15 = c(n = 1000000, d = 50, k = 15),
               n1M_d50_k32 = c(n = 1000000, d = 50, k = 32),
+              n1M_d50_k100 = c(n = 1000000, d = 50, k = 100),
               n200k_d295_k20 = c(n = 200000, d = 295, k = 20),
               n1M_d295_k20 = c(n = 1000000, d = 295, k = 20),
               n1.53M_d295_k20 = c(n = 1533876, d = 295, k = 20))
@@ -45,9 +51,11 @@ for (cs in cases[strsplit(wanted, ",")[[1L]]]) {
     for (metric in c("euclidean", "pearson")) {
         pairs <- timed(x, cs[["k"]], metric, "fused")
         plain <- timed(x, cs[["k"]], metric, "fused_rows")
-        warp <- timed(x, cs[["k"]], metric, "warp")
         radix <- timed(x, cs[["k"]], metric, "radix")
-        kernel <- if (warp$seconds <= radix$seconds) "warp" else "radix"
+        ## The warp kernel holds k <= 32.
+        warp <- if (cs[["k"]] <= 32) timed(x, cs[["k"]], metric, "warp")
+                else radix
+        kernel <- if (warp$seconds < radix$seconds) "warp" else "radix"
         panel <- list(warp = warp, radix = radix)[[kernel]]
         same <- all(vapply(list(plain, warp, radix), function(other)
             identical(pairs$res$index, other$res$index) &&

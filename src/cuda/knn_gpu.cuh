@@ -291,8 +291,8 @@ void knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
  * kernel, so the panel never exists. Whether a device's search of `rows`
  * query rows of p features takes it: the forced choice where the kernel
  * can run (product metrics in TF32, k <= 128), else where it was measured
- * to win (small k, at most 160 features unless it would be a shared walk,
- * a block of 128 rows per 4 SMs at least). */
+ * to win (k <= 32 at most 160 features, or a shared walk; a block of 128
+ * rows per 4 SMs at least). */
 int knn_fused_choose(knn_select_force force, knn_metric metric,
                      knn_gemm_mode gemm, int k, int p, int rows,
                      int sm_count, int shared_walk);
@@ -303,16 +303,26 @@ knn_status knn_fused_wave_rows(knn_score_kind kind, int k, int sm_count,
 /* Survivor slots per row for the fused path: the nodes that passed a
  * row's running threshold, which outnumber its final candidates. */
 int knn_fused_survivor_slots(int k, int n_ref, int avail);
+/* Floats of device memory a fused tile of `rows` rows needs for its rows'
+ * k smallest scores: none where they fit in the kernel's shared memory
+ * (k <= 32). */
+size_t knn_fused_best_floats(int k, int rows);
+/* A fused tile's scratch in device memory: survivor, row r's survivor
+ * slots [offsets[r], offsets[r + 1]); needed, out, per row, the survivor
+ * slots it needed (more than it had: run the tile again with that many);
+ * best, knn_fused_best_floats() of them. */
+typedef struct {
+    uint64_t *survivor;
+    const int *offsets;
+    int *needed;
+    float *best;
+} knn_fused_scratch;
 /* Candidates of a row tile as knn_select_candidates gives them (sel's
  * panel unused), from the fast vectors of the reference (n_cols nodes) and
- * of the tile's rows (ldf floats apart). survivor: scratch, row r's slots
- * [surv_offsets[r], surv_offsets[r + 1]); survivors: out, per row, the
- * survivor slots it needed (more than it had: run the tile again with
- * that many). */
+ * of the tile's rows (ldf floats apart). */
 knn_status knn_fused_candidates(const knn_select_args *sel,
                                 const float *fast_ref, const float *fast_rows,
-                                int ldf, uint64_t *survivor,
-                                const int *surv_offsets, int *survivors,
+                                int ldf, const knn_fused_scratch *scratch,
                                 const struct knn_pairs_walk *walk,
                                 char *message, cudaStream_t stream);
 
@@ -345,9 +355,9 @@ struct knn_pairs_walk {
 };
 
 /* Whether a device's search on the fused path shares its pairs: not
- * forced to walk every node per row, k <= 32, a self search whose rows
- * all lie on this device, in more than one tile of `tile_rows` (0: any
- * size). */
+ * forced to walk every node per row, k <= 128 (chosen by the engine: past
+ * k = 32 from 262144 nodes), a self search whose rows all lie on this
+ * device, in more than one tile of `tile_rows` (0: any size). */
 int knn_pairs_choose(knn_select_force force, int self, int k, int nq,
                      int n_ref, int tile_rows);
 /* Bytes of the per-node arrays; their allocation and release. */
@@ -362,8 +372,9 @@ void knn_pairs_free(knn_pairs *p);
 knn_status knn_pairs_merge(const knn_pairs *p, const knn_select_args *sel,
                            int n_nodes, char *message, cudaStream_t stream);
 /* After the walk: the candidates of a tile of sel->rows rows from node
- * node0 (sel's offsets give each row cap slots), in ascending node order,
- * as knn_select_candidates gives them. */
+ * node0, in ascending node order, as knn_select_candidates gives them
+ * (as many as sel's offsets give each row slots; a row counts all of its
+ * own, for a redo with more). */
 knn_status knn_pairs_gather(const knn_pairs *p, const knn_select_args *sel,
                             int node0, char *message, cudaStream_t stream);
 

@@ -21,7 +21,8 @@
  *  - owners: thread r < 128 owns row r. When its list is half full, every
  *    KNN_FUSED_TIGHTEN_EVERY blocks, on each of the first
  *    KNN_FUSED_EARLY_BLOCKS and on the last, it inserts the list into the
- *    row's k smallest scores so far (an array in shared memory), takes
+ *    row's k smallest scores so far (a max-heap in shared memory, in
+ *    device memory past k = 32), takes
  *    the threshold knn_row_bound(k-th of them), rounded down to float
  *    (knn_owner_tighten), and appends the listed nodes under the
  *    threshold, in node order, to the row's survivors in device memory
@@ -77,12 +78,15 @@
  * shared walk, knn_gpu_pairs.cu): at 295 features, k = 20, that took
  * 0.50x to 0.72x the time of the panel path with its faster kernel
  * (radix) at 200000 and 1533876 nodes (inst/bench/pairs.R, 2026-11-24
- * 13:42 UTC); so the feature limit is the plain walk's only. With few
+ * 13:42 UTC); so the feature limit is the plain walk's only, and so is
+ * the limit on k (knn_pairs_choose() says where a shared walk runs past
+ * k = 32). With few
  * blocks the panel path, whose GEMM splits columns too, keeps the device
  * busier: 2048 queries (16 blocks) took 1.63x to 1.75x, 8192 (64) 0.76x
  * to 0.83x, 32768 0.38x to 0.56x; the fused path needs a block per 4 SMs.
- * KNN_FUSED_MAX_K is the kernel's limit, for forced runs: its shared
- * memory grows by 512 bytes per unit of k. */
+ * KNN_FUSED_MAX_K is the kernel's limit: past it the rows' k smallest
+ * (a heap of k per row, in device memory past k = 32) and the shared
+ * walk's merge (four entries a lane) would need more. */
 #define KNN_FUSED_MAX_K 128
 #define KNN_FUSED_AUTO_MAX_K 32
 #define KNN_FUSED_AUTO_MAX_FEATURES 160
@@ -101,8 +105,8 @@ int knn_fused_choose(knn_select_force force, knn_metric metric,
         force == KNN_SELECT_FORCE_FUSED_ROWS)
         return 1;
     long long blocks = (rows + KNN_FUSED_ROWS - 1) / KNN_FUSED_ROWS;
-    return k <= KNN_FUSED_AUTO_MAX_K &&
-           (p <= KNN_FUSED_AUTO_MAX_FEATURES || shared_walk) &&
+    return ((k <= KNN_FUSED_AUTO_MAX_K &&
+             p <= KNN_FUSED_AUTO_MAX_FEATURES) || shared_walk) &&
            blocks * KNN_FUSED_SMS_PER_BLOCK >= sm_count;
 }
 
@@ -127,25 +131,43 @@ struct knn_owner {
     int row;        /* in the tile */
     int sbegin, sslots; /* the row's survivor slots */
     int filled;     /* scores in best, <= k */
-    float kth;      /* once filled == k: the largest of them, the row's */
-    int kth_at;     /* k-th smallest so far, and its place in best */
+    float kth;      /* once filled == k: the largest of them, the row's
+                       k-th smallest so far (best's root) */
     int stale;      /* they changed since the bound was last taken */
     int survivors;  /* appended so far (may pass sslots) */
     int listed;     /* list entries from the column blocks before this one */
     float bound;    /* the row's threshold */
 };
 
-/* Floats of the block's shared memory besides the staging buffers: the
- * column blocks' squared norms (two), the lists, the thresholds and the
- * rows' squared norms. */
+/* A row's k smallest live in shared memory up to this k, past it in
+ * device memory (knn_fused_scratch.best, the same layout per block): at
+ * k = 100 they took 51 KB of a block's 149, which left one block an SM. */
+#define KNN_FUSED_SHARED_BEST_MAX_K 32
+
+/* Floats of the block's shared memory besides the staging buffers and the
+ * rows' k smallest: the column blocks' squared norms (two), the lists,
+ * the thresholds and the rows' squared norms. */
 #define KNN_FUSED_SMALL (2 * KNN_FUSED_COLS + \
                          2 * KNN_FUSED_LIST * KNN_FUSED_ROWS + \
                          2 * KNN_FUSED_ROWS)
 
+__host__ __device__ static inline bool knn_fused_best_shared(int k)
+{
+    return k <= KNN_FUSED_SHARED_BEST_MAX_K;
+}
+
+size_t knn_fused_best_floats(int k, int rows)
+{
+    if (knn_fused_best_shared(k)) return 0;
+    size_t blocks = ((size_t)rows + KNN_FUSED_ROWS - 1) / KNN_FUSED_ROWS;
+    return blocks * KNN_FUSED_ROWS * k;
+}
+
 static size_t knn_fused_smem_bytes(int k)
 {
     size_t floats = KNN_FUSED_STAGING + KNN_FUSED_SMALL +
-                    (size_t)k * KNN_FUSED_ROWS;
+                    (knn_fused_best_shared(k) ? (size_t)k * KNN_FUSED_ROWS
+                                              : 0);
     return floats * sizeof(float) + (KNN_FUSED_ROWS + 1) * sizeof(int) +
            KNN_FUSED_ROWS * sizeof(knn_owner);
 }
@@ -225,9 +247,7 @@ struct knn_fused_args {
     const float *fast_ref;  /* ldf x n_cols */
     const float *fast_rows; /* ldf x rows */
     int ldf;
-    uint64_t *survivor;     /* per-row slots as surv_offsets gives them */
-    const int *surv_offsets; /* rows + 1 */
-    int *survivors;         /* out: survivors per row (may exceed slots) */
+    knn_fused_scratch scratch;
     knn_pairs_walk walk;    /* the shared walk's (PAIRS kernels only) */
 };
 
@@ -369,15 +389,16 @@ struct knn_fused_shared {
     int *list_node;     /* [KNN_FUSED_LIST][128] */
     float *threshold;   /* [128] */
     float *row_sq;      /* [128]: distances, the rows' |f_i|^2 */
-    float *best;        /* [k][128]: row r's k smallest, column r */
+    float *best;        /* [k][128]: row r's k smallest, column r (in
+                           device memory past KNN_FUSED_SHARED_BEST_MAX_K) */
     int *list_count;    /* [128] */
     int *overflow;      /* the last column block whose lists overflowed,
                            numbered from 1 */
     knn_owner *owners;  /* [128] */
 };
 
-__device__ __forceinline__ knn_fused_shared knn_fused_carve(float *base,
-                                                            int k)
+__device__ __forceinline__ knn_fused_shared knn_fused_carve(
+    float *base, int k, float *device_best)
 {
     knn_fused_shared sh;
     sh.stage = base;
@@ -387,46 +408,61 @@ __device__ __forceinline__ knn_fused_shared knn_fused_carve(float *base,
     sh.list_node = (int *)(sh.list_score + KNN_FUSED_LIST * KNN_FUSED_ROWS);
     sh.threshold = (float *)(sh.list_node + KNN_FUSED_LIST * KNN_FUSED_ROWS);
     sh.row_sq = sh.threshold + KNN_FUSED_ROWS;
-    sh.best = sh.row_sq + KNN_FUSED_ROWS;
-    sh.list_count = (int *)(sh.best + (size_t)k * KNN_FUSED_ROWS);
+    float *end = sh.row_sq + KNN_FUSED_ROWS;
+    if (knn_fused_best_shared(k)) {
+        sh.best = end;
+        end += (size_t)k * KNN_FUSED_ROWS;
+    } else {
+        sh.best = device_best + (size_t)blockIdx.x * k * KNN_FUSED_ROWS;
+    }
+    sh.list_count = (int *)end;
     sh.overflow = sh.list_count + KNN_FUSED_ROWS;
     sh.owners = (knn_owner *)(sh.overflow + 1);
     return sh;
 }
 
-/* The largest of the row's k smallest and its place: k independent
- * loads, where keeping them sorted would shift them one after another. */
-__device__ __forceinline__ void knn_best_max(const float *best, int k,
-                                             knn_owner *o)
+/* The row's k smallest (column `best`, stride 128) form a max-heap once
+ * there are k of them: entry i's children are 2i + 1 and 2i + 2, the
+ * largest, the row's k-th smallest so far, is at the root. Replacing it
+ * takes log2 k steps where a scan for the new largest took k loads: at
+ * k = 100 that scan made the owners' work rival the products.
+ * s sinks from place i to where it is at least its children. */
+__device__ __forceinline__ void knn_best_sift(float *best, int k, int i,
+                                             float s)
 {
-    float m = best[0];
-    int at = 0;
-    for (int i = 1; i < k; i++) {
-        float v = best[i * KNN_FUSED_ROWS];
-        if (v > m) {
-            m = v;
-            at = i;
+    for (int c = 2 * i + 1; c < k; c = 2 * i + 1) {
+        float v = best[c * KNN_FUSED_ROWS];
+        if (c + 1 < k) {
+            float w = best[(c + 1) * KNN_FUSED_ROWS];
+            if (w > v) {
+                v = w;
+                c++;
+            }
         }
+        if (!(v > s)) break;
+        best[i * KNN_FUSED_ROWS] = v;
+        i = c;
     }
-    o->kth = m;
-    o->kth_at = at;
+    best[i * KNN_FUSED_ROWS] = s;
 }
 
-/* Inserts s into the row's k smallest (column `best`, stride 128, in no
- * order): into a free place, or over the largest when s is below it;
- * returns whether it went in. The multiset kept is the k smallest seen,
- * whatever the order they came in. */
+/* Inserts s into the row's k smallest: into a free place (the k-th
+ * makes them a heap), or over the largest when s is below it; returns
+ * whether it went in. The multiset kept is the k smallest seen, whatever
+ * the order they came in. */
 __device__ __forceinline__ int knn_best_insert(float *best, int k,
                                                knn_owner *o, float s)
 {
     if (o->filled < k) {
         best[o->filled++ * KNN_FUSED_ROWS] = s;
-        if (o->filled == k) knn_best_max(best, k, o);
-        return 1;
+        if (o->filled < k) return 1;
+        for (int i = k / 2 - 1; i >= 0; i--)
+            knn_best_sift(best, k, i, best[i * KNN_FUSED_ROWS]);
+    } else {
+        if (!(s < o->kth)) return 0;
+        knn_best_sift(best, k, 0, s);
     }
-    if (!(s < o->kth)) return 0;
-    best[o->kth_at * KNN_FUSED_ROWS] = s;
-    knn_best_max(best, k, o);
+    o->kth = best[0];
     return 1;
 }
 
@@ -458,7 +494,7 @@ __device__ __forceinline__ void knn_owner_append(const knn_fused_args &a,
                                                  int node)
 {
     if (o->survivors < o->sslots)
-        a.survivor[o->sbegin + o->survivors] =
+        a.scratch.survivor[o->sbegin + o->survivors] =
             ((uint64_t)knn_order_bits(s) << 32) | (unsigned)node;
     o->survivors++;
 }
@@ -566,7 +602,7 @@ __device__ void knn_owner_finish(const knn_fused_args &a,
     int node = s.self_first + r;
     int stored = min(o->survivors, o->sslots), kept = 0;
     for (int i = 0; i < stored; i++) {
-        uint64_t u = a.survivor[o->sbegin + i];
+        uint64_t u = a.scratch.survivor[o->sbegin + i];
         if ((double)knn_order_float((unsigned)(u >> 32)) <= bound) {
             if (PAIRS && kept < p.cap)
                 p.list[(size_t)node * p.cap + kept] = u;
@@ -575,7 +611,7 @@ __device__ void knn_owner_finish(const knn_fused_args &a,
             kept++;
         }
     }
-    a.survivors[r] = o->survivors;
+    a.scratch.needed[r] = o->survivors;
     knn_row_done(s, r, w, kept);
     if (PAIRS) knn_owner_to_node(a, sh, o, node, kept, bound);
 }
@@ -770,7 +806,8 @@ knn_fused_kernel(knn_fused_args a)
 {
     extern __shared__ float knn_fused_smem[];
     const knn_select_args &s = a.sel;
-    knn_fused_shared sh = knn_fused_carve(knn_fused_smem, s.k);
+    knn_fused_shared sh = knn_fused_carve(knn_fused_smem, s.k,
+                                          a.scratch.best);
     int row0 = blockIdx.x * KNN_FUSED_ROWS;
     int wm = knn_frag_of().wm; /* the thread's half of the rows */
     bool owner = threadIdx.x < KNN_FUSED_ROWS &&
@@ -781,11 +818,10 @@ knn_fused_kernel(knn_fused_args a)
     if (owner) {
         int r = row0 + threadIdx.x;
         o->row = r;
-        o->sbegin = a.surv_offsets[r];
-        o->sslots = a.surv_offsets[r + 1] - o->sbegin;
+        o->sbegin = a.scratch.offsets[r];
+        o->sslots = a.scratch.offsets[r + 1] - o->sbegin;
         o->filled = 0;
         o->kth = INFINITY;
-        o->kth_at = 0;
         o->stale = 0;
         o->survivors = 0;
         o->listed = 0;
@@ -943,8 +979,7 @@ knn_status knn_fused_wave_rows(knn_score_kind kind, int k, int sm_count,
 
 knn_status knn_fused_candidates(const knn_select_args *sel,
                                 const float *fast_ref, const float *fast_rows,
-                                int ldf, uint64_t *survivor,
-                                const int *surv_offsets, int *survivors,
+                                int ldf, const knn_fused_scratch *scratch,
                                 const knn_pairs_walk *walk,
                                 char *message, cudaStream_t stream)
 {
@@ -955,9 +990,7 @@ knn_status knn_fused_candidates(const knn_select_args *sel,
     a.fast_ref = fast_ref;
     a.fast_rows = fast_rows;
     a.ldf = ldf;
-    a.survivor = survivor;
-    a.surv_offsets = surv_offsets;
-    a.survivors = survivors;
+    a.scratch = *scratch;
     switch (sel->kind) {
     case KNN_SCORE_NEG:
         return knn_fused_launch<KNN_SCORE_NEG>(&a, message, stream);

@@ -158,6 +158,16 @@ static knn_status knn_tile_candidates_fp64(knn_gpu_dev *d,
     return KNN_OK;
 }
 
+/* The fused kernel's scratch in the tile's arrays, with these survivor
+ * slots. */
+static knn_fused_scratch knn_fused_scratch_of(const knn_gpu_tiles *t,
+                                              const int *surv_offsets)
+{
+    knn_fused_scratch s = {t->survivor, surv_offsets, t->survivors,
+                           t->fused_best};
+    return s;
+}
+
 /* A tile's candidates: a shared walk's lists, the fused kernel, or
  * products into the panel and a selection kernel. */
 static knn_status knn_tile_candidates(knn_gpu_dev *d,
@@ -170,12 +180,13 @@ static knn_status knn_tile_candidates(knn_gpu_dev *d,
     if (d->gathering)
         return knn_pairs_gather(&d->pairs, sa, node0, d->message, d->stream);
     if (sa->panel64) return knn_tile_candidates_fp64(d, sa, node0);
-    if (d->fused)
+    if (d->fused) {
+        knn_fused_scratch scratch = knn_fused_scratch_of(t, surv_offsets);
         return knn_fused_candidates(sa, nd->fast,
                                     nd->fast + (size_t)node0 * nd->ldf,
-                                    nd->ldf, t->survivor, surv_offsets,
-                                    t->survivors, NULL, d->message,
+                                    nd->ldf, &scratch, NULL, d->message,
                                     d->stream);
+    }
     if (knn_uses_product(req->metric))
         KNN_TRY(knn_panel_gemm(d->blas, nd, d->gemm, node0, sa->rows,
                                t->panel, sa->ld, d->message));
@@ -457,18 +468,32 @@ static void knn_copy_out(const knn_gpu_dev *d, const knn_gpu_slot *sl)
         knn_copy_part(&job, total * i / parts, total * (i + 1) / parts);
 }
 
+/* The candidates of all the slot's rows. */
+static double knn_slot_found(const knn_gpu_slot *sl)
+{
+    double found = 0.0;
+    for (int r = 0; r < sl->rows; r++) found += sl->count[r];
+    return found;
+}
+
+/* Whether a row of the slot needed more survivor slots than it had. */
+static int knn_slot_surv_overflow(const knn_gpu_tiles *t,
+                                  const knn_gpu_slot *sl)
+{
+    for (int r = 0; r < sl->rows; r++)
+        if (knn_row_surv_over(t, sl, r)) return 1;
+    return 0;
+}
+
 /* Whether a row of the slot needed more than its uniform slots; *found
  * gets the candidates of all its rows. */
 static int knn_slot_overflow(const knn_gpu_tiles *t, const knn_gpu_slot *sl,
                              double *found)
 {
-    int overflow = 0;
-    *found = 0.0;
-    for (int r = 0; r < sl->rows; r++) {
-        overflow |= sl->count[r] > t->slots || knn_row_surv_over(t, sl, r);
-        *found += sl->count[r];
-    }
-    return overflow;
+    *found = knn_slot_found(sl);
+    for (int r = 0; r < sl->rows; r++)
+        if (sl->count[r] > t->slots) return 1;
+    return knn_slot_surv_overflow(t, sl);
 }
 
 /* The TF32 candidates of the slot's rows before any refinement, given
@@ -608,7 +633,7 @@ static knn_status knn_dev_leave_fp32(knn_gpu_dev *d, knn_gemm_mode *next)
  * ones are computed on the stream after them. */
 static knn_status knn_dev_climb(knn_gpu_dev *d)
 {
-    knn_gemm_mode next;
+    knn_gemm_mode next = d->gemm;
     KNN_TRY(d->gemm == KNN_GEMM_TF32 ? knn_dev_leave_tf32(d, &next)
                                      : knn_dev_leave_fp32(d, &next));
     /* Float32 after TF32 may still climb to float64; nothing climbs
@@ -772,10 +797,11 @@ static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
                                               t->offsets_uniform, d->gemm);
     sa.n_cols = row0 + rows;
     knn_pairs_walk walk = {d->pairs, row0};
+    knn_fused_scratch scratch = knn_fused_scratch_of(t,
+                                                     t->surv_offsets_uniform);
     KNN_TRY(knn_fused_candidates(&sa, nd->fast,
                                  nd->fast + (size_t)row0 * nd->ldf, nd->ldf,
-                                 t->survivor, t->surv_offsets_uniform,
-                                 t->survivors, &walk, d->message, d->stream));
+                                 &scratch, &walk, d->message, d->stream));
     knn_select_args earlier = knn_tile_select_args(d, 0, 0, row0,
                                                    t->offsets_uniform,
                                                    d->gemm);
@@ -812,11 +838,13 @@ static knn_status knn_pairs_walk_all(knn_gpu_dev *d, int *left)
     for (int row0 = d->q0; row0 < end && !d->shared->stop;) {
         int rows = end - row0 < t->rows ? end - row0 : t->rows, lost = 0;
         KNN_TRY(knn_pairs_walk_tile(d, row0, rows, &lost));
-        double found = 0.0;
-        int overflow = knn_slot_overflow(t, sl, &found);
+        /* A row's candidates past the tile's slots stay in its node's
+         * list, whose own overflow is `lost`; the gather's redo gives
+         * them slots. */
+        double found = knn_slot_found(sl);
         knn_rung_step step = knn_dev_next_step(d, sl, found, 0);
-        *left = step != KNN_RUNG_STAY ? (int)step
-              : overflow || lost      ? -1 : 0;
+        *left = step != KNN_RUNG_STAY                      ? (int)step
+              : knn_slot_surv_overflow(t, sl) || lost ? -1 : 0;
         if (*left) {
             d->shared->rows_done -= credited;
             return KNN_OK;

@@ -31,15 +31,27 @@
 #include "knn_gpu_score.cuh"
 
 #define KNN_PAIRS_WARPS 8 /* nodes per block: one warp each */
-/* The merge holds a node's k smallest in a warp, one per lane. */
-#define KNN_PAIRS_MAX_K 32
-/* Taken wherever it can run: end to end, the shared walk took 0.56x to
- * 0.88x the plain walk's time on one H200 (inst/bench/pairs.R, RESULTS.md
- * "Each pair once": Pearson and Euclidean, 200000 to 1M nodes, k 10 to
- * 32). */
+/* The merge holds a node's k smallest in a warp, entry i in slot i / 32
+ * of lane i % 32. */
+#define KNN_PAIRS_PER_LANE 4
+#define KNN_PAIRS_MAX_K (32 * KNN_PAIRS_PER_LANE)
+/* Where it runs, chosen by the engine: end to end on one H200
+ * (inst/bench/pairs.R, RESULTS.md "Each pair once" and "k up to 128"),
+ * the shared walk took 0.47x to 0.88x the plain walk's time at k 10 to 32
+ * and 200000 to 1M nodes, and 0.19x to 0.51x the panel path's; past
+ * k = 32 it took 0.37x to 0.51x the panel path's time at 1M nodes (k =
+ * 100, 50 and 128 features) but 0.97x to 1.02x at 262144 (k = 100, 128
+ * features; 0.71x to 0.83x at k = 64), where the owners' work per row
+ * and the search's fixed costs weigh more: so past k = 32 only from
+ * 262144 nodes. A forced fused search takes it wherever it can run. */
+#define KNN_PAIRS_AUTO_SMALL_K 32
+#define KNN_PAIRS_AUTO_MIN_NODES 262144
 int knn_pairs_choose(knn_select_force force, int self, int k, int nq,
                      int n_ref, int tile_rows)
 {
+    if (force == KNN_SELECT_CHOOSE && k > KNN_PAIRS_AUTO_SMALL_K &&
+        n_ref < KNN_PAIRS_AUTO_MIN_NODES)
+        return 0;
     return self && force != KNN_SELECT_FORCE_FUSED_ROWS &&
            k <= KNN_PAIRS_MAX_K && nq == n_ref && tile_rows < nq && nq > 1;
 }
@@ -123,16 +135,35 @@ __device__ __forceinline__ float knn_warp_max(float v)
     return v;
 }
 
-/* Inserts s into the k smallest that the warp's lanes hold (lane i < k
- * its i-th, in no order; lanes past k -inf, never the largest), given
- * their largest mx; returns the new largest. */
-__device__ __forceinline__ float knn_warp_best_insert(float &b, float mx,
-                                                      float s, int lane)
+/* The largest of the k smallest that the warp's lanes hold. */
+__device__ __forceinline__ float knn_warp_best_max(
+    const float (&b)[KNN_PAIRS_PER_LANE])
+{
+    float m = b[0];
+#pragma unroll
+    for (int q = 1; q < KNN_PAIRS_PER_LANE; q++) m = fmaxf(m, b[q]);
+    return knn_warp_max(m);
+}
+
+/* Inserts s into the k smallest that the warp's lanes hold (entry i in
+ * slot i / 32 of lane i % 32, in no order; places past k -inf, never the
+ * largest), given their largest mx; returns the new largest. The first
+ * place that holds mx takes s. */
+__device__ __forceinline__ float knn_warp_best_insert(
+    float (&b)[KNN_PAIRS_PER_LANE], float mx, float s, int lane)
 {
     if (!(s < mx)) return mx;
-    unsigned at = __ballot_sync(0xffffffffu, b == mx);
-    if (lane == __ffs(at) - 1) b = s;
-    return knn_warp_max(b);
+    int at = -1;
+#pragma unroll
+    for (int q = KNN_PAIRS_PER_LANE - 1; q >= 0; q--)
+        if (b[q] == mx) at = q;
+    unsigned holds = __ballot_sync(0xffffffffu, at >= 0);
+    if (lane == __ffs(holds) - 1) {
+#pragma unroll
+        for (int q = 0; q < KNN_PAIRS_PER_LANE; q++)
+            if (q == at) b[q] = s; /* no indexing: b stays in registers */
+    }
+    return knn_warp_best_max(b);
 }
 
 /* Keeps the first n entries of list that are at or below thr, in their
@@ -164,8 +195,12 @@ knn_pairs_merge_kernel(knn_pairs p, knn_select_args sel, int n_nodes)
     int listed = min(p.count[j], p.cap), from = p.merged[j];
     if (listed == from) return;
     uint64_t *list = p.list + (size_t)j * p.cap;
-    float b = lane < p.k ? p.best[(size_t)j * p.k + lane] : -INFINITY;
-    float mx = knn_warp_max(b);
+    const float *node_best = p.best + (size_t)j * p.k;
+    float b[KNN_PAIRS_PER_LANE];
+#pragma unroll
+    for (int q = 0; q < KNN_PAIRS_PER_LANE; q++)
+        b[q] = 32 * q + lane < p.k ? node_best[32 * q + lane] : -INFINITY;
+    float mx = knn_warp_best_max(b);
     for (int e0 = from; e0 < listed; e0 += 32) {
         int n = min(32, listed - e0);
         float mine = lane < n ? knn_entry_score(list[e0 + lane]) : 0.0f;
@@ -180,7 +215,9 @@ knn_pairs_merge_kernel(knn_pairs p, knn_select_args sel, int n_nodes)
     double bound = isinf(mx) ? INFINITY : knn_row_bound(sel, w, (double)mx);
     float thr = fminf(p.threshold[j], __double2float_rd(bound));
     int kept = knn_warp_compact(list, listed, thr, lane);
-    if (lane < p.k) p.best[(size_t)j * p.k + lane] = b;
+#pragma unroll
+    for (int q = 0; q < KNN_PAIRS_PER_LANE; q++)
+        if (32 * q + lane < p.k) p.best[(size_t)j * p.k + 32 * q + lane] = b[q];
     if (lane == 0) {
         p.threshold[j] = thr;
         p.count[j] = kept;

@@ -88,6 +88,9 @@ static void knn_tiles_carve(knn_gpu_tiles *t, size_t ld, int k,
     t->count = knn_carve<int>(dev, r);
     t->wide = knn_carve<int>(dev, r);
     t->survivors = knn_carve<int>(dev, r);
+    /* Survivor slots exist exactly on the fused path. */
+    t->fused_best = knn_carve<float>(
+        dev, t->surv_slots > 0 ? knn_fused_best_floats(k, t->rows) : 0);
     t->surv_offsets_uniform = knn_carve<int>(dev, r + 1);
     t->surv_offsets_exact = knn_carve<int>(dev, r + 1);
     t->h_surv_offsets = knn_carve<int>(host, r + 1);
@@ -127,6 +130,7 @@ static double knn_row_bytes(size_t ld, int slots, int surv_slots, int k)
     knn_gpu_tiles t;
     memset(&t, 0, sizeof t);
     t.rows = rows;
+    t.surv_slots = surv_slots;
     knn_carver dev = {NULL, 0}, host = {NULL, 0};
     knn_tiles_carve(&t, ld, k, &dev, &host);
     knn_slots_carve(&t, (size_t)rows * slots, &dev);
@@ -315,19 +319,18 @@ static knn_status knn_dev_choose_path(knn_gpu_dev *d)
     return KNN_OK;
 }
 
-/* The shared walk's per-node arrays, where they fit (the tiles, allocated
- * next, take what is left): each node lists its candidates in `slots`
- * entries, the tiles' slots. */
-static knn_status knn_dev_plan_pairs(knn_gpu_dev *d, int slots)
+/* A shared walk's tiles hold at least a block of the fused kernel's rows
+ * (fewer leave its threads idle) beside the per-node arrays, or the
+ * search walks plain. */
+#define KNN_PAIRS_MIN_TILE_ROWS 128
+
+/* The search is planned again without a shared walk. */
+static knn_status knn_dev_refuse_pairs(knn_gpu_dev *d)
 {
-    const knn_request *req = d->req;
-    knn_status st = knn_pairs_alloc(&d->pairs, req->n_ref, req->k, slots,
-                                    d->message, d->stream);
-    if (st == KNN_E_NOMEM) {
-        d->message[0] = '\0';
-        return KNN_OK;
-    }
-    return st;
+    knn_pairs_free(&d->pairs);
+    d->pairs_refused = 1;
+    d->message[0] = '\0';
+    return knn_dev_plan_tiles(d);
 }
 
 knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
@@ -347,12 +350,25 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
         budget = req->memory_bytes;
     double per_row = knn_row_bytes(knn_dev_panel_ld(d), slots, surv_slots,
                                    k);
+    /* A shared walk's per-node arrays come out of the same budget. A
+     * node's list holds its candidates and then a tile's offers, judged
+     * against a threshold from fewer nodes, whose band of margins holds
+     * more of them: at first about as many again (euclidean, 262144 x 128,
+     * k = 100, on an H200: 196 candidates a row of the first tile, whose
+     * lists then overflowed 2k + 256 entries with the second's offers). */
+    int pairs = knn_dev_wants_pairs(d, 0);
+    int list_cap = 2 * slots < avail ? 2 * slots : avail;
+    if (pairs) {
+        budget -= knn_pairs_bytes(req->n_ref, k, list_cap);
+        if (budget < KNN_PAIRS_MIN_TILE_ROWS * per_row)
+            return knn_dev_refuse_pairs(d);
+    }
     double rows = budget / per_row;
     /* A fused tile keeps at least one full wave of blocks, however wide
      * the reference: fewer rows would leave SMs idle for the whole tile.
      * A shared walk takes one wave a tile: the pairs within a tile are
      * computed twice, so more tiles save more. */
-    double tile_rows = knn_dev_wants_pairs(d, 0) ? (double)d->wave_rows
+    double tile_rows = pairs ? (double)d->wave_rows
         : d->fused
         ? fmax(KNN_FUSED_PAIRS_MAX / req->n_ref, (double)d->wave_rows)
         : KNN_PANEL_FLOATS_MAX / req->n_ref /
@@ -368,7 +384,12 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
      * 537 blocks of 128 rows against 264 at once on an H200). */
     if (d->fused && r < d->nq && r > d->wave_rows)
         r -= r % d->wave_rows;
-    if (knn_dev_wants_pairs(d, r)) KNN_TRY(knn_dev_plan_pairs(d, slots));
+    if (knn_dev_wants_pairs(d, r)) {
+        knn_status st = knn_pairs_alloc(&d->pairs, req->n_ref, k, list_cap,
+                                        d->message, d->stream);
+        if (st == KNN_E_NOMEM) return knn_dev_refuse_pairs(d);
+        KNN_TRY(st);
+    }
     for (;;) {
         knn_status st = knn_tiles_alloc(d, r, slots, surv_slots);
         if (st == KNN_OK) {

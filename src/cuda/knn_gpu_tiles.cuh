@@ -81,6 +81,8 @@ typedef struct {
     uint64_t *survivor;
     int64_t surv_alloc;
     int *survivors;
+    float *fused_best;      /* the rows' k smallest where the fused
+                               kernel's shared memory cannot hold them */
     int *cand_index;
     double *cand_key;
     uint64_t *sort_key, *sort_key_out;
@@ -118,7 +120,8 @@ typedef struct {
                                (every SM holding all the blocks it can) */
     knn_pairs pairs;        /* a shared walk's per-node arrays (pairs.block
                                set: this search computes each pair once) */
-    int pairs_refused;      /* a shared walk overflowed: not again */
+    int pairs_refused;      /* a shared walk overflowed or did not fit:
+                               not again */
     int gathering;          /* the walk is done: tiles gather its lists */
     int pairs_once;         /* the search ended with a shared walk */
     knn_gpu_context *ctx;   /* the device's stream, handle, staging */

@@ -90,21 +90,22 @@ test_that("a self search on one GPU computes each pair once, same bits", {
     metrics <- c("pearson", "cosine", "euclidean", "abspearson",
                  "sqeuclidean")
     pairsOnce <- function(res) attr(res, "timings")$pairs_once
-    ## Small budgets: tiles of a few hundred rows, whose products with the
-    ## earlier tiles' nodes are offered to those nodes; rows past a whole
-    ## block of 128; the hard kinds in TF32 (whose lists may overflow,
-    ## where the search leaves the shared walk: the same bits either way).
+    ## Small budgets: tiles of a few hundred rows beside the walk's
+    ## per-node arrays (7.6 MB here), whose products with the earlier
+    ## tiles' nodes are offered to those nodes; rows past a whole block of
+    ## 128; the hard kinds in TF32 (whose lists may overflow, where the
+    ## search leaves the shared walk: the same bits either way).
     for (kind in hardKinds) {
         x <- hardMatrix(kind, 1700, 48)
         for (metric in metrics) {
             Sys.setenv(KNNGPU_SELECT = "fused")
-            withOptions(list(knngpu.gpu.memory = 3e6), {
+            withOptions(list(knngpu.gpu.memory = 1.2e7), {
                 got <- expectGpuIdentical(x, 10, metric,
                                           label = paste(kind, "pairs"),
                                           gpuPrecision = "tf32")
             })
             Sys.setenv(KNNGPU_SELECT = "fused_rows")
-            withOptions(list(knngpu.gpu.memory = 3e6), {
+            withOptions(list(knngpu.gpu.memory = 1.2e7), {
                 rows <- knnSearch(x, k = 10, metric = metric,
                                   device = "gpu", precision = "tf32",
                                   progress = FALSE)
@@ -114,22 +115,30 @@ test_that("a self search on one GPU computes each pair once, same bits", {
             expect_identical(rows$distance, got$gpu$distance)
         }
     }
-    ## k up to the walk's limit (32) and beyond it (forced fused, where
-    ## every row walks every node); features over several stages. The
-    ## budget keeps the nodes on the device (not streamed in blocks).
+    ## k up to the walk's limit (128: four entries a lane in the merge,
+    ## the rows' k smallest in device memory past 32) and beyond it (the
+    ## panel path); features over several stages. 3.1e7 bytes hold the
+    ## per-node arrays (10 to 22 MB) and tiles of 270 to 1700 rows, and
+    ## keep the nodes on the device (not streamed in blocks).
     Sys.setenv(KNNGPU_SELECT = "fused")
     x <- randomMatrix(2500, 70, 62)
-    for (k in c(1, 16, 32, 33, 100)) {
-        withOptions(list(knngpu.gpu.memory = 6e6), {
+    for (k in c(1, 16, 32, 33, 100, 128, 129)) {
+        withOptions(list(knngpu.gpu.memory = 3.1e7), {
             got <- expectGpuIdentical(x, k, "euclidean", label = "pairs k")
             expectGpuIdentical(x, k, "pearson", label = "pairs k")
         })
-        expect_identical(pairsOnce(got$gpu), k <= 32, label = paste("k", k))
+        expect_identical(pairsOnce(got$gpu), k <= 128, label = paste("k", k))
     }
+    ## A budget that holds the per-node arrays (13 MB at k = 32) but not
+    ## a block of rows beside them: the search walks plain.
+    withOptions(list(knngpu.gpu.memory = 1.4e7), {
+        got <- expectGpuIdentical(x, 32, "euclidean", label = "pairs budget")
+    })
+    expect_false(pairsOnce(got$gpu))
     ## Ties everywhere, k large against them: lists full of tied
     ## candidates; the same bits whether or not a list overflowed.
     t <- tiedMatrix(1500, 10, 63)
-    withOptions(list(knngpu.gpu.memory = 2e6), {
+    withOptions(list(knngpu.gpu.memory = 1.8e7), {
         for (metric in metrics) {
             expectGpuIdentical(t, 100, metric, label = "pairs ties")
         }
