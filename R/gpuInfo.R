@@ -11,7 +11,7 @@
 #' @details The first search that succeeds on a GPU keeps, for the next
 #'   ones, that GPU's CUDA stream and cuBLAS handle (about 66 MB of device
 #'   memory on an H200, which \code{free_gb} then no longer counts) and
-#'   pinned host memory for uploads and results (32 MB, and up to 64 MB
+#'   pinned host memory for uploads and results (32 MB, and up to 192 MB
 #'   more); a small search would otherwise spend a third of its time making
 #'   them. They are released when the package is unloaded. A search that
 #'   fails or is interrupted leaves the GPU's memory as it found it.

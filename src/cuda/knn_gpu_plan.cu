@@ -18,7 +18,11 @@
 #include "knn_gpu_tiles.cuh"
 
 #define KNN_RESERVE_BYTES (512.0 * 1048576.0)
-#define KNN_HOST_KEEP_BYTES ((size_t)64 << 20)
+/* Pinned result slots a device's context keeps (knn_host_slots): enough
+ * for a shared walk's tiles (one wave, 33792 rows on an H200) up to
+ * k = 128, 173 MB; a 262144-node graph at k = 100 pinned 135 MB of its
+ * own in 60 to 70 ms of a 433 ms search, on an H200. */
+#define KNN_HOST_KEEP_BYTES ((size_t)192 << 20)
 #define KNN_SLOT_BYTES_MAX (256.0 * 1048576.0)
 #define KNN_PANEL_FLOATS_MAX 2147483648.0 /* keeps one tile well under 1 s */
 /* Pairs of a fused tile: 2^36 take some 0.1 s on an H200 at p = 50, so an
@@ -199,7 +203,7 @@ knn_status knn_slots_alloc(knn_gpu_dev *d, int64_t n_slots,
 
 /* Host memory for the result slots. Pinned slots let the transfers run at
  * full speed and one tile's transfer overlap the next tile's work, but
- * pinning costs half a millisecond and more per allocation: up to
+ * pinning costs half a millisecond a megabyte: up to
  * KNN_HOST_KEEP_BYTES come from the device's context, kept from one search
  * to the next. A search that needs more pins its own, or, if it has one
  * tile only (whose transfer overlaps nothing), takes plain memory. */
