@@ -843,8 +843,8 @@ static knn_status knn_pairs_walk_all(knn_gpu_dev *d, int *left)
          * them slots. */
         double found = knn_slot_found(sl);
         knn_rung_step step = knn_dev_next_step(d, sl, found, 0);
-        *left = step != KNN_RUNG_STAY                      ? (int)step
-              : knn_slot_surv_overflow(t, sl) || lost ? -1 : 0;
+        int overflow = knn_slot_surv_overflow(t, sl) || lost;
+        *left = step != KNN_RUNG_STAY ? (int)step : overflow ? -1 : 0;
         if (*left) {
             d->shared->rows_done -= credited;
             return KNN_OK;
