@@ -408,6 +408,7 @@ typedef struct {
     double *cand_key;      /* scratch, n_slots each */
     uint64_t *sort_key, *sort_key_out;
     int *sort_val, *sort_val_out;
+    int *sort_end;         /* scratch, rows: the segments CUB sorts */
     void *sort_temp;
     size_t sort_temp_bytes;
     int by_row;            /* 1: row-major tile, else column-major */

@@ -218,6 +218,7 @@ static knn_status knn_tile_rerank(knn_gpu_dev *d, int rows, int node0,
     ra.sort_key_out = t->sort_key_out;
     ra.sort_val = t->sort_val;
     ra.sort_val_out = t->sort_val_out;
+    ra.sort_end = t->sort_end;
     ra.sort_temp = t->sort_temp;
     ra.sort_temp_bytes = t->sort_temp_bytes;
     ra.by_row = d->out->by_row;

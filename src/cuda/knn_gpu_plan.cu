@@ -89,6 +89,7 @@ static void knn_tiles_carve(knn_gpu_tiles *t, size_t ld, int k,
     t->offsets_uniform = knn_carve<int>(dev, r + 1);
     t->offsets_exact = knn_carve<int>(dev, r + 1);
     t->seg_end = knn_carve<int>(dev, r);
+    t->sort_end = knn_carve<int>(dev, r);
     t->count = knn_carve<int>(dev, r);
     t->wide = knn_carve<int>(dev, r);
     t->survivors = knn_carve<int>(dev, r);

@@ -13,20 +13,29 @@
  * 2. Order: each key's reported distance (knn_key_distance, what results
  *    are ordered by) becomes 64 unsigned bits whose integer order is its
  *    order (-0 folded into +0, since the C engine's comparison treats them
- *    as equal), and CUB's stable segmented sort orders every row's slots
- *    by it. Slots were filled in ascending node order, so equal distances
- *    stay ordered by the smaller index: the engine's tie rule.
+ *    as equal), and every row's slots are ordered by it, equal ones by
+ *    slot. Slots were filled in ascending node order, so equal distances
+ *    stay ordered by the smaller index: the engine's tie rule. A row of
+ *    up to KNN_SORT_SHORT slots is sorted by a block of its own in shared
+ *    memory (a bitonic sort on (bits, slot), which orders as a stable sort
+ *    by the bits does); longer ones by CUB's stable segmented sort, which
+ *    on 262144 rows of some 242 candidates took 40 ms of a tile's 60 ms
+ *    re-rank (ncu, H200), most rows going to its kernel for large
+ *    segments.
  * 3. Output: one thread per (row, rank < k) reads its slot's node and
  *    original key and writes index, distance and weight (knn_key_output)
  *    into rows x k arrays, column- or row-major as the caller's result is;
  *    thread t writes element t of that layout, so writes coalesce.
  */
+#include <limits.h>
 #include <cub/device/device_segmented_sort.cuh>
 #include "knn_gpu_score.cuh"
 
 #define KNN_KEY_WARPS 4  /* rows per block */
 #define KNN_KEY_CHUNK 32 /* features staged at a time */
 #define KNN_OUT_THREADS 256
+#define KNN_SORT_SHORT 1024 /* slots a row sorted in shared memory holds */
+#define KNN_SORT_THREADS 128
 
 /* Stages features [f0, f0 + w) of the warp's n candidates (lane c holds
  * candidate c's node j) into tile[c][0..w), one coalesced read each. */
@@ -81,6 +90,64 @@ knn_key_kernel(knn_rerank_args a)
     }
 }
 
+/* Whether entry (ka, va) goes before (kb, vb): by the bits, then by the
+ * slot. */
+__device__ __forceinline__ bool knn_sort_before(uint64_t ka, int va,
+                                                uint64_t kb, int vb)
+{
+    return ka < kb || (ka == kb && va < vb);
+}
+
+/* Sorts the m entries (m a power of two) of key and val in shared
+ * memory, ascending, with the block's threads. */
+__device__ static void knn_bitonic_sort(uint64_t *key, int *val, int m)
+{
+    for (int size = 2; size <= m; size <<= 1)
+        for (int stride = size >> 1; stride > 0; stride >>= 1) {
+            __syncthreads();
+            for (int t = threadIdx.x; t < m / 2; t += blockDim.x) {
+                /* Pair (i, i + stride), ascending where i's block of
+                 * `size` is even-numbered. */
+                int i = 2 * t - (t & (stride - 1));
+                int j = i + stride;
+                bool up = (i & size) == 0;
+                if (knn_sort_before(key[j], val[j], key[i], val[i]) == up) {
+                    uint64_t kt = key[i];
+                    key[i] = key[j];
+                    key[j] = kt;
+                    int vt = val[i];
+                    val[i] = val[j];
+                    val[j] = vt;
+                }
+            }
+        }
+    __syncthreads();
+}
+
+/* One block per row: a row of up to KNN_SORT_SHORT slots is sorted here
+ * and its first k slots written to sort_val_out; sort_end[r] gets the
+ * row's end for CUB, its start for a row sorted here (an empty
+ * segment). */
+__global__ static void __launch_bounds__(KNN_SORT_THREADS)
+knn_sort_short_kernel(knn_rerank_args a)
+{
+    __shared__ uint64_t key[KNN_SORT_SHORT];
+    __shared__ int val[KNN_SORT_SHORT];
+    int r = blockIdx.x, begin = a.offsets[r], n = a.seg_end[r] - begin;
+    bool here = n <= KNN_SORT_SHORT;
+    if (threadIdx.x == 0) a.sort_end[r] = here ? begin : a.seg_end[r];
+    if (!here) return; /* the whole block */
+    int m = 32;
+    while (m < n) m <<= 1;
+    for (int e = threadIdx.x; e < m; e += blockDim.x) {
+        key[e] = e < n ? a.sort_key[begin + e] : ~0ull;
+        val[e] = e < n ? a.sort_val[begin + e] : INT_MAX;
+    }
+    knn_bitonic_sort(key, val, m);
+    for (int e = threadIdx.x; e < min(n, a.k); e += blockDim.x)
+        a.sort_val_out[begin + e] = val[e];
+}
+
 __global__ static void knn_output_kernel(knn_rerank_args a)
 {
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
@@ -119,10 +186,12 @@ knn_status knn_rerank(const knn_rerank_args *a, char *message,
         return knn_gpu_fail(message, KNN_E_DEVICE, "segmented sort",
                             "its scratch was planned too small", __FILE__,
                             __LINE__);
+    knn_sort_short_kernel<<<a->rows, KNN_SORT_THREADS, 0, stream>>>(*a);
+    KNN_LAUNCH_TRY(message, "knn_sort_short_kernel");
     KNN_CUDA_TRY(message, cub::DeviceSegmentedSort::StableSortPairs(
         a->sort_temp, temp_bytes, a->sort_key, a->sort_key_out, a->sort_val,
         a->sort_val_out, a->n_slots, (int64_t)a->rows, a->offsets,
-        a->seg_end, stream));
+        a->sort_end, stream));
     size_t n_out = (size_t)a->rows * a->k;
     unsigned blocks = (unsigned)((n_out + KNN_OUT_THREADS - 1) /
                                  KNN_OUT_THREADS);

@@ -70,6 +70,7 @@ typedef struct {
     int *h_offsets;         /* pinned, R + 1 */
     int *h_pairs_lost;      /* pinned: a shared walk's list overflowed */
     int *seg_end, *count;
+    int *sort_end;          /* knn_rerank_args.sort_end */
     int *wide;              /* knn_select_args.wide */
     int64_t n_slots_alloc;
     /* The fused path's survivors (knn_gpu_fused.cu): their slots, uniform
