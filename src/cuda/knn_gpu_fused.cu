@@ -80,10 +80,10 @@
  * (radix) at 200000 and 1533876 nodes (inst/bench/pairs.R, 2026-11-24
  * 13:42 UTC); so the feature limit is the plain walk's only, and so is
  * the limit on k (knn_pairs_choose() says where a shared walk runs past
- * k = 32). With few
- * blocks the panel path, whose GEMM splits columns too, keeps the device
- * busier: 2048 queries (16 blocks) took 1.63x to 1.75x, 8192 (64) 0.76x
- * to 0.83x, 32768 0.38x to 0.56x; the fused path needs a block per 4 SMs.
+ * k = 32). With few blocks the panel path, whose GEMM splits columns
+ * too, keeps the device busier: 2048 queries (16 blocks) took 1.63x to
+ * 1.75x, 8192 (64) 0.76x to 0.83x, 32768 0.38x to 0.56x; the fused path
+ * needs a block per 4 SMs.
  * KNN_FUSED_MAX_K is the kernel's limit: past it the rows' k smallest
  * (a heap of k per row, in device memory past k = 32) and the shared
  * walk's merge (four entries a lane) would need more. */

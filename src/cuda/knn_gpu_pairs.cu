@@ -195,7 +195,7 @@ knn_pairs_merge_kernel(knn_pairs p, knn_select_args sel, int n_nodes)
     int listed = min(p.count[j], p.cap), from = p.merged[j];
     if (listed == from) return;
     uint64_t *list = p.list + (size_t)j * p.cap;
-    const float *node_best = p.best + (size_t)j * p.k;
+    float *node_best = p.best + (size_t)j * p.k;
     float b[KNN_PAIRS_PER_LANE];
 #pragma unroll
     for (int q = 0; q < KNN_PAIRS_PER_LANE; q++)
@@ -217,7 +217,7 @@ knn_pairs_merge_kernel(knn_pairs p, knn_select_args sel, int n_nodes)
     int kept = knn_warp_compact(list, listed, thr, lane);
 #pragma unroll
     for (int q = 0; q < KNN_PAIRS_PER_LANE; q++)
-        if (32 * q + lane < p.k) p.best[(size_t)j * p.k + 32 * q + lane] = b[q];
+        if (32 * q + lane < p.k) node_best[32 * q + lane] = b[q];
     if (lane == 0) {
         p.threshold[j] = thr;
         p.count[j] = kept;
