@@ -15,6 +15,7 @@
 #define KNN_GPU_CUH
 
 #include <atomic>
+#include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
 #include <stddef.h>
@@ -142,6 +143,10 @@ typedef struct {
     float *fast;      /* product metrics: fast vectors f, ldf x n_nodes */
     int ldf;          /* p rounded up to 4, zero padded: aligned rows let
                          cuBLAS use its tensor-core kernels */
+    __half *half;     /* correlations on the fused path (knn_nodes_half):
+                         f rounded to nearest fp16, ldh x n_nodes, zero
+                         padded; else NULL */
+    int ldh;          /* p rounded up to 8: rows of 16-byte pieces */
     float *split;     /* split TF32 (knn_nodes_split): per node 4 ldf
                          floats, [hi | hi | lo | hi] with f = hi + lo (to
                          2^-22), both TF32 values; else NULL */
@@ -282,10 +287,11 @@ typedef struct {
 knn_gemm_units knn_gemm_units_of(knn_gemm_mode mode, int p);
 /* The report's precision into out: the arithmetic a search ended on, the
  * ones it climbed from (before: knn_gemm_bit of each), whether TF32
- * candidates were rescored in float32 (refined). */
+ * candidates were rescored in float32 (refined), whether TF32 tiles ran
+ * as the fused kernel's fp16 products (half_products). */
 void knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
-                        unsigned before, int refined, char *out,
-                        size_t size);
+                        unsigned before, int refined, int half_products,
+                        char *out, size_t size);
 
 /* The fused path (knn_gpu_fused.cu): products and selection in one
  * kernel, so the panel never exists. Whether a device's search of `rows`
@@ -318,11 +324,12 @@ typedef struct {
     float *best;
 } knn_fused_scratch;
 /* Candidates of a row tile as knn_select_candidates gives them (sel's
- * panel unused), from the fast vectors of the reference (n_cols nodes) and
- * of the tile's rows (ldf floats apart). */
+ * panel unused), from the nodes' vectors: the reference's first n_cols
+ * nodes and the tile's rows from node0 (distances: nodes->fast;
+ * correlations: nodes->half, which knn_nodes_half must have made). */
 knn_status knn_fused_candidates(const knn_select_args *sel,
-                                const float *fast_ref, const float *fast_rows,
-                                int ldf, const knn_fused_scratch *scratch,
+                                const knn_gpu_nodes *nodes, int node0,
+                                const knn_fused_scratch *scratch,
                                 const struct knn_pairs_walk *walk,
                                 char *message, cudaStream_t stream);
 
@@ -441,6 +448,10 @@ knn_status knn_nodes_remargin(knn_metric metric, knn_gpu_nodes *nodes,
 /* Product metrics: the split TF32 arrays (nodes->split) from the fast
  * vectors, on the stream after the work already queued there.
  * KNN_E_NOMEM (nothing changed) where they do not fit. */
+/* The fp16 copy of the correlation metrics' fast vectors (nodes->half),
+ * which the fused kernel reads; KNN_E_NOMEM where it does not fit. */
+knn_status knn_nodes_half(knn_gpu_nodes *nodes, char *message,
+                          cudaStream_t stream);
 knn_status knn_nodes_split(knn_gpu_nodes *nodes, char *message,
                            cudaStream_t stream);
 /* Product metrics: the fp64 rung's arrays (nodes->fast64, sqnorm64), on

@@ -56,7 +56,7 @@
 #define KNN_FUSED_ROWS 128            /* rows per block */
 #define KNN_FUSED_COLS 128            /* nodes per column block */
 #define KNN_FUSED_THREADS 256
-#define KNN_FUSED_FEAT 32             /* features per stage */
+#define KNN_FUSED_FEAT 32             /* floats per staged row and stage */
 /* Staging row length: 36 floats put the 8 rows of an ldmatrix phase on
  * 32 distinct banks. */
 #define KNN_FUSED_LD (KNN_FUSED_FEAT + 4)
@@ -91,6 +91,9 @@
 #define KNN_FUSED_AUTO_MAX_K 32
 #define KNN_FUSED_AUTO_MAX_FEATURES 160
 #define KNN_FUSED_SMS_PER_BLOCK 4        /* fewest blocks: SMs / 4 */
+/* The correlations' products take fp16 inputs below this many features
+ * (knn_mma says why); the fused path stops there. */
+#define KNN_FUSED_HALF_MAX_FEATURES (1 << 26)
 
 int knn_fused_choose(knn_select_force force, knn_metric metric,
                      knn_gemm_mode gemm, int k, int p, int rows,
@@ -99,7 +102,8 @@ int knn_fused_choose(knn_select_force force, knn_metric metric,
     if (force == KNN_SELECT_FORCE_WARP || force == KNN_SELECT_FORCE_RADIX)
         return 0;
     if (!knn_uses_product(metric) || gemm != KNN_GEMM_TF32 ||
-        k > KNN_FUSED_MAX_K)
+        k > KNN_FUSED_MAX_K ||
+        (knn_is_correlation(metric) && p >= KNN_FUSED_HALF_MAX_FEATURES))
         return 0;
     if (force == KNN_SELECT_FORCE_FUSED ||
         force == KNN_SELECT_FORCE_FUSED_ROWS)
@@ -201,7 +205,7 @@ __device__ __forceinline__ int knn_frag_col(const knn_frag &f, int nt, int e)
 
 /* ---- products ---------------------------------------------------------- */
 
-__device__ __forceinline__ void knn_cp16(float *dst, const float *src,
+__device__ __forceinline__ void knn_cp16(float *dst, const void *src,
                                          bool valid)
 {
     unsigned s = (unsigned)__cvta_generic_to_shared(dst);
@@ -220,20 +224,42 @@ __device__ __forceinline__ void knn_cp_wait()
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
 }
 
-/* Queues features [f0, f0 + 32) of n nodes from node `first` (ldf floats
- * apart) into 128 staging rows; absent nodes and features past ldf read as
- * zero (cp.async's zero fill). 256 threads, four 16-byte pieces each: the
- * thread's piece q = tid % 8 of rows tid / 8 + 32 i, so the four share
- * one feature offset and step by 32 rows. */
-__device__ __forceinline__ void knn_stage_nodes(float *dst, const float *x,
-                                                int ldf, int first, int n,
+/* What the products read: the correlation metrics' fast vectors in fp16
+ * (knn_gpu_nodes.half), the distances' in float32, read as TF32. Both
+ * keep 10 mantissa bits, within knn_gemm_units_of's TF32 units (see
+ * knn_mma); a staged row is 128 bytes of either, so the staging, its
+ * padding and the ldmatrix addresses are the same bytes for both, and
+ * fp16 covers twice the features a stage and an mma. */
+template <int KIND> struct knn_fused_elem { typedef __half type; };
+template <> struct knn_fused_elem<KNN_SCORE_DIST> { typedef float type; };
+
+/* Features of a stage and of an mma step, for vectors of T. */
+template <typename T> __host__ __device__ constexpr int knn_stage_features()
+{
+    return KNN_FUSED_FEAT * (int)(sizeof(float) / sizeof(T));
+}
+
+template <typename T> __host__ __device__ constexpr int knn_step_features()
+{
+    return 8 * (int)(sizeof(float) / sizeof(T));
+}
+
+/* Queues one stage of features from f0 of n nodes from node `first` (ld
+ * values apart) into 128 staging rows; absent nodes and features past ld
+ * read as zero (cp.async's zero fill). 256 threads, four 16-byte pieces
+ * each: the thread's piece q = tid % 8 of rows tid / 8 + 32 i, so the
+ * four share one feature offset and step by 32 rows. */
+template <typename T>
+__device__ __forceinline__ void knn_stage_nodes(float *dst, const T *x,
+                                                int ld, int first, int n,
                                                 int f0)
 {
-    int r = threadIdx.x >> 3, f = f0 + (threadIdx.x & 7) * 4;
-    bool f_in = f < ldf;
-    const float *src = x + (size_t)(first + r) * ldf + f;
+    const int per_piece = 16 / (int)sizeof(T);
+    int r = threadIdx.x >> 3, f = f0 + (threadIdx.x & 7) * per_piece;
+    bool f_in = f < ld;
+    const T *src = x + (size_t)(first + r) * ld + f;
     float *to = dst + r * KNN_FUSED_LD + (threadIdx.x & 7) * 4;
-    size_t step = (size_t)32 * ldf;
+    size_t step = (size_t)32 * ld;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         bool valid = f_in && first + r + 32 * i < n;
@@ -244,19 +270,49 @@ __device__ __forceinline__ void knn_stage_nodes(float *dst, const float *x,
 
 struct knn_fused_args {
     knn_select_args sel;    /* panel unused; offsets, outputs, margins */
-    const float *fast_ref;  /* ldf x n_cols */
-    const float *fast_rows; /* ldf x rows */
-    int ldf;
+    const void *vec_ref;    /* ld x n_cols, of knn_fused_elem<KIND> */
+    const void *vec_rows;   /* ld x rows */
+    int ld;
     knn_fused_scratch scratch;
     knn_pairs_walk walk;    /* the shared walk's (PAIRS kernels only) */
 };
 
-__device__ __forceinline__ void knn_mma_tf32(float (&d)[4],
-                                             const unsigned (&a)[4],
-                                             const unsigned (&b)[2])
+/* d += a b over one step's features, float32 accumulation.
+ * TF32 (m16n8k8): the float bits go to the tensor cores as they are, and
+ * TF32 reads their top 19 bits (truncation, below 2^-10 relative).
+ * fp16 (m16n8k16): f rounded to nearest once more (2^-11 relative) where
+ * it is normal; the correlations' f has |f| = sqrt(p) (cosine: 1), so no
+ * value overflows, and those under fp16's normal range (2^-14) err by at
+ * most 2^-25 each, less than 2^-25 sqrt(p) |f_j| over a product: with the
+ * float32 rounding (2^-24), under 2^-10 |f_i| |f_j| for p < 2^26
+ * (KNN_FUSED_HALF_MAX_FEATURES). Products are exact and the sums as
+ * TF32's, so TF32's units hold for both. The fragments' layouts are the
+ * same 32-bit registers from the same ldmatrix addresses: an fp16
+ * register holds features 2t, 2t + 1 where a TF32 one holds feature t. */
+template <typename T>
+__device__ __forceinline__ void knn_mma(float (&d)[4],
+                                        const unsigned (&a)[4],
+                                        const unsigned (&b)[2]);
+
+template <>
+__device__ __forceinline__ void knn_mma<float>(float (&d)[4],
+                                               const unsigned (&a)[4],
+                                               const unsigned (&b)[2])
 {
     asm volatile(
         "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
+        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
+}
+
+template <>
+__device__ __forceinline__ void knn_mma<__half>(float (&d)[4],
+                                                const unsigned (&a)[4],
+                                                const unsigned (&b)[2])
+{
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
         "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
         : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
@@ -272,16 +328,18 @@ __device__ __forceinline__ void knn_ldmatrix4(unsigned &r0, unsigned &r1,
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3) : "r"(a));
 }
 
-/* Queues chunk c (features [32 c, 32 c + 32)) of the block's rows and of
+/* Queues chunk c (the c-th stage of features) of the block's rows and of
  * column block col0 into staging buffer `buf`. */
+template <int KIND>
 __device__ __forceinline__ void knn_fused_load(const knn_fused_args &a,
                                                float *buf, int row0,
                                                int col0, int c)
 {
-    int f0 = c * KNN_FUSED_FEAT;
-    knn_stage_nodes(buf, a.fast_rows, a.ldf, row0, a.sel.rows, f0);
-    knn_stage_nodes(buf + KNN_FUSED_ROWS * KNN_FUSED_LD, a.fast_ref, a.ldf,
-                    col0, a.sel.n_cols, f0);
+    typedef typename knn_fused_elem<KIND>::type T;
+    int f0 = c * knn_stage_features<T>();
+    knn_stage_nodes(buf, (const T *)a.vec_rows, a.ld, row0, a.sel.rows, f0);
+    knn_stage_nodes(buf + KNN_FUSED_ROWS * KNN_FUSED_LD,
+                    (const T *)a.vec_ref, a.ld, col0, a.sel.n_cols, f0);
 }
 
 /* Queues what column block col0 needs first: chunk 0 into the first
@@ -293,7 +351,7 @@ __device__ __forceinline__ void knn_fused_prefetch(const knn_fused_args &a,
                                                    float *col_sq, int row0,
                                                    int col0)
 {
-    knn_fused_load(a, stage, row0, col0, 0);
+    knn_fused_load<KIND>(a, stage, row0, col0, 0);
     if (KIND == KNN_SCORE_DIST && threadIdx.x < KNN_FUSED_COLS / 4) {
         int j = col0 + threadIdx.x * 4;
         /* col_sqnorm has n_cols floats: a piece past them reads zeros,
@@ -312,14 +370,15 @@ __device__ __forceinline__ void knn_fused_prefetch(const knn_fused_args &a,
 
 /* The block's 128 x 128 products against column block col0 into acc, by
  * the warp's 64 x 32 share (knn_frag). Chunk 0 is already queued
- * (knn_fused_prefetch). The float bits go to the tensor cores as they
- * are: TF32 reads their top 19 bits (truncation, within
- * knn_gemm_units_of). */
+ * (knn_fused_prefetch). */
+template <int KIND>
 __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
                                                    float *stage, int row0,
                                                    int col0,
                                                    float (&acc)[4][4][4])
 {
+    typedef typename knn_fused_elem<KIND>::type T;
+    const int stage_f = knn_stage_features<T>(), step_f = knn_step_features<T>();
     knn_frag fr = knn_frag_of();
     int lane = threadIdx.x & 31;
 #pragma unroll
@@ -329,10 +388,10 @@ __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
 
-    int chunks = (a.ldf + KNN_FUSED_FEAT - 1) / KNN_FUSED_FEAT;
+    int chunks = (a.ld + stage_f - 1) / stage_f;
     for (int c = 0; c < chunks; c++) {
         if (c + 1 < chunks) {
-            knn_fused_load(a, stage + ((c + 1) & 1) * KNN_FUSED_STAGE, row0,
+            knn_fused_load<KIND>(a, stage + ((c + 1) & 1) * KNN_FUSED_STAGE, row0,
                            col0, c + 1);
             knn_cp_commit();
             knn_cp_wait<1>();
@@ -342,14 +401,14 @@ __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
         __syncthreads();
         const float *As = stage + (c & 1) * KNN_FUSED_STAGE;
         const float *Bs = As + KNN_FUSED_ROWS * KNN_FUSED_LD;
-        int steps = (a.ldf - c * KNN_FUSED_FEAT + 7) / 8;
+        int steps = (a.ld - c * stage_f + step_f - 1) / step_f;
 #pragma unroll
-        for (int ks = 0; ks < KNN_FUSED_FEAT / 8; ks++) {
+        for (int ks = 0; ks < 4; ks++) {
             if (ks >= steps) break;
-            /* ldmatrix hands each lane its fragment of four 8 x 4 tf32
+            /* ldmatrix hands each lane its fragment of four 8 x 16-byte
              * pieces (8 x 8 in b16 units) in one instruction: lane l
              * names row l % 8 of piece l / 8. A's pieces: rows +0/+8,
-             * features +0/+4; B's: features +0/+4 of two n tiles. */
+             * bytes +0/+16; B's: bytes +0/+16 of two n tiles. */
             unsigned fa[4][4], fb[4][2];
             int piece = lane >> 3, prow = lane & 7;
 #pragma unroll
@@ -369,7 +428,7 @@ __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
             for (int mt = 0; mt < 4; mt++)
 #pragma unroll
                 for (int nt = 0; nt < 4; nt++)
-                    knn_mma_tf32(acc[mt][nt], fa[mt], fb[nt]);
+                    knn_mma<T>(acc[mt][nt], fa[mt], fb[nt]);
         }
         __syncthreads(); /* the stage is refilled next */
     }
@@ -845,7 +904,7 @@ knn_fused_kernel(knn_fused_args a)
     for (int col0 = 0, parity = 0, block = 0; col0 < s.n_cols;
          col0 += KNN_FUSED_COLS, parity ^= 1, block++) {
         float acc[4][4][4];
-        knn_fused_products(a, sh.stage, row0, col0, acc);
+        knn_fused_products<KIND>(a, sh.stage, row0, col0, acc);
         const float *col_sq = sh.col_sq + parity * KNN_FUSED_COLS;
         if (col0 + KNN_FUSED_COLS < s.n_cols)
             knn_fused_prefetch<KIND>(a, sh.stage,
@@ -978,8 +1037,8 @@ knn_status knn_fused_wave_rows(knn_score_kind kind, int k, int sm_count,
 }
 
 knn_status knn_fused_candidates(const knn_select_args *sel,
-                                const float *fast_ref, const float *fast_rows,
-                                int ldf, const knn_fused_scratch *scratch,
+                                const knn_gpu_nodes *nodes, int node0,
+                                const knn_fused_scratch *scratch,
                                 const knn_pairs_walk *walk,
                                 char *message, cudaStream_t stream)
 {
@@ -987,9 +1046,19 @@ knn_status knn_fused_candidates(const knn_select_args *sel,
     memset(&a.walk, 0, sizeof a.walk);
     if (walk) a.walk = *walk;
     a.sel = *sel;
-    a.fast_ref = fast_ref;
-    a.fast_rows = fast_rows;
-    a.ldf = ldf;
+    if (sel->kind == KNN_SCORE_DIST) {
+        a.vec_ref = nodes->fast;
+        a.vec_rows = nodes->fast + (size_t)node0 * nodes->ldf;
+        a.ld = nodes->ldf;
+    } else {
+        if (!nodes->half)
+            return knn_gpu_fail(message, KNN_E_INVALID, "fused candidates",
+                                "the correlations' fp16 vectors are absent "
+                                "(knn_nodes_half)", __FILE__, __LINE__);
+        a.vec_ref = nodes->half;
+        a.vec_rows = nodes->half + (size_t)node0 * nodes->ldh;
+        a.ld = nodes->ldh;
+    }
     a.scratch = *scratch;
     switch (sel->kind) {
     case KNN_SCORE_NEG:

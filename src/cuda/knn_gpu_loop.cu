@@ -182,10 +182,8 @@ static knn_status knn_tile_candidates(knn_gpu_dev *d,
     if (sa->panel64) return knn_tile_candidates_fp64(d, sa, node0);
     if (d->fused) {
         knn_fused_scratch scratch = knn_fused_scratch_of(t, surv_offsets);
-        return knn_fused_candidates(sa, nd->fast,
-                                    nd->fast + (size_t)node0 * nd->ldf,
-                                    nd->ldf, &scratch, NULL, d->message,
-                                    d->stream);
+        return knn_fused_candidates(sa, nd, node0, &scratch, NULL,
+                                    d->message, d->stream);
     }
     if (knn_uses_product(req->metric))
         KNN_TRY(knn_panel_gemm(d->blas, nd, d->gemm, node0, sa->rows,
@@ -800,9 +798,8 @@ static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
     knn_pairs_walk walk = {d->pairs, row0};
     knn_fused_scratch scratch = knn_fused_scratch_of(t,
                                                      t->surv_offsets_uniform);
-    KNN_TRY(knn_fused_candidates(&sa, nd->fast,
-                                 nd->fast + (size_t)row0 * nd->ldf, nd->ldf,
-                                 &scratch, &walk, d->message, d->stream));
+    KNN_TRY(knn_fused_candidates(&sa, nd, row0, &scratch, &walk,
+                                 d->message, d->stream));
     knn_select_args earlier = knn_tile_select_args(d, 0, 0, row0,
                                                    t->offsets_uniform,
                                                    d->gemm);

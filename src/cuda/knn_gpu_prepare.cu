@@ -211,6 +211,18 @@ __global__ static void knn_split_kernel(const float *fast, int ldf,
     s[3 * ldf + f] = hi;
 }
 
+/* One thread per value of the fp16 vectors (padding included, zeros):
+ * the fast value rounded to the nearest fp16 (knn_gpu_nodes.half). */
+__global__ static void knn_half_kernel(const float *fast, int ldf, int p,
+                                       int ldh, size_t n_vals, __half *half)
+{
+    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= n_vals) return;
+    size_t node = t / (size_t)ldh;
+    int f = (int)(t - node * (size_t)ldh);
+    half[t] = __float2half_rn(f < p ? fast[node * ldf + f] : 0.0f);
+}
+
 /* One warp per node: the fp64 rung's vector, the float64 value of each
  * fast value before its rounding to float32 (the same operations as
  * knn_canon_kernel and knn_dist_fast_kernel), and, for distances
@@ -402,6 +414,25 @@ knn_status knn_nodes_remargin(knn_metric metric, knn_gpu_nodes *nodes,
                             stream);
 }
 
+knn_status knn_nodes_half(knn_gpu_nodes *nodes, char *message,
+                          cudaStream_t stream)
+{
+    if (nodes->half) return KNN_OK;
+    nodes->ldh = (nodes->p + 7) / 8 * 8;
+    size_t n_vals = (size_t)nodes->ldh * nodes->n_nodes;
+    if (cudaMalloc((void **)&nodes->half, n_vals * sizeof(__half)) !=
+        cudaSuccess) {
+        cudaGetLastError();
+        nodes->half = NULL;
+        return knn_gpu_fail(message, KNN_E_NOMEM, "fp16 vectors",
+                            "out of GPU memory", __FILE__, __LINE__);
+    }
+    knn_half_kernel<<<knn_blocks(n_vals), KNN_PREP_THREADS, 0, stream>>>(
+        nodes->fast, nodes->ldf, nodes->p, nodes->ldh, n_vals, nodes->half);
+    KNN_LAUNCH_TRY(message, "knn_half_kernel");
+    return KNN_OK;
+}
+
 knn_status knn_nodes_split(knn_gpu_nodes *nodes, char *message,
                            cudaStream_t stream)
 {
@@ -494,8 +525,10 @@ void knn_nodes_free(knn_gpu_nodes *nodes)
 {
     cudaFree(nodes->exact);
     cudaFree(nodes->block);
+    cudaFree(nodes->half);
     cudaFree(nodes->split);
     cudaFree(nodes->block64);
+    nodes->half = NULL;
     nodes->split = NULL;
     nodes->block64 = NULL;
     nodes->fast64 = nodes->sqnorm64 = nodes->centre = NULL;

@@ -104,8 +104,8 @@ static const char *knn_gemm_name(knn_gemm_mode mode)
 }
 
 void knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
-                        unsigned before, int refined, char *out,
-                        size_t size)
+                        unsigned before, int refined, int half_products,
+                        char *out, size_t size)
 {
     if (!knn_uses_product(metric)) {
         snprintf(out, size, "fp64 direct candidates + fp64 exact re-rank");
@@ -122,8 +122,9 @@ void knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
                              knn_gemm_name(m));
     if (used < size)
         snprintf(out + used, size - used, "%s GEMM candidates%s + fp64 "
-                 "exact re-rank", knn_gemm_name(mode),
-                 mode == KNN_GEMM_TF32 && refined ? ", fp32 rescored" : "");
+                 "exact re-rank%s", knn_gemm_name(mode),
+                 mode == KNN_GEMM_TF32 && refined ? ", fp32 rescored" : "",
+                 half_products ? " (tf32 tiles: fp16 fused products)" : "");
 }
 
 /* panel = ref^T rows over `depth` values of vectors ldf floats apart. */

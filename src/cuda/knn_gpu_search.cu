@@ -197,7 +197,7 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
 {
     double cand = 0.0;
     unsigned before = 0;
-    int refined = 0, climbs = -1;
+    int refined = 0, half_products = 0, climbs = -1;
     /* What the devices ended on: the one that climbed furthest says to
      * what, and from which arithmetics any of them came. */
     knn_gemm_mode gemm = devs.empty() ? KNN_GEMM_FP32 : devs[0].gemm;
@@ -213,6 +213,7 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
     rep->pairs_once = !devs.empty();
     for (const knn_gpu_dev &d : devs) {
         refined |= d.refined;
+        half_products |= d.half_products;
         rep->pairs_once &= d.pairs_once;
         if (d.seconds_setup > rep->seconds_setup)
             rep->seconds_setup = d.seconds_setup;
@@ -230,8 +231,8 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
     }
     rep->candidates = n_q > 0 ? cand / n_q : 0.0;
     rep->col_tile = devs.empty() ? 0 : devs[0].req->n_ref;
-    knn_gemm_precision(m, gemm, before, refined, rep->precision,
-                       sizeof rep->precision);
+    knn_gemm_precision(m, gemm, before, refined, half_products,
+                       rep->precision, sizeof rep->precision);
 }
 
 /* Whether a search runs on the calling thread: one device, and work that
