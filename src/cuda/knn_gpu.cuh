@@ -143,9 +143,11 @@ typedef struct {
     float *fast;      /* product metrics: fast vectors f, ldf x n_nodes */
     int ldf;          /* p rounded up to 4, zero padded: aligned rows let
                          cuBLAS use its tensor-core kernels */
-    __half *half;     /* correlations on the fused path (knn_nodes_half):
-                         f rounded to nearest fp16, ldh x n_nodes, zero
-                         padded; else NULL */
+    __half *half;     /* the fused path's (knn_nodes_half): f rounded to
+                         nearest fp16, ldh x n_nodes, zero padded;
+                         distances: node i's times 2^e_i; else NULL */
+    float *half_unscale; /* distances: 2^-e_i per node; else NULL */
+    void *half_block; /* the allocation of half and half_unscale */
     int ldh;          /* p rounded up to 8: rows of 16-byte pieces */
     float *split;     /* split TF32 (knn_nodes_split): per node 4 ldf
                          floats, [hi | hi | lo | hi] with f = hi + lo (to
@@ -448,10 +450,10 @@ knn_status knn_nodes_remargin(knn_metric metric, knn_gpu_nodes *nodes,
 /* Product metrics: the split TF32 arrays (nodes->split) from the fast
  * vectors, on the stream after the work already queued there.
  * KNN_E_NOMEM (nothing changed) where they do not fit. */
-/* The fp16 copy of the correlation metrics' fast vectors (nodes->half),
- * which the fused kernel reads; KNN_E_NOMEM where it does not fit. */
-knn_status knn_nodes_half(knn_gpu_nodes *nodes, char *message,
-                          cudaStream_t stream);
+/* The fp16 copy of the fast vectors (nodes->half) that the fused kernel
+ * reads; KNN_E_NOMEM where it does not fit. */
+knn_status knn_nodes_half(knn_metric metric, knn_gpu_nodes *nodes,
+                          char *message, cudaStream_t stream);
 knn_status knn_nodes_split(knn_gpu_nodes *nodes, char *message,
                            cudaStream_t stream);
 /* Product metrics: the fp64 rung's arrays (nodes->fast64, sqnorm64), on

@@ -91,8 +91,8 @@
 #define KNN_FUSED_AUTO_MAX_K 32
 #define KNN_FUSED_AUTO_MAX_FEATURES 160
 #define KNN_FUSED_SMS_PER_BLOCK 4        /* fewest blocks: SMs / 4 */
-/* The correlations' products take fp16 inputs below this many features
- * (knn_mma says why); the fused path stops there. */
+/* The products take fp16 inputs below this many features (knn_mma says
+ * why); the fused path stops there. */
 #define KNN_FUSED_HALF_MAX_FEATURES (1 << 26)
 
 int knn_fused_choose(knn_select_force force, knn_metric metric,
@@ -102,8 +102,7 @@ int knn_fused_choose(knn_select_force force, knn_metric metric,
     if (force == KNN_SELECT_FORCE_WARP || force == KNN_SELECT_FORCE_RADIX)
         return 0;
     if (!knn_uses_product(metric) || gemm != KNN_GEMM_TF32 ||
-        k > KNN_FUSED_MAX_K ||
-        (knn_is_correlation(metric) && p >= KNN_FUSED_HALF_MAX_FEATURES))
+        k > KNN_FUSED_MAX_K || p >= KNN_FUSED_HALF_MAX_FEATURES)
         return 0;
     if (force == KNN_SELECT_FORCE_FUSED ||
         force == KNN_SELECT_FORCE_FUSED_ROWS)
@@ -149,11 +148,12 @@ struct knn_owner {
 #define KNN_FUSED_SHARED_BEST_MAX_K 32
 
 /* Floats of the block's shared memory besides the staging buffers and the
- * rows' k smallest: the column blocks' squared norms (two), the lists,
- * the thresholds and the rows' squared norms. */
-#define KNN_FUSED_SMALL (2 * KNN_FUSED_COLS + \
+ * rows' k smallest: the column blocks' squared norms and unscales (two
+ * blocks), the lists, the thresholds and the rows' squared norms and
+ * unscales. */
+#define KNN_FUSED_SMALL (4 * KNN_FUSED_COLS + \
                          2 * KNN_FUSED_LIST * KNN_FUSED_ROWS + \
-                         2 * KNN_FUSED_ROWS)
+                         3 * KNN_FUSED_ROWS)
 
 __host__ __device__ static inline bool knn_fused_best_shared(int k)
 {
@@ -224,40 +224,26 @@ __device__ __forceinline__ void knn_cp_wait()
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
 }
 
-/* What the products read: the correlation metrics' fast vectors in fp16
- * (knn_gpu_nodes.half), the distances' in float32, read as TF32. Both
- * keep 10 mantissa bits, within knn_gemm_units_of's TF32 units (see
- * knn_mma); a staged row is 128 bytes of either, so the staging, its
- * padding and the ldmatrix addresses are the same bytes for both, and
- * fp16 covers twice the features a stage and an mma. */
-template <int KIND> struct knn_fused_elem { typedef __half type; };
-template <> struct knn_fused_elem<KNN_SCORE_DIST> { typedef float type; };
-
-/* Features of a stage and of an mma step, for vectors of T. */
-template <typename T> __host__ __device__ constexpr int knn_stage_features()
-{
-    return KNN_FUSED_FEAT * (int)(sizeof(float) / sizeof(T));
-}
-
-template <typename T> __host__ __device__ constexpr int knn_step_features()
-{
-    return 8 * (int)(sizeof(float) / sizeof(T));
-}
+/* The products read the fast vectors in fp16 (knn_gpu_nodes.half): 10
+ * mantissa bits, as TF32, within knn_gemm_units_of's TF32 units (knn_mma
+ * says why). A staged row is 128 bytes, 64 features: the bytes and
+ * ldmatrix addresses that 32 float32 features took before, at twice the
+ * features a stage and an mma step. */
+#define KNN_FUSED_STAGE_FEATURES (2 * KNN_FUSED_FEAT)
+#define KNN_FUSED_STEP_FEATURES 16
 
 /* Queues one stage of features from f0 of n nodes from node `first` (ld
  * values apart) into 128 staging rows; absent nodes and features past ld
  * read as zero (cp.async's zero fill). 256 threads, four 16-byte pieces
  * each: the thread's piece q = tid % 8 of rows tid / 8 + 32 i, so the
  * four share one feature offset and step by 32 rows. */
-template <typename T>
-__device__ __forceinline__ void knn_stage_nodes(float *dst, const T *x,
+__device__ __forceinline__ void knn_stage_nodes(float *dst, const __half *x,
                                                 int ld, int first, int n,
                                                 int f0)
 {
-    const int per_piece = 16 / (int)sizeof(T);
-    int r = threadIdx.x >> 3, f = f0 + (threadIdx.x & 7) * per_piece;
+    int r = threadIdx.x >> 3, f = f0 + (threadIdx.x & 7) * 8;
     bool f_in = f < ld;
-    const T *src = x + (size_t)(first + r) * ld + f;
+    const __half *src = x + (size_t)(first + r) * ld + f;
     float *to = dst + r * KNN_FUSED_LD + (threadIdx.x & 7) * 4;
     size_t step = (size_t)32 * ld;
 #pragma unroll
@@ -270,46 +256,37 @@ __device__ __forceinline__ void knn_stage_nodes(float *dst, const T *x,
 
 struct knn_fused_args {
     knn_select_args sel;    /* panel unused; offsets, outputs, margins */
-    const void *vec_ref;    /* ld x n_cols, of knn_fused_elem<KIND> */
-    const void *vec_rows;   /* ld x rows */
+    const __half *vec_ref;  /* ld x n_cols (knn_gpu_nodes.half) */
+    const __half *vec_rows; /* ld x rows */
     int ld;
+    const float *unscale_ref;  /* distances: knn_gpu_nodes.half_unscale */
+    const float *unscale_rows;
     knn_fused_scratch scratch;
     knn_pairs_walk walk;    /* the shared walk's (PAIRS kernels only) */
 };
 
-/* d += a b over one step's features, float32 accumulation.
- * TF32 (m16n8k8): the float bits go to the tensor cores as they are, and
- * TF32 reads their top 19 bits (truncation, below 2^-10 relative).
- * fp16 (m16n8k16): f rounded to nearest once more (2^-11 relative) where
- * it is normal; the correlations' f has |f| = sqrt(p) (cosine: 1), so no
- * value overflows, and those under fp16's normal range (2^-14) err by at
- * most 2^-25 each, less than 2^-25 sqrt(p) |f_j| over a product: with the
- * float32 rounding (2^-24), under 2^-10 |f_i| |f_j| for p < 2^26
- * (KNN_FUSED_HALF_MAX_FEATURES). Products are exact and the sums as
- * TF32's, so TF32's units hold for both. The fragments' layouts are the
- * same 32-bit registers from the same ldmatrix addresses: an fp16
- * register holds features 2t, 2t + 1 where a TF32 one holds feature t. */
-template <typename T>
+/* d += a b over 16 features: fp16 inputs, exact products, float32
+ * accumulation (mma.sync m16n8k16). Why TF32's units (knn_gemm_units_of:
+ * inputs within 2^-10, sums as the tensor cores' TF32 ones) hold: each
+ * fp16 value is f (times a power of two) rounded to nearest, within
+ * 2^-11 relative where it is normal, and
+ *  - correlations: |f| = sqrt(p) (cosine: 1), so no value overflows, and
+ *    one under fp16's normal range (2^-14) errs by at most 2^-25, less
+ *    than 2^-25 sqrt(p) |f_j| over a product;
+ *  - distances: node i's values are scaled by 2^e_i (knn_nodes_half)
+ *    that puts its largest |value| m_i in [2^13, 2^14): none overflows,
+ *    and one under the normal range errs by 2^-25 2^-e_i <= 2^-38 m_i
+ *    <= 2^-38 |f_i|, less than 2^-38 sqrt(p) |f_i| |f_j| over a product
+ *    (knn_fused_unscale undoes the scales exactly). Where e_i stops at
+ *    126 (m_i under 2^-113) that error is under float32's smallest
+ *    subnormal, which the margins' floor already holds.
+ * With the float32 rounding of f (2^-24) that is under 2^-10 |f_i| |f_j|
+ * for p < 2^26 (KNN_FUSED_HALF_MAX_FEATURES). The fragments are the
+ * registers ldmatrix gives for 16-byte pieces (an fp16 register holds
+ * features 2t, 2t + 1 of its row). */
 __device__ __forceinline__ void knn_mma(float (&d)[4],
                                         const unsigned (&a)[4],
-                                        const unsigned (&b)[2]);
-
-template <>
-__device__ __forceinline__ void knn_mma<float>(float (&d)[4],
-                                               const unsigned (&a)[4],
-                                               const unsigned (&b)[2])
-{
-    asm volatile(
-        "mma.sync.aligned.m16n8k8.row.col.f32.tf32.tf32.f32 "
-        "{%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, {%0,%1,%2,%3};\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]));
-}
-
-template <>
-__device__ __forceinline__ void knn_mma<__half>(float (&d)[4],
-                                                const unsigned (&a)[4],
-                                                const unsigned (&b)[2])
+                                        const unsigned (&b)[2])
 {
     asm volatile(
         "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 "
@@ -330,40 +307,47 @@ __device__ __forceinline__ void knn_ldmatrix4(unsigned &r0, unsigned &r1,
 
 /* Queues chunk c (the c-th stage of features) of the block's rows and of
  * column block col0 into staging buffer `buf`. */
-template <int KIND>
 __device__ __forceinline__ void knn_fused_load(const knn_fused_args &a,
                                                float *buf, int row0,
                                                int col0, int c)
 {
-    typedef typename knn_fused_elem<KIND>::type T;
-    int f0 = c * knn_stage_features<T>();
-    knn_stage_nodes(buf, (const T *)a.vec_rows, a.ld, row0, a.sel.rows, f0);
-    knn_stage_nodes(buf + KNN_FUSED_ROWS * KNN_FUSED_LD,
-                    (const T *)a.vec_ref, a.ld, col0, a.sel.n_cols, f0);
+    int f0 = c * KNN_FUSED_STAGE_FEATURES;
+    knn_stage_nodes(buf, a.vec_rows, a.ld, row0, a.sel.rows, f0);
+    knn_stage_nodes(buf + KNN_FUSED_ROWS * KNN_FUSED_LD, a.vec_ref, a.ld,
+                    col0, a.sel.n_cols, f0);
+}
+
+/* Queues 4 floats of n per column node from node j (thread's piece) into
+ * dst; a piece past the n_cols nodes reads zeros, one that straddles the
+ * end or is not 16-byte aligned is read float by float. */
+__device__ __forceinline__ void knn_stage_col_floats(float *dst,
+                                                     const float *src,
+                                                     int j, int n_cols)
+{
+    if (j + 4 <= n_cols && ((size_t)(src + j) & 15) == 0) {
+        knn_cp16(dst, src + j, true);
+    } else {
+        for (int e = 0; e < 4; e++)
+            dst[e] = j + e < n_cols ? src[j + e] : 0.0f;
+    }
 }
 
 /* Queues what column block col0 needs first: chunk 0 into the first
- * staging buffer and, for distances, its nodes' squared norms (col_sq),
- * as one cp.async group. */
+ * staging buffer and, for distances, its nodes' squared norms and
+ * unscales (col_sq, col_sq + KNN_FUSED_COLS), as one cp.async group. */
 template <int KIND>
 __device__ __forceinline__ void knn_fused_prefetch(const knn_fused_args &a,
                                                    float *stage,
                                                    float *col_sq, int row0,
                                                    int col0)
 {
-    knn_fused_load<KIND>(a, stage, row0, col0, 0);
-    if (KIND == KNN_SCORE_DIST && threadIdx.x < KNN_FUSED_COLS / 4) {
-        int j = col0 + threadIdx.x * 4;
-        /* col_sqnorm has n_cols floats: a piece past them reads zeros,
-         * one that straddles the end is read float by float. */
-        if (j + 4 <= a.sel.n_cols && ((size_t)(a.sel.col_sqnorm + j) & 15)
-            == 0) {
-            knn_cp16(col_sq + threadIdx.x * 4, a.sel.col_sqnorm + j, true);
-        } else {
-            for (int e = 0; e < 4; e++)
-                col_sq[threadIdx.x * 4 + e] = j + e < a.sel.n_cols
-                    ? a.sel.col_sqnorm[j + e] : 0.0f;
-        }
+    knn_fused_load(a, stage, row0, col0, 0);
+    const int pieces = KNN_FUSED_COLS / 4;
+    if (KIND == KNN_SCORE_DIST && threadIdx.x < 2 * pieces) {
+        int q = threadIdx.x % pieces, unscale = threadIdx.x / pieces;
+        knn_stage_col_floats(col_sq + unscale * KNN_FUSED_COLS + q * 4,
+                             unscale ? a.unscale_ref : a.sel.col_sqnorm,
+                             col0 + q * 4, a.sel.n_cols);
     }
     knn_cp_commit();
 }
@@ -371,14 +355,13 @@ __device__ __forceinline__ void knn_fused_prefetch(const knn_fused_args &a,
 /* The block's 128 x 128 products against column block col0 into acc, by
  * the warp's 64 x 32 share (knn_frag). Chunk 0 is already queued
  * (knn_fused_prefetch). */
-template <int KIND>
 __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
                                                    float *stage, int row0,
                                                    int col0,
                                                    float (&acc)[4][4][4])
 {
-    typedef typename knn_fused_elem<KIND>::type T;
-    const int stage_f = knn_stage_features<T>(), step_f = knn_step_features<T>();
+    const int stage_f = KNN_FUSED_STAGE_FEATURES,
+              step_f = KNN_FUSED_STEP_FEATURES;
     knn_frag fr = knn_frag_of();
     int lane = threadIdx.x & 31;
 #pragma unroll
@@ -391,7 +374,7 @@ __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
     int chunks = (a.ld + stage_f - 1) / stage_f;
     for (int c = 0; c < chunks; c++) {
         if (c + 1 < chunks) {
-            knn_fused_load<KIND>(a, stage + ((c + 1) & 1) * KNN_FUSED_STAGE, row0,
+            knn_fused_load(a, stage + ((c + 1) & 1) * KNN_FUSED_STAGE, row0,
                            col0, c + 1);
             knn_cp_commit();
             knn_cp_wait<1>();
@@ -428,7 +411,7 @@ __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
             for (int mt = 0; mt < 4; mt++)
 #pragma unroll
                 for (int nt = 0; nt < 4; nt++)
-                    knn_mma<T>(acc[mt][nt], fa[mt], fb[nt]);
+                    knn_mma(acc[mt][nt], fa[mt], fb[nt]);
         }
         __syncthreads(); /* the stage is refilled next */
     }
@@ -443,11 +426,13 @@ __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
 struct knn_fused_shared {
     float *stage;
     float *tile;        /* [64][KNN_FUSED_TILE_LD] */
-    float *col_sq;      /* [2][128]: column blocks' |f_j|^2, by parity */
+    float *col_sq;      /* [2][2][128]: by parity, a column block's |f_j|^2
+                           and (distances) unscales */
     float *list_score;  /* [KNN_FUSED_LIST][128] */
     int *list_node;     /* [KNN_FUSED_LIST][128] */
     float *threshold;   /* [128] */
     float *row_sq;      /* [128]: distances, the rows' |f_i|^2 */
+    float *row_unscale; /* [128]: distances, the rows' unscales */
     float *best;        /* [k][128]: row r's k smallest, column r (in
                            device memory past KNN_FUSED_SHARED_BEST_MAX_K) */
     int *list_count;    /* [128] */
@@ -463,11 +448,12 @@ __device__ __forceinline__ knn_fused_shared knn_fused_carve(
     sh.stage = base;
     sh.tile = base + KNN_FUSED_STAGE;
     sh.col_sq = base + KNN_FUSED_STAGING;
-    sh.list_score = sh.col_sq + 2 * KNN_FUSED_COLS;
+    sh.list_score = sh.col_sq + 4 * KNN_FUSED_COLS;
     sh.list_node = (int *)(sh.list_score + KNN_FUSED_LIST * KNN_FUSED_ROWS);
     sh.threshold = (float *)(sh.list_node + KNN_FUSED_LIST * KNN_FUSED_ROWS);
     sh.row_sq = sh.threshold + KNN_FUSED_ROWS;
-    float *end = sh.row_sq + KNN_FUSED_ROWS;
+    sh.row_unscale = sh.row_sq + KNN_FUSED_ROWS;
+    float *end = sh.row_unscale + KNN_FUSED_ROWS;
     if (knn_fused_best_shared(k)) {
         sh.best = end;
         end += (size_t)k * KNN_FUSED_ROWS;
@@ -673,6 +659,29 @@ __device__ void knn_owner_finish(const knn_fused_args &a,
     a.scratch.needed[r] = o->survivors;
     knn_row_done(s, r, w, kept);
     if (PAIRS) knn_owner_to_node(a, sh, o, node, kept, bound);
+}
+
+/* Distances: the products of the nodes' scaled fp16 copies become those
+ * of their fast vectors, times the row's unscale and then the column's
+ * (powers of two: exact where the results are normal floats). */
+__device__ __forceinline__ void knn_fused_unscale(const knn_fused_shared &sh,
+                                                  const float *col_unscale,
+                                                  float (&acc)[4][4][4])
+{
+    knn_frag fr = knn_frag_of();
+#pragma unroll
+    for (int nt = 0; nt < 4; nt++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            float cu = col_unscale[knn_frag_col(fr, nt, e)];
+#pragma unroll
+            for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+                for (int h = 0; h < 2; h++) {
+                    float ru = sh.row_unscale[knn_frag_row(fr, mt, h)];
+                    acc[mt][nt][2 * h + e] = acc[mt][nt][2 * h + e] * ru * cu;
+                }
+        }
 }
 
 /* This thread's 8 rows' squared norms (distances; zeros otherwise). */
@@ -893,6 +902,8 @@ knn_fused_kernel(knn_fused_args a)
                                           : __int_as_float(0x7fffffff);
         sh.row_sq[threadIdx.x] = KIND == KNN_SCORE_DIST && owner
             ? s.row_sqnorm[row0 + threadIdx.x] : 0.0f;
+        sh.row_unscale[threadIdx.x] = KIND == KNN_SCORE_DIST && owner
+            ? a.unscale_rows[row0 + threadIdx.x] : 0.0f;
         sh.list_count[threadIdx.x] = 0;
     }
     if (threadIdx.x == 0) *sh.overflow = 0;
@@ -904,11 +915,13 @@ knn_fused_kernel(knn_fused_args a)
     for (int col0 = 0, parity = 0, block = 0; col0 < s.n_cols;
          col0 += KNN_FUSED_COLS, parity ^= 1, block++) {
         float acc[4][4][4];
-        knn_fused_products<KIND>(a, sh.stage, row0, col0, acc);
-        const float *col_sq = sh.col_sq + parity * KNN_FUSED_COLS;
+        knn_fused_products(a, sh.stage, row0, col0, acc);
+        const float *col_sq = sh.col_sq + parity * 2 * KNN_FUSED_COLS;
+        if (KIND == KNN_SCORE_DIST)
+            knn_fused_unscale(sh, col_sq + KNN_FUSED_COLS, acc);
         if (col0 + KNN_FUSED_COLS < s.n_cols)
             knn_fused_prefetch<KIND>(a, sh.stage,
-                                     sh.col_sq + (parity ^ 1) *
+                                     sh.col_sq + (parity ^ 1) * 2 *
                                                      KNN_FUSED_COLS,
                                      row0, col0 + KNN_FUSED_COLS);
 
@@ -1046,19 +1059,16 @@ knn_status knn_fused_candidates(const knn_select_args *sel,
     memset(&a.walk, 0, sizeof a.walk);
     if (walk) a.walk = *walk;
     a.sel = *sel;
-    if (sel->kind == KNN_SCORE_DIST) {
-        a.vec_ref = nodes->fast;
-        a.vec_rows = nodes->fast + (size_t)node0 * nodes->ldf;
-        a.ld = nodes->ldf;
-    } else {
-        if (!nodes->half)
-            return knn_gpu_fail(message, KNN_E_INVALID, "fused candidates",
-                                "the correlations' fp16 vectors are absent "
-                                "(knn_nodes_half)", __FILE__, __LINE__);
-        a.vec_ref = nodes->half;
-        a.vec_rows = nodes->half + (size_t)node0 * nodes->ldh;
-        a.ld = nodes->ldh;
-    }
+    if (!nodes->half)
+        return knn_gpu_fail(message, KNN_E_INVALID, "fused candidates",
+                            "the fp16 vectors are absent (knn_nodes_half)",
+                            __FILE__, __LINE__);
+    a.vec_ref = nodes->half;
+    a.vec_rows = nodes->half + (size_t)node0 * nodes->ldh;
+    a.ld = nodes->ldh;
+    a.unscale_ref = nodes->half_unscale;
+    a.unscale_rows = nodes->half_unscale
+        ? nodes->half_unscale + node0 : NULL;
     a.scratch = *scratch;
     switch (sel->kind) {
     case KNN_SCORE_NEG:

@@ -299,11 +299,12 @@ static int knn_dev_wants_pairs(const knn_gpu_dev *d, int rows)
     return d->fused && knn_dev_could_pair(d, rows);
 }
 
-/* The fp16 vectors that the fused kernel reads for a correlation metric;
- * where they do not fit, the search takes the panel path. */
+/* The fp16 vectors that the fused kernel reads; where they do not fit,
+ * the search takes the panel path. */
 static knn_status knn_dev_make_half(knn_gpu_dev *d)
 {
-    knn_status st = knn_nodes_half(&d->nodes, d->message, d->stream);
+    knn_status st = knn_nodes_half(d->req->metric, &d->nodes, d->message,
+                                   d->stream);
     if (st == KNN_E_NOMEM) {
         d->fused = 0;
         d->message[0] = '\0';
@@ -334,8 +335,7 @@ static knn_status knn_dev_choose_path(knn_gpu_dev *d)
     d->fused = knn_fused_choose(req->select, req->metric, d->gemm, req->k,
                                 req->p, d->nq, sms,
                                 knn_dev_could_pair(d, d->wave_rows));
-    if (d->fused && knn_is_correlation(req->metric))
-        KNN_TRY(knn_dev_make_half(d));
+    if (d->fused) KNN_TRY(knn_dev_make_half(d));
     if (!d->fused) d->wave_rows = 0;
     return KNN_OK;
 }

@@ -211,16 +211,38 @@ __global__ static void knn_split_kernel(const float *fast, int ldf,
     s[3 * ldf + f] = hi;
 }
 
+/* One thread per node (distances): the power of two 2^e that puts the
+ * node's largest |f| in [2^13, 2^14), e at most 126 (knn_mma says why),
+ * and 2^-e, its unscale. */
+__global__ static void knn_half_scale_kernel(const float *fast, int ldf,
+                                             int p, int n, float *unscale)
+{
+    int g = blockIdx.x * blockDim.x + threadIdx.x;
+    if (g >= n) return;
+    const float *fg = fast + (size_t)g * ldf;
+    float m = 0.0f;
+    for (int f = 0; f < p; f++) m = fmaxf(m, fabsf(fg[f]));
+    int ex = 0;
+    frexpf(m, &ex); /* m = r 2^ex, r in [0.5, 1); 0 for m = 0 */
+    int e = m > 0.0f ? min(14 - ex, 126) : 0;
+    unscale[g] = ldexpf(1.0f, -e);
+}
+
 /* One thread per value of the fp16 vectors (padding included, zeros):
- * the fast value rounded to the nearest fp16 (knn_gpu_nodes.half). */
+ * the fast value, times its node's 2^e (distances), rounded to the
+ * nearest fp16 (knn_gpu_nodes.half). */
 __global__ static void knn_half_kernel(const float *fast, int ldf, int p,
-                                       int ldh, size_t n_vals, __half *half)
+                                       int ldh, size_t n_vals,
+                                       const float *unscale, __half *half)
 {
     size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t >= n_vals) return;
     size_t node = t / (size_t)ldh;
     int f = (int)(t - node * (size_t)ldh);
-    half[t] = __float2half_rn(f < p ? fast[node * ldf + f] : 0.0f);
+    float v = f < p ? fast[node * ldf + f] : 0.0f;
+    /* 1 / 2^-e is 2^e exactly, and so is v times it. */
+    if (unscale) v = v * (1.0f / unscale[node]);
+    half[t] = __float2half_rn(v);
 }
 
 /* One warp per node: the fp64 rung's vector, the float64 value of each
@@ -414,21 +436,35 @@ knn_status knn_nodes_remargin(knn_metric metric, knn_gpu_nodes *nodes,
                             stream);
 }
 
-knn_status knn_nodes_half(knn_gpu_nodes *nodes, char *message,
-                          cudaStream_t stream)
+knn_status knn_nodes_half(knn_metric metric, knn_gpu_nodes *nodes,
+                          char *message, cudaStream_t stream)
 {
     if (nodes->half) return KNN_OK;
     nodes->ldh = (nodes->p + 7) / 8 * 8;
-    size_t n_vals = (size_t)nodes->ldh * nodes->n_nodes;
-    if (cudaMalloc((void **)&nodes->half, n_vals * sizeof(__half)) !=
-        cudaSuccess) {
+    size_t n = (size_t)nodes->n_nodes, n_vals = (size_t)nodes->ldh * n;
+    int dist = !knn_is_correlation(metric);
+    /* The unscales first: 16-byte aligned halves follow them. */
+    size_t unscale_bytes = dist ? (n * sizeof(float) + 15) / 16 * 16 : 0;
+    char *block = NULL;
+    if (cudaMalloc((void **)&block, unscale_bytes + n_vals * sizeof(__half))
+        != cudaSuccess) {
         cudaGetLastError();
-        nodes->half = NULL;
         return knn_gpu_fail(message, KNN_E_NOMEM, "fp16 vectors",
                             "out of GPU memory", __FILE__, __LINE__);
     }
+    nodes->half_unscale = dist ? (float *)block : NULL;
+    nodes->half = (__half *)(block + unscale_bytes);
+    nodes->half_block = block;
+    if (dist) {
+        knn_half_scale_kernel<<<knn_blocks(n), KNN_PREP_THREADS, 0,
+                                stream>>>(nodes->fast, nodes->ldf, nodes->p,
+                                          nodes->n_nodes,
+                                          nodes->half_unscale);
+        KNN_LAUNCH_TRY(message, "knn_half_scale_kernel");
+    }
     knn_half_kernel<<<knn_blocks(n_vals), KNN_PREP_THREADS, 0, stream>>>(
-        nodes->fast, nodes->ldf, nodes->p, nodes->ldh, n_vals, nodes->half);
+        nodes->fast, nodes->ldf, nodes->p, nodes->ldh, n_vals,
+        nodes->half_unscale, nodes->half);
     KNN_LAUNCH_TRY(message, "knn_half_kernel");
     return KNN_OK;
 }
@@ -525,10 +561,12 @@ void knn_nodes_free(knn_gpu_nodes *nodes)
 {
     cudaFree(nodes->exact);
     cudaFree(nodes->block);
-    cudaFree(nodes->half);
+    cudaFree(nodes->half_block);
     cudaFree(nodes->split);
     cudaFree(nodes->block64);
+    nodes->half_block = NULL;
     nodes->half = NULL;
+    nodes->half_unscale = NULL;
     nodes->split = NULL;
     nodes->block64 = NULL;
     nodes->fast64 = nodes->sqnorm64 = nodes->centre = NULL;

@@ -74,13 +74,17 @@ test_that("the fused kernel gives the CPU's bits on every data kind", {
         expectGpuIdentical(x, k, "euclidean", label = "fused k")
         expectGpuIdentical(x, k, "pearson", label = "fused k")
     }
-    ## The correlations' fused products take fp16 inputs: features over
-    ## three fp16 stages with a half-filled last step (150), and values
-    ## that normalise under fp16's normal range (2^-14) or to zero in it.
+    ## The fused products take fp16 inputs: features over three fp16
+    ## stages with a half-filled last step (150), values under fp16's
+    ## normal range (2^-14) or zero in it after the rows' scaling, and
+    ## (distances: each node scaled by its own power of two) nodes at very
+    ## different levels, some far under the others.
     tiny <- randomMatrix(900, 150, 52)
     tiny[, 1:40] <- tiny[, 1:40] * 1e-7
     tiny[1:50, 1] <- 1e4
-    for (metric in c("pearson", "cosine", "abspearson")) {
+    tiny[51:120, ] <- tiny[51:120, ] * 10^-(1:70 %% 35)
+    for (metric in c("pearson", "cosine", "abspearson", "euclidean",
+                     "sqeuclidean")) {
         got <- expectGpuIdentical(tiny, 12, metric, label = "fp16 range",
                                   gpuPrecision = "tf32")
         expect_match(attr(got$gpu, "precision"), "fp16 fused products",
