@@ -56,11 +56,11 @@
 #'   candidates are first rescored in float32 (a read of their values,
 #'   where split TF32 would redo every product), which keeps data such as
 #'   single-cell log-counts on TF32; the \code{precision} attribute then
-#'   says "fp32 rescored". The correlations' fused GPU kernel takes its
-#'   TF32 products from fp16 copies of their unit-scaled vectors (the same
-#'   10 mantissa bits, rounded to nearest, within TF32's margins, at twice
-#'   the rate); the attribute then ends "(tf32 tiles: fp16 fused
-#'   products)". Split TF32
+#'   says "fp32 rescored". The fused GPU kernel takes its TF32 rung's
+#'   products from fp16 copies of the vectors, each node scaled by a power
+#'   of two (the same 10 mantissa bits, rounded to nearest, within TF32's
+#'   margins, at twice the rate); the attribute then ends "(tf32 tiles:
+#'   fp16 fused products)". Split TF32
 #'   (\code{"tf32x3"}) writes each float32 value as the sum of two TF32
 #'   values and adds three tensor-core products, for nearly float32's
 #'   accuracy in about 0.6 of its time; where its arrays do not fit in GPU

@@ -1,19 +1,21 @@
 /*
  * knn_gpu_fused.cu: the products of a row tile and its candidate selection
- * in one kernel, for the product metrics in TF32. The tile's scores never
- * reach device memory: only the few that can still be neighbours leave.
+ * in one kernel, for the product metrics on the TF32 rung. The tile's
+ * scores never reach device memory: only the few that can still be
+ * neighbours leave.
  *
  * A block of 256 threads owns 128 rows of the tile and walks the whole
  * reference in column blocks of 128 nodes, in node order. Per column block:
  *  - products: 8 warps (2 x 4), each 64 rows x 32 columns, mma.sync
- *    m16n8k8 TF32 with float32 accumulation (the tensor cores' TF32, the
- *    arithmetic whose margins knn_gemm_units_of gives: inputs truncated
- *    to 10 mantissa bits). Features are staged 32 at a time in shared memory
- *    by cp.async, two stages, and read into fragments by ldmatrix; rows
- *    are padded to 36 floats so that those reads are free of bank
- *    conflicts. The next column block's first stage (and its nodes'
- *    squared norms) is loaded while this one's scores are tested, so its
- *    latency hides behind them;
+ *    m16n8k16 on fp16 copies of the fast vectors with float32
+ *    accumulation, within the TF32 margins of knn_gemm_units_of (knn_mma
+ *    says why; distances scale each node by a power of two, undone
+ *    exactly after the products by knn_fused_unscale). Features are staged
+ *    64 at a time in shared memory by cp.async, two stages, and read into
+ *    fragments by ldmatrix; rows are padded to 144 bytes so that those
+ *    reads are free of bank conflicts. The next column block's first
+ *    stage (and its nodes' squared norms and unscales) is loaded while
+ *    this one's scores are tested, so its latency hides behind them;
  *  - epilogue: each product becomes the row's fast score (knn_score_from,
  *    the panel path's rounded operations) and only scores at or below the
  *    row's running threshold go on, into a short list per row in shared
