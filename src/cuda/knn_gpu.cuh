@@ -326,9 +326,9 @@ typedef struct {
     float *best;
 } knn_fused_scratch;
 /* Candidates of a row tile as knn_select_candidates gives them (sel's
- * panel unused), from the nodes' vectors: the reference's first n_cols
- * nodes and the tile's rows from node0 (distances: nodes->fast;
- * correlations: nodes->half, which knn_nodes_half must have made). */
+ * panel unused), from the nodes' fp16 vectors (nodes->half, which
+ * knn_nodes_half must have made): the reference's first n_cols nodes and
+ * the tile's rows from node0. */
 knn_status knn_fused_candidates(const knn_select_args *sel,
                                 const knn_gpu_nodes *nodes, int node0,
                                 const knn_fused_scratch *scratch,
@@ -447,13 +447,15 @@ void knn_nodes_free(knn_gpu_nodes *nodes);
 knn_status knn_nodes_remargin(knn_metric metric, knn_gpu_nodes *nodes,
                               knn_gemm_mode gemm, char *message,
                               cudaStream_t stream);
+/* Product metrics: the fp16 copy of the fast vectors (nodes->half, and
+ * for distances nodes->half_unscale) that the fused kernel reads, on the
+ * stream after the work already queued there; KNN_E_NOMEM (nothing
+ * changed) where it does not fit. */
+knn_status knn_nodes_half(knn_metric metric, knn_gpu_nodes *nodes,
+                          char *message, cudaStream_t stream);
 /* Product metrics: the split TF32 arrays (nodes->split) from the fast
  * vectors, on the stream after the work already queued there.
  * KNN_E_NOMEM (nothing changed) where they do not fit. */
-/* The fp16 copy of the fast vectors (nodes->half) that the fused kernel
- * reads; KNN_E_NOMEM where it does not fit. */
-knn_status knn_nodes_half(knn_metric metric, knn_gpu_nodes *nodes,
-                          char *message, cudaStream_t stream);
 knn_status knn_nodes_split(knn_gpu_nodes *nodes, char *message,
                            cudaStream_t stream);
 /* Product metrics: the fp64 rung's arrays (nodes->fast64, sqnorm64), on

@@ -58,10 +58,13 @@
 #define KNN_FUSED_ROWS 128            /* rows per block */
 #define KNN_FUSED_COLS 128            /* nodes per column block */
 #define KNN_FUSED_THREADS 256
-#define KNN_FUSED_FEAT 32             /* floats per staged row and stage */
-/* Staging row length: 36 floats put the 8 rows of an ldmatrix phase on
- * 32 distinct banks. */
-#define KNN_FUSED_LD (KNN_FUSED_FEAT + 4)
+/* A stage holds 64 fp16 features of each node, 128 bytes; an mma step
+ * takes 16 of them. */
+#define KNN_FUSED_STAGE_FEATURES 64
+#define KNN_FUSED_STEP_FEATURES 16
+/* Staging row length, in floats (the buffers' unit): 36 (144 bytes) put
+ * the 8 rows of an ldmatrix phase on 32 distinct banks. */
+#define KNN_FUSED_LD 36
 #define KNN_FUSED_LIST 16             /* list entries per row and block */
 #define KNN_FUSED_TILE_LD (KNN_FUSED_COLS + 1)
 /* Floats of one stage (rows, then columns) and of both. */
@@ -226,14 +229,6 @@ __device__ __forceinline__ void knn_cp_wait()
     asm volatile("cp.async.wait_group %0;\n" :: "n"(N));
 }
 
-/* The products read the fast vectors in fp16 (knn_gpu_nodes.half): 10
- * mantissa bits, as TF32, within knn_gemm_units_of's TF32 units (knn_mma
- * says why). A staged row is 128 bytes, 64 features: the bytes and
- * ldmatrix addresses that 32 float32 features took before, at twice the
- * features a stage and an mma step. */
-#define KNN_FUSED_STAGE_FEATURES (2 * KNN_FUSED_FEAT)
-#define KNN_FUSED_STEP_FEATURES 16
-
 /* Queues one stage of features from f0 of n nodes from node `first` (ld
  * values apart) into 128 staging rows; absent nodes and features past ld
  * read as zero (cp.async's zero fill). 256 threads, four 16-byte pieces
@@ -362,8 +357,6 @@ __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
                                                    int col0,
                                                    float (&acc)[4][4][4])
 {
-    const int stage_f = KNN_FUSED_STAGE_FEATURES,
-              step_f = KNN_FUSED_STEP_FEATURES;
     knn_frag fr = knn_frag_of();
     int lane = threadIdx.x & 31;
 #pragma unroll
@@ -373,7 +366,8 @@ __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
 #pragma unroll
             for (int e = 0; e < 4; e++) acc[mt][nt][e] = 0.0f;
 
-    int chunks = (a.ld + stage_f - 1) / stage_f;
+    int chunks = (a.ld + KNN_FUSED_STAGE_FEATURES - 1) /
+                 KNN_FUSED_STAGE_FEATURES;
     for (int c = 0; c < chunks; c++) {
         if (c + 1 < chunks) {
             knn_fused_load(a, stage + ((c + 1) & 1) * KNN_FUSED_STAGE, row0,
@@ -386,9 +380,11 @@ __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
         __syncthreads();
         const float *As = stage + (c & 1) * KNN_FUSED_STAGE;
         const float *Bs = As + KNN_FUSED_ROWS * KNN_FUSED_LD;
-        int steps = (a.ld - c * stage_f + step_f - 1) / step_f;
+        int steps = (a.ld - c * KNN_FUSED_STAGE_FEATURES +
+                     KNN_FUSED_STEP_FEATURES - 1) / KNN_FUSED_STEP_FEATURES;
 #pragma unroll
-        for (int ks = 0; ks < 4; ks++) {
+        for (int ks = 0;
+             ks < KNN_FUSED_STAGE_FEATURES / KNN_FUSED_STEP_FEATURES; ks++) {
             if (ks >= steps) break;
             /* ldmatrix hands each lane its fragment of four 8 x 16-byte
              * pieces (8 x 8 in b16 units) in one instruction: lane l

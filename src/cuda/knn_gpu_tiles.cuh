@@ -113,8 +113,8 @@ typedef struct {
                                rate or better: float64 may stand in for
                                split TF32 where its arrays do not fit */
     int fused;              /* tiles take the fused path (TF32 only) */
-    int half_products;      /* a fused tile's products took fp16 inputs
-                               (the correlations' nodes.half) */
+    int half_products;      /* the fused path's fp16 vectors were made:
+                               its tiles multiply them (nodes.half) */
     int refine_select;      /* TF32 found too many candidates for the
                                plain selection: tiles take the panel path
                                and the radix kernel, which refines them */
