@@ -81,9 +81,12 @@ static SEXP knn_result_alloc(int n, int k, int edges, knn_result *out)
     SET_VECTOR_ELT(res, edges ? 3 : 1, distance);
     SEXP weight = allocVector(REALSXP, m);
     SET_VECTOR_ELT(res, 2, weight);
+    memset(out, 0, sizeof *out);
     if (edges) {
         SET_VECTOR_ELT(res, 0, allocVector(INTSXP, m));
         SET_VECTOR_ELT(res, 4, allocVector(INTSXP, m));
+        out->from = INTEGER(VECTOR_ELT(res, 0));
+        out->rank = INTEGER(VECTOR_ELT(res, 4));
     } else {
         SEXP dim = PROTECT(allocVector(INTSXP, 2));
         INTEGER(dim)[0] = n;
@@ -182,9 +185,6 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
         error("knngpu: %s: %s", knn_status_name(st), report.message);
     }
 
-    if (as_edges)
-        knn_edge_ends(INTEGER(VECTOR_ELT(res, 0)), INTEGER(VECTOR_ELT(res, 4)),
-                      nq, req.k, 1, req.threads);
     SET_VECTOR_ELT(res, as_edges ? 5 : 3, knn_report_list(&report));
     UNPROTECT(nprot);
     return res;

@@ -10,7 +10,9 @@
  * takes those faults during the search instead, through Linux's
  * MADV_POPULATE_WRITE (5.14 and newer: the faults without the writes, so
  * the contents stay as they are and it races with no copy). Elsewhere, or
- * on an older kernel, madvise refuses it and nothing changes.
+ * on an older kernel, madvise refuses it and nothing changes. A graph's
+ * sources and ranks (knn_result.from, .rank), which knn_search() writes
+ * after the search, take their faults here too.
  *
  * It waits until a device has finished a tile: faults hold the process's
  * address space for reading, and what maps memory meanwhile waits for
@@ -68,6 +70,10 @@ static void knn_populate_result(const knn_result *out, size_t entries,
     knn_populate(out->index, entries * sizeof *out->index, shared);
     knn_populate(out->distance, entries * sizeof *out->distance, shared);
     knn_populate(out->weight, entries * sizeof *out->weight, shared);
+    if (out->from) {
+        knn_populate(out->from, entries * sizeof *out->from, shared);
+        knn_populate(out->rank, entries * sizeof *out->rank, shared);
+    }
 }
 
 void knn_pages_start(knn_pages *job, const knn_result *out, size_t entries,

@@ -145,6 +145,12 @@ typedef struct {
     double *weight;    /* similarity: r, |r|, cosine, or 1 / (1 + d) */
     int by_row;        /* 0: column-major; 1: row-major (edge order) */
     int index_base;    /* added to every node index: 0, or 1 for R */
+    /* A graph's edge list (by_row, a self search) also has its sources and
+     * ranks, which follow from the position alone: knn_search() writes
+     * them after the search (knn_edge_ends), and a GPU search makes their
+     * pages resident meanwhile. NULL otherwise. */
+    int *from;
+    int *rank;
 } knn_result;
 
 /* Offset of query i's neighbour r in a result of n_query x k. */

@@ -69,7 +69,12 @@ knn_status knn_search(const knn_request *req, knn_backend backend,
                  "a node is constant (or all zero, for cosine)");
         return KNN_E_DEGENERATE;
     }
-    return knn_search_blocks(req, backend, out, report);
+    knn_status st = knn_search_blocks(req, backend, out, report);
+    if (st == KNN_OK && out->from)
+        knn_edge_ends(out->from, out->rank,
+                      req->query ? req->n_query : req->n_ref, req->k,
+                      out->index_base, req->threads);
+    return st;
 }
 
 knn_status knn_search_on(const knn_request *req, knn_backend backend,
