@@ -80,9 +80,15 @@ runCase <- function(data, case) {
 }
 
 ## Seconds of one run, or the median of 5 when one takes under a second
-## (of 21 under 0.1 s), as torch_knn.py counts its own.
+## (of 21 under 0.1 s), as torch_knn.py counts its own. R's collector runs
+## before each, outside the timing: FAISS's runs keep their results
+## (faiss_knn.py) and so never free one inside a timing, where a knngpu
+## run's first allocation made R collect the result of the run before it
+## (262144 x 128, k = 100: 50 to 90 ms of a 0.31 to 0.36 s call, on the
+## H200's host).
 runKnngpu <- function(data, case) {
     timeRun <- function() {
+        gc(verbose = FALSE)
         got <- elapsed(runCase(data, case))
         list(total = got$seconds, engine = attr(got$value, "elapsed"),
              candidates = attr(got$value, "timings")$candidates,

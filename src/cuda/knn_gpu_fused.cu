@@ -22,7 +22,7 @@
  *    memory, which gathers over several column blocks;
  *  - owners: thread r < 128 owns row r. When its list is half full, every
  *    KNN_FUSED_TIGHTEN_EVERY blocks, on each of the first
- *    KNN_FUSED_EARLY_BLOCKS and on the last, it inserts the list into the
+ *    knn_fused_early_blocks and on the last, it inserts the list into the
  *    row's k smallest scores so far (a max-heap in shared memory, in
  *    device memory past k = 32), takes
  *    the threshold knn_row_bound(k-th of them), rounded down to float
@@ -65,7 +65,7 @@
 /* Staging row length, in floats (the buffers' unit): 36 (144 bytes) put
  * the 8 rows of an ldmatrix phase on 32 distinct banks. */
 #define KNN_FUSED_LD 36
-#define KNN_FUSED_LIST 16             /* list entries per row and block */
+#define KNN_FUSED_LIST 16             /* list entries per row (k <= 32) */
 #define KNN_FUSED_TILE_LD (KNN_FUSED_COLS + 1)
 /* Floats of one stage (rows, then columns) and of both. */
 #define KNN_FUSED_STAGE ((KNN_FUSED_ROWS + KNN_FUSED_COLS) * KNN_FUSED_LD)
@@ -152,17 +152,33 @@ struct knn_owner {
  * k = 100 they took 51 KB of a block's 149, which left one block an SM. */
 #define KNN_FUSED_SHARED_BEST_MAX_K 32
 
+__host__ __device__ static inline bool knn_fused_best_shared(int k)
+{
+    return k <= KNN_FUSED_SHARED_BEST_MAX_K;
+}
+
+/* Entries of a row's list. Past k = 32 the lists take the room that the
+ * rows' k smallest leave in shared memory (two blocks an SM still fit):
+ * a running threshold admits some k' / b of a row's nodes in its b-th
+ * column block, k' the row's candidates in the end (232 at k = 100 on
+ * N(0,1) data), so with 16 entries a 262144 x 128 graph's row block took
+ * 55 of its first column blocks whole, with 32 entries 15, and its
+ * search took 0.207 s where it took 0.224 s (ncu and three runs each,
+ * H200, 2026-11-24). */
+__host__ __device__ static inline int knn_fused_list_cap(int k)
+{
+    return knn_fused_best_shared(k) ? KNN_FUSED_LIST : 2 * KNN_FUSED_LIST;
+}
+
 /* Floats of the block's shared memory besides the staging buffers and the
  * rows' k smallest: the column blocks' squared norms and unscales (two
  * blocks), the lists, the thresholds and the rows' squared norms and
  * unscales. */
-#define KNN_FUSED_SMALL (4 * KNN_FUSED_COLS + \
-                         2 * KNN_FUSED_LIST * KNN_FUSED_ROWS + \
-                         3 * KNN_FUSED_ROWS)
-
-__host__ __device__ static inline bool knn_fused_best_shared(int k)
+static size_t knn_fused_small_floats(int k)
 {
-    return k <= KNN_FUSED_SHARED_BEST_MAX_K;
+    return 4 * KNN_FUSED_COLS +
+           2 * (size_t)knn_fused_list_cap(k) * KNN_FUSED_ROWS +
+           3 * KNN_FUSED_ROWS;
 }
 
 size_t knn_fused_best_floats(int k, int rows)
@@ -174,7 +190,7 @@ size_t knn_fused_best_floats(int k, int rows)
 
 static size_t knn_fused_smem_bytes(int k)
 {
-    size_t floats = KNN_FUSED_STAGING + KNN_FUSED_SMALL +
+    size_t floats = KNN_FUSED_STAGING + knn_fused_small_floats(k) +
                     (knn_fused_best_shared(k) ? (size_t)k * KNN_FUSED_ROWS
                                               : 0);
     return floats * sizeof(float) + (KNN_FUSED_ROWS + 1) * sizeof(int) +
@@ -426,8 +442,9 @@ struct knn_fused_shared {
     float *tile;        /* [64][KNN_FUSED_TILE_LD] */
     float *col_sq;      /* [2][2][128]: by parity, a column block's |f_j|^2
                            and (distances) unscales */
-    float *list_score;  /* [KNN_FUSED_LIST][128] */
-    int *list_node;     /* [KNN_FUSED_LIST][128] */
+    int list_cap;       /* knn_fused_list_cap */
+    float *list_score;  /* [list_cap][128] */
+    int *list_node;     /* [list_cap][128] */
     float *threshold;   /* [128] */
     float *row_sq;      /* [128]: distances, the rows' |f_i|^2 */
     float *row_unscale; /* [128]: distances, the rows' unscales */
@@ -447,8 +464,9 @@ __device__ __forceinline__ knn_fused_shared knn_fused_carve(
     sh.tile = base + KNN_FUSED_STAGE;
     sh.col_sq = base + KNN_FUSED_STAGING;
     sh.list_score = sh.col_sq + 4 * KNN_FUSED_COLS;
-    sh.list_node = (int *)(sh.list_score + KNN_FUSED_LIST * KNN_FUSED_ROWS);
-    sh.threshold = (float *)(sh.list_node + KNN_FUSED_LIST * KNN_FUSED_ROWS);
+    sh.list_cap = knn_fused_list_cap(k);
+    sh.list_node = (int *)(sh.list_score + sh.list_cap * KNN_FUSED_ROWS);
+    sh.threshold = (float *)(sh.list_node + sh.list_cap * KNN_FUSED_ROWS);
     sh.row_sq = sh.threshold + KNN_FUSED_ROWS;
     sh.row_unscale = sh.row_sq + KNN_FUSED_ROWS;
     float *end = sh.row_unscale + KNN_FUSED_ROWS;
@@ -519,6 +537,17 @@ __device__ __forceinline__ int knn_best_insert(float *best, int k,
 #define KNN_FUSED_TIGHTEN_EVERY 8
 #define KNN_FUSED_EARLY_BLOCKS 16
 
+/* Past k = 32 thresholds fall for longer (a row's list fills at
+ * k' / b entries in its b-th block, see knn_fused_list_cap), and taking
+ * lists on the first 32 blocks searched the 262144 x 128 graph (k = 100)
+ * in 0.203 s where 16 took 0.207 s (three runs each, H200,
+ * 2026-11-24). */
+__device__ __forceinline__ int knn_fused_early_blocks(int k)
+{
+    return knn_fused_best_shared(k) ? KNN_FUSED_EARLY_BLOCKS
+                                    : 2 * KNN_FUSED_EARLY_BLOCKS;
+}
+
 /* The row's threshold once its k smallest are known: the candidate bound,
  * rounded down to a float (a float score is at most the bound exactly when
  * it is at most that float). */
@@ -585,8 +614,8 @@ __device__ __forceinline__ void knn_owner_after(const knn_fused_args &a,
                                                 bool last)
 {
     int n = sh.list_count[threadIdx.x];
-    if (last || block < KNN_FUSED_EARLY_BLOCKS ||
-        n >= KNN_FUSED_LIST / 2 ||
+    if (last || block < knn_fused_early_blocks(a.sel.k) ||
+        n >= sh.list_cap / 2 ||
         block % KNN_FUSED_TIGHTEN_EVERY == KNN_FUSED_TIGHTEN_EVERY - 1)
         knn_owner_list(a, sh, o, n);
     else
@@ -744,7 +773,7 @@ __device__ __forceinline__ void knn_fused_list(const knn_select_args &s,
 {
     if (!knn_fused_is_node(s, self0, rl, col0 + cl)) return;
     int pos = atomicAdd(&sh.list_count[rl], 1);
-    if (pos < KNN_FUSED_LIST) {
+    if (pos < sh.list_cap) {
         sh.list_score[pos * KNN_FUSED_ROWS + rl] = v;
         sh.list_node[pos * KNN_FUSED_ROWS + rl] = col0 + cl;
     } else {
