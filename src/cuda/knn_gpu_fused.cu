@@ -483,23 +483,35 @@ __device__ __forceinline__ knn_fused_shared knn_fused_carve(
 }
 
 /* The row's k smallest (column `best`, stride 128) form a max-heap once
- * there are k of them: entry i's children are 2i + 1 and 2i + 2, the
- * largest, the row's k-th smallest so far, is at the root. Replacing it
- * takes log2 k steps where a scan for the new largest took k loads: at
- * k = 100 that scan made the owners' work rival the products.
+ * there are k of them, KNN_BEST_ARITY children a node (entry i's are
+ * KNN_BEST_ARITY i + 1 on): the largest, the row's k-th smallest so far,
+ * is at the root. Replacing it takes a step a level where a scan for the
+ * new largest took k loads (at k = 100 that scan made the owners' work
+ * rival the products). Past k = 32 the heap lies in device memory, where
+ * a step waits for its loads: a level's children are loaded together, so
+ * eight a node took 3 waits at k = 100 where two took 7 (the sift was
+ * most of the owners' time, whom the block's other warps wait for).
  * s sinks from place i to where it is at least its children. */
+#define KNN_BEST_ARITY 8
+
 __device__ __forceinline__ void knn_best_sift(float *best, int k, int i,
                                              float s)
 {
-    for (int c = 2 * i + 1; c < k; c = 2 * i + 1) {
-        float v = best[c * KNN_FUSED_ROWS];
-        if (c + 1 < k) {
-            float w = best[(c + 1) * KNN_FUSED_ROWS];
-            if (w > v) {
-                v = w;
-                c++;
+    for (int c0 = KNN_BEST_ARITY * i + 1; c0 < k;
+         c0 = KNN_BEST_ARITY * i + 1) {
+        float child[KNN_BEST_ARITY];
+#pragma unroll
+        for (int q = 0; q < KNN_BEST_ARITY; q++)
+            child[q] = c0 + q < k ? best[(c0 + q) * KNN_FUSED_ROWS]
+                                  : -INFINITY;
+        float v = child[0];
+        int c = c0;
+#pragma unroll
+        for (int q = 1; q < KNN_BEST_ARITY; q++)
+            if (child[q] > v) {
+                v = child[q];
+                c = c0 + q;
             }
-        }
         if (!(v > s)) break;
         best[i * KNN_FUSED_ROWS] = v;
         i = c;
@@ -517,7 +529,7 @@ __device__ __forceinline__ int knn_best_insert(float *best, int k,
     if (o->filled < k) {
         best[o->filled++ * KNN_FUSED_ROWS] = s;
         if (o->filled < k) return 1;
-        for (int i = k / 2 - 1; i >= 0; i--)
+        for (int i = (k - 2) / KNN_BEST_ARITY; i >= 0; i--)
             knn_best_sift(best, k, i, best[i * KNN_FUSED_ROWS]);
     } else {
         if (!(s < o->kth)) return 0;
