@@ -35,8 +35,10 @@
  * A column block where some row's list overflows (the first always does:
  * thresholds start at infinity) is taken whole instead: the owners first
  * take their lists as far as the earlier blocks filled them, then the
- * block's scores go to shared memory, 64 rows at a time (over the second
- * staging buffer, idle then), and each owner scans its row.
+ * block's scores go to shared memory (over the staging buffers), the
+ * rows' k smallest take them (all warps, knn_warp_merge_row, where those
+ * are in device memory; else each owner its row's), and each owner
+ * appends its row's survivors.
  *
  * Why this is the panel path's candidate set, or a superset of it: a
  * threshold is the bound of the k-th smallest score of nodes already seen,
@@ -434,12 +436,13 @@ __device__ __forceinline__ void knn_fused_products(const knn_fused_args &a,
 /* ---- the rows' running k smallest -------------------------------------- */
 
 /* Shared memory of a block, carved from one dynamic array. The
- * whole-block tile, 64 rows at a time, lies over the second staging
- * buffer, idle from the end of the products to the next block's second
- * chunk (the next block's first lands in the first buffer meanwhile). */
+ * whole-block tile lies over both staging buffers: a block taken whole
+ * waits for the next block's first stage, already queued, and queues it
+ * again after. */
 struct knn_fused_shared {
     float *stage;
-    float *tile;        /* [64][KNN_FUSED_TILE_LD] */
+    float *tile;        /* [128][KNN_FUSED_TILE_LD], over both staging
+                           buffers */
     float *col_sq;      /* [2][2][128]: by parity, a column block's |f_j|^2
                            and (distances) unscales */
     int list_cap;       /* knn_fused_list_cap */
@@ -461,7 +464,7 @@ __device__ __forceinline__ knn_fused_shared knn_fused_carve(
 {
     knn_fused_shared sh;
     sh.stage = base;
-    sh.tile = base + KNN_FUSED_STAGE;
+    sh.tile = base;
     sh.col_sq = base + KNN_FUSED_STAGING;
     sh.list_score = sh.col_sq + 4 * KNN_FUSED_COLS;
     sh.list_cap = knn_fused_list_cap(k);
@@ -583,9 +586,13 @@ __device__ __forceinline__ void knn_owner_append(const knn_fused_args &a,
     o->survivors++;
 }
 
-/* The owner takes the first n entries of its list: sorted by node, into
- * the k smallest, then appended under the tightened threshold; the list
- * is emptied. */
+/* The owner takes the first n entries of its list: sorted by node (a
+ * plain walk's survivors become its candidates in their order; a shared
+ * walk's lists are put in node order by knn_pairs_gather, so its owners
+ * skip the sort), into the k smallest, then appended under the tightened
+ * threshold; the list is emptied. Neither the k smallest, a multiset,
+ * nor the survivors' number depends on the order. */
+template <bool PAIRS>
 __device__ void knn_owner_list(const knn_fused_args &a,
                                const knn_fused_shared &sh, knn_owner *o,
                                int n)
@@ -593,7 +600,7 @@ __device__ void knn_owner_list(const knn_fused_args &a,
     int r = threadIdx.x;
     float *score = sh.list_score + r, *best = sh.best + r;
     int *node = sh.list_node + r;
-    for (int i = 1; i < n; i++) {
+    for (int i = 1; i < n && !PAIRS; i++) {
         float s = score[i * KNN_FUSED_ROWS];
         int c = node[i * KNN_FUSED_ROWS], j = i - 1;
         for (; j >= 0 && node[j * KNN_FUSED_ROWS] > c; j--) {
@@ -620,6 +627,7 @@ __device__ void knn_owner_list(const knn_fused_args &a,
 /* After column block `block` (from 0), whose lists all fitted: whether
  * the owner takes its list now or leaves it to gather (see
  * KNN_FUSED_TIGHTEN_EVERY). */
+template <bool PAIRS>
 __device__ __forceinline__ void knn_owner_after(const knn_fused_args &a,
                                                 const knn_fused_shared &sh,
                                                 knn_owner *o, int block,
@@ -629,22 +637,134 @@ __device__ __forceinline__ void knn_owner_after(const knn_fused_args &a,
     if (last || block < knn_fused_early_blocks(a.sel.k) ||
         n >= sh.list_cap / 2 ||
         block % KNN_FUSED_TIGHTEN_EVERY == KNN_FUSED_TIGHTEN_EVERY - 1)
-        knn_owner_list(a, sh, o, n);
+        knn_owner_list<PAIRS>(a, sh, o, n);
     else
         o->listed = n;
 }
 
-/* The owner's share of a column block taken whole: the row's 128 scores
- * (`row`; NaN where there is no node, under no threshold) under the old
- * threshold go into the k smallest, those under the new one are
- * appended. */
+/* A warp sorts 32 N values, N a lane (value q of lane l is element
+ * N l + q), ascending: a bitonic network, whose pairs more than N
+ * elements apart meet across lanes. A pair swaps only where the first is
+ * greater, so the values end as the same multiset. */
+template <int N, int LOG_N>
+__device__ __forceinline__ void knn_warp_sort(float (&v)[N], int lane)
+{
+    /* Counted loops, which the compiler unrolls (over doubled sizes it
+     * did not, and indexed v in local memory). */
+#pragma unroll
+    for (int ls = 1; ls <= 5 + LOG_N; ls++) {
+        const int size = 1 << ls;
+#pragma unroll
+        for (int lst = ls - 1; lst >= 0; lst--) {
+            const int stride = 1 << lst;
+            if (stride >= N) {
+                int lanes = stride / N;
+                bool low = (lane & lanes) == 0;
+#pragma unroll
+                for (int q = 0; q < N; q++) {
+                    bool up = ((lane * N + q) & size) == 0;
+                    float other = __shfl_xor_sync(0xffffffffu, v[q], lanes);
+                    /* The pair's first element is the low lane's. */
+                    float first = low ? v[q] : other;
+                    float second = low ? other : v[q];
+                    bool swap = up ? first > second : first < second;
+                    if (swap) v[q] = other;
+                }
+            } else {
+#pragma unroll
+                for (int q = 0; q < N; q++) {
+                    if (q & stride) continue;
+                    bool up = ((lane * N + q) & size) == 0;
+                    float x = v[q], y = v[q + stride];
+                    if (up ? x > y : x < y) {
+                        v[q] = y;
+                        v[q + stride] = x;
+                    }
+                }
+            }
+        }
+    }
+}
+
+/* Values a lane holds in knn_warp_merge_row: a row's k smallest (k <=
+ * KNN_FUSED_MAX_K, four a lane) and a column block's 128 scores. */
+#define KNN_MERGE_PER_LANE 8
+
+/* A warp takes block row rl's scores of a column block taken whole (the
+ * tile's row `row`, NaN where there is no node) into the row's k
+ * smallest: those at or below its threshold join them, the warp sorts
+ * the lot and keeps the k smallest, in descending order, which is a heap
+ * (each parent before its children). Owners inserting score by score
+ * waited on device memory at each level of the heap: the 262144 x 128
+ * graph (k = 100) spent a fifth of its search on its first seven column
+ * blocks so (clock64 counters, H200); merged so, its search took 0.169 s
+ * where it took 0.177 s. Where the k smallest are in shared memory, the
+ * owners' inserts cost less than the warps' sorts (taking the first 16
+ * blocks whole so searched the 1M x 50 graph, k = 15, in 0.80 s, not
+ * 0.74 s). The k smallest are the same multiset either way. */
+__device__ void knn_warp_merge_row(const knn_select_args &s,
+                                   const knn_fused_shared &sh, int rl,
+                                   const float *row, int lane)
+{
+    knn_owner *o = sh.owners + rl;
+    float *best = sh.best + rl;
+    int k = s.k, filled = o->filled;
+    float bound = o->bound, v[KNN_MERGE_PER_LANE];
+    int fresh = 0;
+#pragma unroll
+    for (int q = 0; q < KNN_MERGE_PER_LANE / 2; q++) {
+        int i = lane + 32 * q;
+        v[q] = i < filled ? best[i * KNN_FUSED_ROWS] : INFINITY;
+        float x = row[i];
+        bool in = x <= bound; /* not NaN */
+        v[KNN_MERGE_PER_LANE / 2 + q] = in ? x : INFINITY;
+        fresh += __popc(__ballot_sync(0xffffffffu, in));
+    }
+    if (fresh == 0) return; /* the whole warp */
+    knn_warp_sort<KNN_MERGE_PER_LANE, 3>(v, lane);
+    int kept = min(k, filled + fresh);
+#pragma unroll
+    for (int q = 0; q < KNN_MERGE_PER_LANE; q++) {
+        int e = lane * KNN_MERGE_PER_LANE + q;
+        if (e < kept)
+            best[(kept == k ? k - 1 - e : e) * KNN_FUSED_ROWS] = v[q];
+    }
+    /* The k-th went to the heap's root (read back: picking it from v by
+     * a lane's index would put v in local memory). */
+    __syncwarp();
+    if (lane == 0) {
+        o->filled = kept;
+        if (kept == k) o->kth = best[0];
+        o->stale = 1;
+    }
+}
+
+/* The block's rows of a column block taken whole, in the tile: each
+ * warp merges 16 of them (knn_warp_merge_row). */
+__device__ __forceinline__ void knn_warp_merge_tile(
+    const knn_select_args &s, const knn_fused_shared &sh, int row0)
+{
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int per_warp = KNN_FUSED_ROWS / (KNN_FUSED_THREADS / 32);
+    for (int i = 0; i < per_warp; i++) {
+        int rl = warp * per_warp + i;
+        if (row0 + rl < s.rows)
+            knn_warp_merge_row(s, sh, rl,
+                               sh.tile + rl * KNN_FUSED_TILE_LD, lane);
+    }
+}
+
+/* The owner's share of a column block taken whole (its row's scores
+ * `row`): those under the old threshold go into the k smallest, unless
+ * the warps have merged them already (`merged`), and those under the new
+ * one are appended, in node order. */
 __device__ void knn_owner_tile(const knn_fused_args &a,
                                const knn_fused_shared &sh, knn_owner *o,
-                               const float *row, int col0)
+                               const float *row, int col0, bool merged)
 {
     float *best = sh.best + threadIdx.x;
     int changed = 0;
-    for (int c = 0; c < KNN_FUSED_COLS; c++)
+    for (int c = 0; c < KNN_FUSED_COLS && !merged; c++)
         if (row[c] <= o->bound)
             changed |= knn_best_insert(best, a.sel.k, o, row[c]);
     knn_owner_tighten(a.sel, o, changed);
@@ -745,10 +865,10 @@ __device__ __forceinline__ bool knn_fused_is_node(const knn_select_args &s,
     return j < s.n_cols && !(self0 >= 0 && j == self0 + rl);
 }
 
-/* The block's scores of column block col0 for rows [64 h, 64 h + 64),
- * whole, in the tile; NaN where there is no node. */
+/* The block's scores of column block col0, whole, in the tile; NaN where
+ * there is no node. */
 template <int KIND>
-__device__ __forceinline__ void knn_fused_tile_half(
+__device__ __forceinline__ void knn_fused_tile(
     const knn_select_args &s, const knn_fused_shared &sh,
     const float *col_sq, const float (&acc)[4][4][4],
     int self0, int col0)
@@ -770,7 +890,7 @@ __device__ __forceinline__ void knn_fused_tile_half(
                         ? knn_score_from<KIND>(acc[mt][nt][2 * h + e],
                                                row_sq[mt][h], col_sq[cl])
                         : __int_as_float(0x7fffffff);
-                    sh.tile[(rl - 64 * fr.wm) * KNN_FUSED_TILE_LD + cl] = v;
+                    sh.tile[rl * KNN_FUSED_TILE_LD + cl] = v;
                 }
         }
 }
@@ -916,7 +1036,6 @@ knn_fused_kernel(knn_fused_args a)
     knn_fused_shared sh = knn_fused_carve(knn_fused_smem, s.k,
                                           a.scratch.best);
     int row0 = blockIdx.x * KNN_FUSED_ROWS;
-    int wm = knn_frag_of().wm; /* the thread's half of the rows */
     bool owner = threadIdx.x < KNN_FUSED_ROWS &&
                  row0 + (int)threadIdx.x < s.rows;
 
@@ -956,13 +1075,13 @@ knn_fused_kernel(knn_fused_args a)
         float acc[4][4][4];
         knn_fused_products(a, sh.stage, row0, col0, acc);
         const float *col_sq = sh.col_sq + parity * 2 * KNN_FUSED_COLS;
+        float *next_sq = sh.col_sq + (parity ^ 1) * 2 * KNN_FUSED_COLS;
         if (KIND == KNN_SCORE_DIST)
             knn_fused_unscale(sh, col_sq + KNN_FUSED_COLS, acc);
-        if (col0 + KNN_FUSED_COLS < s.n_cols)
-            knn_fused_prefetch<KIND>(a, sh.stage,
-                                     sh.col_sq + (parity ^ 1) * 2 *
-                                                     KNN_FUSED_COLS,
-                                     row0, col0 + KNN_FUSED_COLS);
+        bool more = col0 + KNN_FUSED_COLS < s.n_cols;
+        if (more)
+            knn_fused_prefetch<KIND>(a, sh.stage, next_sq, row0,
+                                     col0 + KNN_FUSED_COLS);
 
         if (PAIRS && col0 < a.walk.offer_end)
             knn_fused_epilogue<KIND, true>(a, sh, col_sq, acc, self0, row0,
@@ -974,24 +1093,34 @@ knn_fused_kernel(knn_fused_args a)
         /* Owners and the overflow flag need no barrier after them: the
          * lists, thresholds and flag are next written in the next block's
          * epilogue, after its products' barriers. */
-        bool last = col0 + KNN_FUSED_COLS >= s.n_cols;
         if (*sh.overflow == block + 1) {
             /* Some list overflowed: the lists as the earlier blocks left
-             * them are taken, then this block whole, 64 rows at a time
-             * (warps of row half h write, owners of those rows read). */
-            if (owner) knn_owner_list(a, sh, o, o->listed);
-            for (int h = 0; h < 2; h++) {
-                if (wm == h)
-                    knn_fused_tile_half<KIND>(s, sh, col_sq, acc, self0,
-                                              col0);
-                __syncthreads();
-                if (owner && (int)threadIdx.x / 64 == h)
-                    knn_owner_tile(a, sh, o, sh.tile + (threadIdx.x - 64 * h)
-                                                  * KNN_FUSED_TILE_LD, col0);
+             * them are taken, then this block whole, in the tile over the
+             * staging buffers (the next block's first stage lands first,
+             * and is queued again after). Where the rows' k smallest are
+             * in device memory the warps merge the tile's rows into them
+             * (knn_warp_merge_row); the owners insert their own
+             * elsewhere; then they append. */
+            bool merge = !knn_fused_best_shared(s.k);
+            knn_cp_wait<0>();
+            __syncthreads();
+            if (owner) knn_owner_list<PAIRS>(a, sh, o, o->listed);
+            knn_fused_tile<KIND>(s, sh, col_sq, acc, self0, col0);
+            __syncthreads();
+            if (merge) {
+                knn_warp_merge_tile(s, sh, row0);
                 __syncthreads();
             }
+            if (owner)
+                knn_owner_tile(a, sh, o,
+                               sh.tile + threadIdx.x * KNN_FUSED_TILE_LD,
+                               col0, merge);
+            __syncthreads();
+            if (more)
+                knn_fused_prefetch<KIND>(a, sh.stage, next_sq, row0,
+                                         col0 + KNN_FUSED_COLS);
         } else if (owner) {
-            knn_owner_after(a, sh, o, block, last);
+            knn_owner_after<PAIRS>(a, sh, o, block, !more);
         }
         if (owner) sh.threshold[threadIdx.x] = o->bound;
     }

@@ -693,6 +693,9 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
         d->seconds_search += knn_seconds() - t0;
         overflow = knn_slot_overflow(t, sl, &found);
     }
+    /* Only a tile kept says how the result was made: a fused probe that
+     * the search rewound to the panel path left no candidate behind. */
+    d->half_products |= sl->fused || sl->gathered;
     if (overflow) {
         double t0 = knn_seconds();
         KNN_TRY(knn_tile_redo(d, s));

@@ -310,7 +310,6 @@ static knn_status knn_dev_make_half(knn_gpu_dev *d)
         d->message[0] = '\0';
         return KNN_OK;
     }
-    d->half_products = st == KNN_OK;
     return st;
 }
 

@@ -8,6 +8,8 @@
 
 #include <atomic>
 #include <thread>
+#include <utility>
+#include <vector>
 #include "knn_gpu.cuh"
 
 /* What the calling thread and the device threads share. */
@@ -25,8 +27,11 @@ struct knn_pages;
 void knn_pages_start(knn_pages *job, const knn_result *out, size_t entries,
                      const knn_gpu_shared *shared);
 void knn_pages_join(knn_pages *job);
+#define KNN_PAGES_THREADS_MAX 4
 struct knn_pages {
-    std::thread thread;
+    std::thread thread[KNN_PAGES_THREADS_MAX];
+    std::vector<std::pair<char *, size_t>> pieces;
+    std::atomic<size_t> next;   /* the first piece no thread has taken */
     ~knn_pages() { knn_pages_join(this); }
 };
 
@@ -113,8 +118,8 @@ typedef struct {
                                rate or better: float64 may stand in for
                                split TF32 where its arrays do not fit */
     int fused;              /* tiles take the fused path (TF32 only) */
-    int half_products;      /* the fused path's fp16 vectors were made:
-                               its tiles multiply them (nodes.half) */
+    int half_products;      /* a tile whose results were kept took the
+                               fused path's fp16 products (nodes.half) */
     int refine_select;      /* TF32 found too many candidates for the
                                plain selection: tiles take the panel path
                                and the radix kernel, which refines them */

@@ -181,6 +181,9 @@ test_that("a fused search that must climb goes on in split TF32", {
         got <- expectGpuIdentical(x, 10, "cosine", label = "fused climb")
     })
     expect_match(attr(got$gpu, "precision"), "^tf32, then tf32x3")
+    ## No candidate of the result came from the dropped tile's fp16
+    ## products, so the precision does not name them.
+    expect_false(grepl("fp16", attr(got$gpu, "precision")))
 })
 
 test_that("inputs larger than the staging ring arrive intact", {
