@@ -106,6 +106,8 @@ test_that("a self search on one GPU computes each pair once, same bits", {
     metrics <- c("pearson", "cosine", "euclidean", "abspearson",
                  "sqeuclidean")
     pairsOnce <- function(res) attr(res, "timings")$pairs_once
+    ## The walk is one device's: on a machine with several GPUs the
+    ## searches here name GPU 0 (the last block takes them all).
     ## Small budgets: tiles of a few hundred rows beside the walk's
     ## per-node arrays (7.6 MB here), whose products with the earlier
     ## tiles' nodes are offered to those nodes; rows past a whole block of
@@ -118,13 +120,14 @@ test_that("a self search on one GPU computes each pair once, same bits", {
             withOptions(list(knngpu.gpu.memory = 1.2e7), {
                 got <- expectGpuIdentical(x, 10, metric,
                                           label = paste(kind, "pairs"),
-                                          gpuPrecision = "tf32")
+                                          gpuPrecision = "tf32",
+                                          devices = 0)
             })
             Sys.setenv(KNNGPU_SELECT = "fused_rows")
             withOptions(list(knngpu.gpu.memory = 1.2e7), {
                 rows <- knnSearch(x, k = 10, metric = metric,
                                   device = "gpu", precision = "tf32",
-                                  progress = FALSE)
+                                  devices = 0, progress = FALSE)
             })
             expect_false(pairsOnce(rows))
             expect_identical(rows$index, got$gpu$index)
@@ -140,15 +143,18 @@ test_that("a self search on one GPU computes each pair once, same bits", {
     x <- randomMatrix(2500, 70, 62)
     for (k in c(1, 16, 32, 33, 100, 128, 129)) {
         withOptions(list(knngpu.gpu.memory = 3.1e7), {
-            got <- expectGpuIdentical(x, k, "euclidean", label = "pairs k")
-            expectGpuIdentical(x, k, "pearson", label = "pairs k")
+            got <- expectGpuIdentical(x, k, "euclidean", label = "pairs k",
+                                      devices = 0)
+            expectGpuIdentical(x, k, "pearson", label = "pairs k",
+                               devices = 0)
         })
         expect_identical(pairsOnce(got$gpu), k <= 128, label = paste("k", k))
     }
     ## A budget that holds the per-node arrays (13 MB at k = 32) but not
     ## a block of rows beside them: the search walks plain.
     withOptions(list(knngpu.gpu.memory = 1.4e7), {
-        got <- expectGpuIdentical(x, 32, "euclidean", label = "pairs budget")
+        got <- expectGpuIdentical(x, 32, "euclidean", label = "pairs budget",
+                                  devices = 0)
     })
     expect_false(pairsOnce(got$gpu))
     ## Ties everywhere, k large against them: lists full of tied
@@ -156,16 +162,30 @@ test_that("a self search on one GPU computes each pair once, same bits", {
     t <- tiedMatrix(1500, 10, 63)
     withOptions(list(knngpu.gpu.memory = 1.8e7), {
         for (metric in metrics) {
-            expectGpuIdentical(t, 100, metric, label = "pairs ties")
+            expectGpuIdentical(t, 100, metric, label = "pairs ties",
+                               devices = 0)
         }
     })
     ## A query search, or several GPUs, never shares pairs.
     q <- randomMatrix(300, 70, 64)
     withOptions(list(knngpu.gpu.memory = 6e6), {
         got <- expectGpuIdentical(x, 10, "euclidean", query = q,
-                                  label = "pairs query")
+                                  label = "pairs query", devices = 0)
     })
     expect_false(pairsOnce(got$gpu))
+    ids <- gpuInfo()$devices$id
+    if (length(ids) > 1L) {
+        withOptions(list(knngpu.gpu.memory = 3.1e7), {
+            one <- knnSearch(x, k = 10, device = "gpu", devices = ids[1L],
+                             progress = FALSE)
+            all <- knnSearch(x, k = 10, device = "gpu", devices = ids,
+                             progress = FALSE)
+        })
+        expect_true(pairsOnce(one))
+        expect_false(pairsOnce(all))
+        expect_identical(all$index, one$index)
+        expect_identical(all$distance, one$distance)
+    }
 })
 
 test_that("a fused search that must climb goes on in split TF32", {
