@@ -88,7 +88,9 @@ runCase <- function(data, case) {
 ## k = 100: 50 to 90 ms of a 0.31 to 0.36 s call, on the H200's host)
 ## or, with that collected before the timing, R's heap once more, at the
 ## first large allocation (the collector's thresholds follow what is
-## live: 0.28 s where a kept result's run took 0.24 s).
+## live): 0.267 to 0.283 s a run, 32 to 39 ms of them R's collector,
+## where runs after kept results had raised its thresholds took 0.234 s
+## (RESULTS.md, "k = 100 in session 19"; H200 host, 2026-11-24).
 runKnngpu <- function(data, case) {
     kept <- list()
     timeRun <- function() {
