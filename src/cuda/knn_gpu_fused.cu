@@ -642,13 +642,15 @@ __device__ __forceinline__ void knn_owner_after(const knn_fused_args &a,
         o->listed = n;
 }
 
-/* A warp sorts 32 N values, N a lane (value q of lane l is element
- * N l + q), ascending: a bitonic network, whose pairs more than N
+/* A warp sorts 32 N values, N = 2^LOG_N a lane (value q of lane l is
+ * element N l + q), ascending: a bitonic network, whose pairs more than N
  * elements apart meet across lanes. A pair swaps only where the first is
  * greater, so the values end as the same multiset. */
-template <int N, int LOG_N>
-__device__ __forceinline__ void knn_warp_sort(float (&v)[N], int lane)
+template <int LOG_N>
+__device__ __forceinline__ void knn_warp_sort(float (&v)[1 << LOG_N],
+                                              int lane)
 {
+    const int N = 1 << LOG_N;
     /* Counted loops, which the compiler unrolls (over doubled sizes it
      * did not, and indexed v in local memory). */
 #pragma unroll
@@ -688,7 +690,8 @@ __device__ __forceinline__ void knn_warp_sort(float (&v)[N], int lane)
 
 /* Values a lane holds in knn_warp_merge_row: a row's k smallest (k <=
  * KNN_FUSED_MAX_K, four a lane) and a column block's 128 scores. */
-#define KNN_MERGE_PER_LANE 8
+#define KNN_MERGE_LOG_PER_LANE 3
+#define KNN_MERGE_PER_LANE (1 << KNN_MERGE_LOG_PER_LANE)
 
 /* A warp takes block row rl's scores of a column block taken whole (the
  * tile's row `row`, NaN where there is no node) into the row's k
@@ -721,7 +724,7 @@ __device__ void knn_warp_merge_row(const knn_select_args &s,
         fresh += __popc(__ballot_sync(0xffffffffu, in));
     }
     if (fresh == 0) return; /* the whole warp */
-    knn_warp_sort<KNN_MERGE_PER_LANE, 3>(v, lane);
+    knn_warp_sort<KNN_MERGE_LOG_PER_LANE>(v, lane);
     int kept = min(k, filled + fresh);
 #pragma unroll
     for (int q = 0; q < KNN_MERGE_PER_LANE; q++) {
