@@ -20,6 +20,12 @@ typedef struct {
 void knn_r_callbacks(knn_r_session *session, int show, double total,
                      knn_callbacks *cb);
 
+/* Runs fn(data, out), which may raise an R error: returns 0, or nonzero
+ * with the error (or an interrupt) kept in session->caught for the glue
+ * to raise again once the engine has freed everything. */
+int knn_r_try(knn_r_session *session, void (*fn)(void *, knn_result *),
+              void *data, knn_result *out);
+
 /* Closes the progress bar, if any. */
 void knn_r_callbacks_done(knn_r_session *session);
 

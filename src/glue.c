@@ -65,49 +65,78 @@ static void knn_request_devices(knn_request *req, SEXP devices)
         req->devices[i] = INTEGER(devices)[i];
 }
 
-/* The caller's result arrays, allocated in R and listed in `res` under
- * `names`: n x k matrices, or the columns of an edge list in edge order. */
-static SEXP knn_result_alloc(int n, int k, int edges, knn_result *out)
+/* A search's result list, and what the engine's late allocation
+ * (knn_result.allocate) puts in it. */
+typedef struct {
+    SEXP res;      /* the list, protected by C_knn_search */
+    int n, k, edges;
+    knn_r_session *session;
+} knn_r_result;
+
+/* The list: n x k matrices (index, distance, weight, info), or the
+ * columns of an edge list in edge order (from, to, weight, distance,
+ * rank, info); the arrays come later. */
+static SEXP knn_result_list(int edges)
 {
     const char *matrix_names[] = {"index", "distance", "weight", "info"};
     const char *edge_names[] = {"from", "to", "weight", "distance", "rank",
                                 "info"};
-    R_xlen_t m = (R_xlen_t)n * k;
-    SEXP res = PROTECT(edges ? knn_named_list(6, edge_names)
-                             : knn_named_list(4, matrix_names));
-    SEXP index = allocVector(INTSXP, m);
-    SET_VECTOR_ELT(res, edges ? 1 : 0, index);
-    SEXP distance = allocVector(REALSXP, m);
-    SET_VECTOR_ELT(res, edges ? 3 : 1, distance);
-    SEXP weight = allocVector(REALSXP, m);
-    SET_VECTOR_ELT(res, 2, weight);
-    memset(out, 0, sizeof *out);
-    if (edges) {
+    return edges ? knn_named_list(6, edge_names)
+                 : knn_named_list(4, matrix_names);
+}
+
+/* Allocates the list's arrays and points `out` at them. R raises its
+ * own error where it cannot (knn_r_try() keeps it). */
+static void knn_result_arrays(void *data, knn_result *out)
+{
+    const knn_r_result *r = data;
+    SEXP res = r->res;
+    R_xlen_t m = (R_xlen_t)r->n * r->k;
+    SET_VECTOR_ELT(res, r->edges ? 1 : 0, allocVector(INTSXP, m));
+    SET_VECTOR_ELT(res, r->edges ? 3 : 1, allocVector(REALSXP, m));
+    SET_VECTOR_ELT(res, 2, allocVector(REALSXP, m));
+    if (r->edges) {
         SET_VECTOR_ELT(res, 0, allocVector(INTSXP, m));
         SET_VECTOR_ELT(res, 4, allocVector(INTSXP, m));
         out->from = INTEGER(VECTOR_ELT(res, 0));
         out->rank = INTEGER(VECTOR_ELT(res, 4));
     } else {
         SEXP dim = PROTECT(allocVector(INTSXP, 2));
-        INTEGER(dim)[0] = n;
-        INTEGER(dim)[1] = k;
+        INTEGER(dim)[0] = r->n;
+        INTEGER(dim)[1] = r->k;
         for (int i = 0; i < 3; i++) setAttrib(VECTOR_ELT(res, i),
                                               R_DimSymbol, dim);
         UNPROTECT(1);
     }
-    out->index = INTEGER(index);
-    out->distance = REAL(distance);
-    out->weight = REAL(weight);
-    out->by_row = edges;
+    out->index = INTEGER(VECTOR_ELT(res, r->edges ? 1 : 0));
+    out->distance = REAL(VECTOR_ELT(res, r->edges ? 3 : 1));
+    out->weight = REAL(VECTOR_ELT(res, 2));
+}
+
+/* knn_result.allocate: the engine asks for the arrays once it is under
+ * way (a GPU search: while its devices search, so that R's collection
+ * before a large allocation overlaps the search). */
+static int knn_result_allocate_r(void *ctx, knn_result *out)
+{
+    knn_r_result *r = ctx;
+    return knn_r_try(r->session, knn_result_arrays, r, out);
+}
+
+/* The engine's view of the result: arrays to come through `r`. */
+static void knn_result_late(knn_r_result *r, knn_result *out)
+{
+    memset(out, 0, sizeof *out);
+    out->by_row = r->edges;
     out->index_base = 1;
-    UNPROTECT(1);
-    return res;
+    out->allocate = knn_result_allocate_r;
+    out->allocate_ctx = r;
 }
 
 /* The result of a search that stopped for a reason R handles itself:
  * list(problem = list(status, message, condition)), status "interrupted"
  * (R raises `condition` again: the interrupt, or the error such as a time
- * limit, that the poll caught), "nonfinite" or "degenerate" (R names the
+ * limit, that the poll caught, or R's own error where it could not
+ * allocate the result), "nonfinite" or "degenerate" (R names the
  * nodes; finding them costs a second read, so it is left to that rare
  * path). */
 static SEXP knn_problem(knn_status st, const knn_report *report,
@@ -162,12 +191,14 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
     int nq = isNull(query) ? req.n_ref : req.n_query;
     int as_edges = asLogical(edges) == TRUE && isNull(query);
 
-    knn_result out;
-    SEXP res = PROTECT(knn_result_alloc(nq, req.k, as_edges, &out)); nprot++;
     knn_r_session session;
     knn_r_callbacks(&session, asLogical(progress) == TRUE, nq, &req.cb);
     PROTECT(session.bar); nprot++;
     PROTECT(session.caught); nprot++;
+    knn_r_result late = {R_NilValue, nq, req.k, as_edges, &session};
+    SEXP res = PROTECT(late.res = knn_result_list(as_edges)); nprot++;
+    knn_result out;
+    knn_result_late(&late, &out);
 
     knn_report report;
     knn_status st = knn_search(&req, (knn_backend)asInteger(backend), &out,

@@ -553,6 +553,68 @@ static void check_release(void)
     self_case_free(&c);
 }
 
+/* What a caller that allocates its result late hands the engine
+ * (knn_result.allocate), and how often it was asked. */
+typedef struct {
+    int *index;
+    double *distance, *weight;
+    int fail, calls;
+} late_arrays;
+
+static int late_allocate(void *ctx, knn_result *out)
+{
+    late_arrays *a = ctx;
+    a->calls++;
+    if (a->fail) return 1;
+    out->index = a->index;
+    out->distance = a->distance;
+    out->weight = a->weight;
+    return 0;
+}
+
+/* A result allocated late, while the device searches on a thread of its
+ * own: the bits of arrays given at the start, the allocator asked once;
+ * one that cannot be allocated stops the search (KNN_E_INTERRUPTED) and
+ * leaves the device's free memory as it found it. */
+static void check_late_result(void)
+{
+    self_case c = self_case_make(100000, 16, 10);
+    size_t nk = (size_t)c.n * c.k;
+    late_arrays a = {NULL, NULL, NULL, 0, 0};
+    alloc_results(nk, &a.index, &a.distance, &a.weight);
+    knn_report rep;
+    knn_status st0 = self_case_run(&c, &rep);
+    int dev0 = 0;
+    knn_request req = make_request(KNN_EUCLIDEAN, c.x, c.n, NULL, 0, c.p,
+                                   c.k, 0, 1, &dev0);
+    knn_result out;
+    memset(&out, 0, sizeof out);
+    out.allocate = late_allocate;
+    out.allocate_ctx = &a;
+    knn_status st1 = knn_gpu_search(&req, &out, &rep);
+    int same = st0 == KNN_OK && st1 == KNN_OK && a.calls == 1 &&
+               memcmp(a.index, c.index, nk * sizeof(int)) == 0 &&
+               memcmp(a.distance, c.distance, nk * sizeof(double)) == 0 &&
+               memcmp(a.weight, c.weight, nk * sizeof(double)) == 0;
+    size_t free0 = 0, free1 = 0, total = 0;
+    cudaSetDevice(0);
+    cudaMemGetInfo(&free0, &total);
+    memset(&out, 0, sizeof out);
+    out.allocate = late_allocate;
+    out.allocate_ctx = &a;
+    a.fail = 1;
+    knn_status st2 = knn_gpu_search(&req, &out, &rep);
+    cudaMemGetInfo(&free1, &total);
+    int pass = same && st2 == KNN_E_INTERRUPTED && a.calls == 2 &&
+               free0 == free1;
+    pass ? n_pass++ : n_fail++;
+    printf("%s late result: same bits %d; refused: status=%d (%s), device "
+           "free before %zu after %zu\n", pass ? "PASS" : "FAIL", same,
+           (int)st2, rep.message, free0, free1);
+    free_results(a.index, a.distance, a.weight);
+    self_case_free(&c);
+}
+
 /* A value that is not finite, in ref or in a query, late in a large
  * input: the upload finds it (KNN_E_NONFINITE) on one device and on two,
  * and device memory is as before. */
@@ -641,6 +703,7 @@ static void check_all(void)
     check_interrupt();
     check_out_of_memory();
     check_release();
+    check_late_result();
     check_nonfinite();
     printf("summary: %d passed, %d failed\n", n_pass, n_fail);
     free(rnd);

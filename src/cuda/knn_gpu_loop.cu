@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <chrono>
 #include <vector>
 #include "knn_gpu_tiles.cuh"
 
@@ -467,6 +468,17 @@ static void knn_copy_out(const knn_gpu_dev *d, const knn_gpu_slot *sl)
         knn_copy_part(&job, total * i / parts, total * (i + 1) / parts);
 }
 
+/* Waits until the caller's result arrays exist: the calling thread
+ * allocates them while the devices search (knn_result_arrive). */
+static knn_status knn_dev_await_result(const knn_gpu_dev *d)
+{
+    while (!d->shared->out_ready) {
+        if (d->shared->stop) return KNN_E_INTERRUPTED;
+        std::this_thread::sleep_for(std::chrono::microseconds(200));
+    }
+    return KNN_OK;
+}
+
 /* The candidates of all the slot's rows. */
 static double knn_slot_found(const knn_gpu_slot *sl)
 {
@@ -713,6 +725,7 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
     }
 
     double t0 = knn_seconds();
+    KNN_TRY(knn_dev_await_result(d));
     knn_copy_out(d, sl);
     d->seconds_collect += knn_seconds() - t0;
     /* A shared walk counted half of each row as its tile ran. */

@@ -247,6 +247,25 @@ static bool knn_runs_inline(const knn_request *req, int n_dev)
            nodes * req->p * sizeof(double) <= 268435456.0;
 }
 
+/* The caller's result arrays, allocated while the devices search where
+ * the caller does that late (knn_result.allocate), then made resident by
+ * the page threads; the devices wait for them before their first
+ * copy-out (knn_dev_await_result). A failed allocation stops them. */
+static knn_status knn_result_arrive(knn_result *out, size_t entries,
+                                    knn_gpu_shared *shared,
+                                    knn_pages *pages, knn_report *rep)
+{
+    knn_status st = knn_result_allocate(out, rep->message,
+                                        sizeof rep->message);
+    if (st != KNN_OK) {
+        shared->stop = 1;
+        return st;
+    }
+    knn_pages_start(pages, out, entries, shared);
+    shared->out_ready = 1;
+    return KNN_OK;
+}
+
 static knn_status knn_gpu_search_devices(const knn_request *req,
                                          knn_result *out, knn_report *rep,
                                          const std::vector<int> &ids)
@@ -257,6 +276,7 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
     knn_gpu_shared shared;
     shared.stop = 0;
     shared.rows_done = 0;
+    shared.out_ready = 0;
     double qmax = fmax(knn_query_max_abs(req, n_dev), req->max_abs);
     int copy_threads = knn_copy_threads(req, n_dev);
 
@@ -284,9 +304,10 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
     std::vector<std::thread> threads;
     knn_status st = KNN_OK;
     bool on_caller = knn_runs_inline(req, n_dev);
+    size_t entries = (size_t)n_q * req->k;
     knn_pages pages;
-    knn_pages_start(&pages, out, (size_t)n_q * req->k, &shared);
     if (on_caller) {
+        KNN_TRY(knn_result_arrive(out, entries, &shared, &pages, rep));
         j.running = 1;
         knn_dev_thread(&devs[0], &j);
     }
@@ -303,10 +324,13 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
             st = KNN_E_NOMEM;
         }
     }
+    knn_status arrived = on_caller || st != KNN_OK
+        ? KNN_OK : knn_result_arrive(out, entries, &shared, &pages, rep);
     int interrupted = knn_wait_devices(req, &j, &shared, (double)n_q);
     for (std::thread &t : threads) t.join();
     knn_pages_join(&pages);
     if (st != KNN_OK) return st;
+    if (arrived != KNN_OK) return arrived;
 
     for (const knn_gpu_dev &d : devs) {
         if (d.status != KNN_OK && d.status != KNN_E_INTERRUPTED) {

@@ -17,6 +17,9 @@ typedef struct {
     std::atomic<int> stop;            /* set by the caller: stop at the
                                          next tile */
     std::atomic<long long> rows_done; /* query rows finished, all devices */
+    std::atomic<int> out_ready;       /* set by the caller: the result's
+                                         arrays exist (knn_result.allocate)
+                                         and may be written */
 } knn_gpu_shared;
 
 /* The caller's result arrays made resident while the devices search

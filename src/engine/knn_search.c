@@ -47,7 +47,7 @@ knn_status knn_search(const knn_request *req, knn_backend backend,
     if (req->k < 1 || req->k > available)
         return knn_invalid(report, "k must be in 1..(reference nodes, "
                                    "less one in a self search)");
-    if (!out->index || !out->distance || !out->weight)
+    if (!out->allocate && (!out->index || !out->distance || !out->weight))
         return knn_invalid(report, "no output buffers");
     if (backend == KNN_BACKEND_CPU &&
         (req->precision == KNN_PRECISION_TF32 ||

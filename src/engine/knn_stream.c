@@ -287,8 +287,16 @@ knn_status knn_search_blocks(const knn_request *req, knn_backend backend,
 {
     int block = knn_stream_block(req, backend == KNN_BACKEND_GPU
                                           ? req->memory_bytes : 0.0);
+    /* Only the GPU backend allocates the caller's result late, once its
+     * devices search (knn_result.allocate); the others write it from the
+     * start. */
+    knn_status st = KNN_OK;
+    if (block > 0 || backend != KNN_BACKEND_GPU)
+        st = knn_result_allocate(out, report->message,
+                                 sizeof report->message);
+    if (st != KNN_OK) return st;
     if (block > 0) return knn_stream_run(req, backend, block, out, report);
-    knn_status st = knn_search_on(req, backend, out, report);
+    st = knn_search_on(req, backend, out, report);
     if (backend != KNN_BACKEND_GPU) return st;
     if (st != KNN_E_NOMEM) return st;
     /* The nodes (or the tiles beside them) did not fit: stream them
@@ -296,5 +304,7 @@ knn_status knn_search_blocks(const knn_request *req, knn_backend backend,
     block = knn_stream_block(req, knn_gpu_free_bytes(req));
     if (block <= 0) return st;
     memset(report, 0, sizeof *report);
+    st = knn_result_allocate(out, report->message, sizeof report->message);
+    if (st != KNN_OK) return st;
     return knn_stream_run(req, backend, block, out, report);
 }

@@ -102,3 +102,20 @@ searchUnderTimeLimit <- function(seconds, ...) {
     })
     list(err = outcome, took = proc.time()[["elapsed"]] - started)
 }
+
+## knnGraph(x, k, by = "columns", ...) under a limit on R's vector heap
+## (mem.maxVSize(), R >= 4.2) that its result does not fit: what it
+## raised, the limit restored. k is chosen from the heap's room, so that
+## the result (28 bytes an edge) needs twice what is left.
+graphOverVectorLimit <- function(x, ...) {
+    gc()
+    vcells <- gc()[2, ]
+    limit <- vcells[[4]] + 40
+    k <- ceiling(2 * (limit - vcells[[2]]) * 2^20 / (ncol(x) * 28))
+    stopifnot(k < ncol(x))
+    old <- mem.maxVSize()
+    mem.maxVSize(limit)
+    on.exit(mem.maxVSize(old))
+    tryCatch(knnGraph(x, k = k, by = "columns", progress = FALSE, ...),
+             error = identity)
+}

@@ -327,6 +327,25 @@ test_that("an interrupt stops within a second and frees device memory", {
     expect_identical(gpuFreeBytes(), before)
 })
 
+test_that("a result R cannot allocate stops the devices and frees them", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## Enough products that the devices search on threads of their own
+    ## while R allocates the result (knn_gpu_search.cu, knn_runs_inline).
+    x <- t(randomMatrix(50000, 16, 29))
+    graphOverVectorLimit(x, metric = "euclidean", device = "gpu")
+    before <- gpuFreeBytes()
+    got <- graphOverVectorLimit(x, metric = "euclidean", device = "gpu")
+    expect_s3_class(got, "error")
+    expect_match(conditionMessage(got), "vector memory")
+    expect_identical(gpuFreeBytes(), before)
+    gpu <- knnGraph(x, k = 10, by = "columns", metric = "euclidean",
+                    device = "gpu", progress = FALSE)
+    cpu <- knnGraph(x, k = 10, by = "columns", metric = "euclidean",
+                    device = "cpu", progress = FALSE)
+    expect_identical(gpu$to, cpu$to)
+    expect_identical(gpu$distance, cpu$distance)
+})
+
 test_that("a forked child gets a clear error, not a crash", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     skip_on_os("windows")

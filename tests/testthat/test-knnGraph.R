@@ -87,3 +87,13 @@ test_that("progress bars do not change the answer", {
     expect_identical(knnGraph(x, k = 4, progress = TRUE, device = "cpu")$to,
                      knnGraph(x, k = 4, progress = FALSE, device = "cpu")$to)
 })
+
+test_that("a result R cannot allocate gives R's own error; R goes on", {
+    x <- t(randomMatrix(20000, 5, 41))
+    got <- graphOverVectorLimit(x, metric = "euclidean", device = "cpu")
+    expect_s3_class(got, "error")
+    expect_match(conditionMessage(got), "vector memory")
+    again <- knnGraph(x[, 1:300], k = 3, by = "columns", device = "cpu",
+                      progress = FALSE)
+    expect_identical(nrow(again), 900L)
+})
