@@ -45,12 +45,14 @@ static void knn_context_destroy(knn_gpu_context *c)
 {
     cudaSetDevice(c->device);
     if (c->stream) cudaStreamSynchronize(c->stream);
+    if (c->copy_stream) cudaStreamSynchronize(c->copy_stream);
     for (int s = 0; s < KNN_STAGE_SLOTS; s++)
         if (c->stage_free[s]) cudaEventDestroy(c->stage_free[s]);
     if (c->stage) cudaFreeHost(c->stage);
     if (c->host) cudaFreeHost(c->host);
     if (c->blas) cublasDestroy(c->blas);
     if (c->stream) cudaStreamDestroy(c->stream);
+    if (c->copy_stream) cudaStreamDestroy(c->copy_stream);
     cudaGetLastError();
     free(c);
 }
@@ -59,6 +61,8 @@ static knn_status knn_context_open(knn_gpu_context *c, char *message)
 {
     KNN_CUDA_TRY(message,
                  cudaStreamCreateWithFlags(&c->stream, cudaStreamNonBlocking));
+    KNN_CUDA_TRY(message, cudaStreamCreateWithFlags(&c->copy_stream,
+                                                    cudaStreamNonBlocking));
     KNN_BLAS_TRY(message, cublasCreate(&c->blas));
     KNN_BLAS_TRY(message, cublasSetStream(c->blas, c->stream));
     return KNN_OK;

@@ -99,13 +99,13 @@ static void knn_tiles_carve(knn_gpu_tiles *t, size_t ld, int k,
     t->surv_offsets_uniform = knn_carve<int>(dev, r + 1);
     t->surv_offsets_exact = knn_carve<int>(dev, r + 1);
     t->h_surv_offsets = knn_carve<int>(host, r + 1);
-    t->out_index = knn_carve<int>(dev, rk);
-    t->out_distance = knn_carve<double>(dev, rk);
-    t->out_weight = knn_carve<double>(dev, rk);
     t->h_offsets = knn_carve<int>(host, r + 1);
     t->h_pairs_lost = knn_carve<int>(host, 1);
     for (int s = 0; s < 2; s++) {
         knn_gpu_slot *sl = &t->slot[s];
+        sl->d_index = knn_carve<int>(dev, rk);
+        sl->d_distance = knn_carve<double>(dev, rk);
+        sl->d_weight = knn_carve<double>(dev, rk);
         sl->index = knn_carve<int>(host, rk);
         sl->distance = knn_carve<double>(host, rk);
         sl->weight = knn_carve<double>(host, rk);
@@ -162,6 +162,7 @@ void knn_tiles_free(knn_gpu_tiles *t)
         knn_gpu_slot *sl = &t->slot[s];
         if (sl->start) cudaEventDestroy(sl->start);
         if (sl->selected) cudaEventDestroy(sl->selected);
+        if (sl->ranked) cudaEventDestroy(sl->ranked);
         if (sl->done) cudaEventDestroy(sl->done);
     }
     memset(t, 0, sizeof *t);
@@ -270,6 +271,7 @@ static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots,
         knn_gpu_slot *sl = &t->slot[s];
         KNN_CUDA_TRY(d->message, cudaEventCreate(&sl->start));
         KNN_CUDA_TRY(d->message, cudaEventCreate(&sl->selected));
+        KNN_CUDA_TRY(d->message, cudaEventCreate(&sl->ranked));
         KNN_CUDA_TRY(d->message, cudaEventCreate(&sl->done));
     }
     KNN_TRY(knn_offsets_uniform(d, t->offsets_uniform, t->h_offsets, rows,
@@ -279,8 +281,7 @@ static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots,
         KNN_TRY(knn_offsets_uniform(d, t->surv_offsets_uniform,
                                     t->h_surv_offsets, rows, surv_slots));
     }
-    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
-    return KNN_OK;
+    return knn_dev_idle(d);
 }
 
 /* Whether a search on the fused path would take a shared walk
@@ -437,9 +438,17 @@ knn_status knn_dev_plan(knn_gpu_dev *d)
     return st;
 }
 
+knn_status knn_dev_idle(knn_gpu_dev *d)
+{
+    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
+    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->copy_stream));
+    return KNN_OK;
+}
+
 void knn_dev_free(knn_gpu_dev *d)
 {
     if (d->stream) cudaStreamSynchronize(d->stream);
+    if (d->copy_stream) cudaStreamSynchronize(d->copy_stream);
     knn_tiles_free(&d->t);
     knn_pairs_free(&d->pairs);
     knn_nodes_free(&d->nodes);
@@ -447,5 +456,6 @@ void knn_dev_free(knn_gpu_dev *d)
     d->ctx = NULL;
     d->blas = NULL;
     d->stream = NULL;
+    d->copy_stream = NULL;
     cudaGetLastError();
 }

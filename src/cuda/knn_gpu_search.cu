@@ -129,6 +129,7 @@ static knn_status knn_dev_open(knn_gpu_dev *d)
     KNN_CUDA_TRY(d->message, cudaSetDevice(d->device));
     KNN_TRY(knn_context_acquire(d->device, &d->ctx, d->message));
     d->stream = d->ctx->stream;
+    d->copy_stream = d->ctx->copy_stream;
     d->blas = d->ctx->blas;
     KNN_BLAS_TRY(d->message,
                  cublasSetMathMode(d->blas, knn_gemm_math(d->gemm)));
@@ -248,10 +249,11 @@ static bool knn_runs_inline(const knn_request *req, int n_dev)
 }
 
 /* The caller's result arrays, allocated while the devices search where
- * the caller does that late (knn_result.allocate), then made resident by
- * the page threads; the devices wait for them before their first
- * copy-out (knn_dev_await_result). A failed allocation stops them. */
-static knn_status knn_result_arrive(knn_result *out, size_t entries,
+ * the caller does that late (knn_result.allocate), then made resident
+ * (and a graph's ends written) by the page threads; the devices wait for
+ * them before their first copy-out (knn_dev_await_result). A failed
+ * allocation stops them. */
+static knn_status knn_result_arrive(knn_result *out, size_t entries, int k,
                                     knn_gpu_shared *shared,
                                     knn_pages *pages, knn_report *rep)
 {
@@ -261,7 +263,7 @@ static knn_status knn_result_arrive(knn_result *out, size_t entries,
         shared->stop = 1;
         return st;
     }
-    knn_pages_start(pages, out, entries, shared);
+    knn_pages_start(pages, out, entries, k, shared);
     shared->out_ready = 1;
     return KNN_OK;
 }
@@ -307,7 +309,8 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
     size_t entries = (size_t)n_q * req->k;
     knn_pages pages;
     if (on_caller) {
-        KNN_TRY(knn_result_arrive(out, entries, &shared, &pages, rep));
+        KNN_TRY(knn_result_arrive(out, entries, req->k, &shared, &pages,
+                                  rep));
         j.running = 1;
         knn_dev_thread(&devs[0], &j);
     }
@@ -325,10 +328,12 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
         }
     }
     knn_status arrived = on_caller || st != KNN_OK
-        ? KNN_OK : knn_result_arrive(out, entries, &shared, &pages, rep);
+        ? KNN_OK
+        : knn_result_arrive(out, entries, req->k, &shared, &pages, rep);
     int interrupted = knn_wait_devices(req, &j, &shared, (double)n_q);
     for (std::thread &t : threads) t.join();
     knn_pages_join(&pages);
+    out->ends_written = knn_pages_wrote_ends(&pages);
     if (st != KNN_OK) return st;
     if (arrived != KNN_OK) return arrived;
 

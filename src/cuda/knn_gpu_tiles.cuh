@@ -22,19 +22,30 @@ typedef struct {
                                          and may be written */
 } knn_gpu_shared;
 
-/* The caller's result arrays made resident while the devices search
- * (knn_gpu_pages.cu), once a first tile is done: started with the
- * devices, joined after them (or, should an exception leave first, on the
- * way out: a joinable thread destroyed would end the process). */
+/* The caller's result arrays made resident, and a graph's ends written,
+ * while the devices search (knn_gpu_pages.cu), once a first tile is done:
+ * started once the arrays exist, joined after the devices (or, should an
+ * exception leave first, on the way out: a joinable thread destroyed
+ * would end the process). knn_pages_wrote_ends: whether the threads
+ * wrote all of the ends (knn_result.ends_written). */
 struct knn_pages;
 void knn_pages_start(knn_pages *job, const knn_result *out, size_t entries,
-                     const knn_gpu_shared *shared);
+                     int k, const knn_gpu_shared *shared);
 void knn_pages_join(knn_pages *job);
+int knn_pages_wrote_ends(const knn_pages *job);
 #define KNN_PAGES_THREADS_MAX 4
 struct knn_pages {
     std::thread thread[KNN_PAGES_THREADS_MAX];
-    std::vector<std::pair<char *, size_t>> pieces;
-    std::atomic<size_t> next;   /* the first piece no thread has taken */
+    std::vector<std::pair<char *, size_t>> pieces; /* to make resident */
+    int *from = nullptr, *rank = nullptr; /* a graph's ends, to write */
+    size_t entries = 0;
+    int k = 0, base = 0;
+    size_t end_pieces = 0;
+    std::atomic<size_t> next{0};      /* the first piece no thread has
+                                         taken; the ends' come last */
+    std::atomic<size_t> ends_done{0}; /* the ends' pieces written */
+    std::atomic<int> populate{1};     /* madvise takes
+                                         MADV_POPULATE_WRITE */
     ~knn_pages() { knn_pages_join(this); }
 };
 
@@ -53,7 +64,15 @@ typedef struct {
     int *wide;              /* TF32 candidates before the refinement */
     int *survivors;         /* fused: the slots each row needed */
     double *distance, *weight;
-    cudaEvent_t start, selected, done;
+    /* The re-rank's results on the device, rows x k: each slot has its
+     * own, so that their transfer (on the copy stream) overlaps the next
+     * tile's work. */
+    int *d_index;
+    double *d_distance, *d_weight;
+    /* start, selected: on the stream; ranked: the re-rank and the counts'
+     * transfer done (the stream); done: the results' transfer done (the
+     * copy stream, after `ranked`). */
+    cudaEvent_t start, selected, ranked, done;
 } knn_gpu_slot;
 
 typedef enum {
@@ -98,8 +117,6 @@ typedef struct {
     int *sort_val, *sort_val_out;
     void *sort_temp;
     size_t sort_temp_bytes;
-    int *out_index;         /* R x k, column-major */
-    double *out_distance, *out_weight;
     knn_gpu_slot slot[2];
 } knn_gpu_tiles;
 
@@ -137,6 +154,7 @@ typedef struct {
     int pairs_once;         /* the search ended with a shared walk */
     knn_gpu_context *ctx;   /* the device's stream, handle, staging */
     cudaStream_t stream;    /* ctx's */
+    cudaStream_t copy_stream; /* ctx's: results to the host */
     cublasHandle_t blas;
     knn_gpu_nodes nodes;
     knn_gpu_tiles t;
@@ -164,6 +182,8 @@ void knn_slots_free(knn_gpu_tiles *t);
 /* The fused path's survivor buffer of n slots; and its release. */
 knn_status knn_survivors_alloc(knn_gpu_dev *d, int64_t n);
 void knn_survivors_free(knn_gpu_tiles *t);
+/* Waits until both of the device's streams are idle. */
+knn_status knn_dev_idle(knn_gpu_dev *d);
 void knn_dev_free(knn_gpu_dev *d);
 
 /* knn_gpu_loop.cu: the row tiles of the device's query rows. */

@@ -154,6 +154,8 @@ struct knn_result {
      * pages resident meanwhile. NULL otherwise. */
     int *from;
     int *rank;
+    int ends_written;  /* set by a backend that wrote from and rank itself:
+                          the GPU's page threads do, as they go */
     /* Set where the caller allocates the arrays above late (they are NULL
      * until then): the engine calls it once, on the calling thread and
      * never from inside a parallel region, before it writes a result
@@ -242,6 +244,21 @@ int knn_degenerate_nodes(knn_metric metric, const double *x, int p, int n,
  * for edge e = i * k + r. Uses up to `threads` threads; never fails. */
 void knn_edge_ends(int *from, int *rank, int n, int k, int base,
                    int threads);
+
+/* The same for edges [a, b) only, on the calling thread. */
+static inline void knn_edge_ends_range(int *from, int *rank, size_t a,
+                                       size_t b, int k, int base)
+{
+    int i = (int)(a / (size_t)k), r = (int)(a % (size_t)k);
+    for (size_t e = a; e < b; e++) {
+        from[e] = i + base;
+        rank[e] = r + 1;
+        if (++r == k) {
+            r = 0;
+            i++;
+        }
+    }
+}
 
 /* Shared-nearest-neighbour weights as bluster::makeSNNGraph defines them. */
 typedef enum { KNN_SNN_RANK = 0, KNN_SNN_NUMBER, KNN_SNN_JACCARD } knn_snn_type;

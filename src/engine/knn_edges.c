@@ -13,11 +13,7 @@ void knn_edge_ends(int *from, int *rank, int n, int k, int base,
     int nt = knn_threads(threads);
     (void)nt; /* read only by the pragma, absent without OpenMP */
     #pragma omp parallel for num_threads(nt) schedule(static)
-    for (int i = 0; i < n; i++) {
-        size_t e = (size_t)i * k;
-        for (int r = 0; r < k; r++) {
-            from[e + r] = i + base;
-            rank[e + r] = r + 1;
-        }
-    }
+    for (int i = 0; i < n; i++)
+        knn_edge_ends_range(from, rank, (size_t)i * k, (size_t)(i + 1) * k,
+                            k, base);
 }

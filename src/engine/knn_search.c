@@ -70,7 +70,7 @@ knn_status knn_search(const knn_request *req, knn_backend backend,
         return KNN_E_DEGENERATE;
     }
     knn_status st = knn_search_blocks(req, backend, out, report);
-    if (st == KNN_OK && out->from)
+    if (st == KNN_OK && out->from && !out->ends_written)
         knn_edge_ends(out->from, out->rank,
                       req->query ? req->n_query : req->n_ref, req->k,
                       out->index_base, req->threads);

@@ -346,6 +346,23 @@ test_that("a result R cannot allocate stops the devices and frees them", {
     expect_identical(gpu$distance, cpu$distance)
 })
 
+test_that("a large graph's sources and ranks, written as the devices search", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## Past 64 MB of results the page threads write them during the search
+    ## (knn_gpu_pages.cu), and the result tiles leave on the copy stream.
+    n <- 50000L
+    k <- 70L
+    x <- t(randomMatrix(n, 8, 30))
+    gpu <- knnGraph(x, k = k, by = "columns", metric = "euclidean",
+                    device = "gpu", progress = FALSE)
+    expect_identical(gpu$from, rep(seq_len(n), each = k))
+    expect_identical(gpu$rank, rep(seq_len(k), times = n))
+    cpu <- knnGraph(x, k = k, by = "columns", metric = "euclidean",
+                    device = "cpu", progress = FALSE)
+    expect_identical(gpu$to, cpu$to)
+    expect_identical(gpu$distance, cpu$distance)
+})
+
 test_that("a forked child gets a clear error, not a crash", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     skip_on_os("windows")
