@@ -26,10 +26,7 @@ static SEXP knn_r_keep_condition(SEXP condition, void *ctx)
     return R_NilValue;
 }
 
-/* Runs body(data), keeping an interrupt or error it raises in
- * session->caught; returns whether it raised one. */
-static int knn_r_catch(knn_r_session *session, SEXP (*body)(void *),
-                       void *data)
+int knn_r_catch(knn_r_session *session, SEXP (*body)(void *), void *data)
 {
     SEXP classes = PROTECT(allocVector(STRSXP, 2));
     SET_STRING_ELT(classes, 0, mkChar("interrupt"));
@@ -43,26 +40,6 @@ static int knn_r_catch(knn_r_session *session, SEXP (*body)(void *),
 static int knn_r_interrupted(void *ctx)
 {
     return knn_r_catch(ctx, knn_r_check_interrupt, NULL);
-}
-
-typedef struct {
-    void (*fn)(void *, knn_result *);
-    void *data;
-    knn_result *out;
-} knn_r_call;
-
-static SEXP knn_r_call_body(void *data)
-{
-    knn_r_call *call = data;
-    call->fn(call->data, call->out);
-    return R_NilValue;
-}
-
-int knn_r_try(knn_r_session *session, void (*fn)(void *, knn_result *),
-              void *data, knn_result *out)
-{
-    knn_r_call call = {fn, data, out};
-    return knn_r_catch(session, knn_r_call_body, &call);
 }
 
 typedef struct {

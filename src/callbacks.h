@@ -20,11 +20,10 @@ typedef struct {
 void knn_r_callbacks(knn_r_session *session, int show, double total,
                      knn_callbacks *cb);
 
-/* Runs fn(data, out), which may raise an R error: returns 0, or nonzero
+/* Runs body(data), which may raise an R error: returns 0, or nonzero
  * with the error (or an interrupt) kept in session->caught for the glue
  * to raise again once the engine has freed everything. */
-int knn_r_try(knn_r_session *session, void (*fn)(void *, knn_result *),
-              void *data, knn_result *out);
+int knn_r_catch(knn_r_session *session, SEXP (*body)(void *), void *data);
 
 /* Closes the progress bar, if any. */
 void knn_r_callbacks_done(knn_r_session *session);

@@ -71,6 +71,7 @@ typedef struct {
     SEXP res;      /* the list, protected by C_knn_search */
     int n, k, edges;
     knn_r_session *session;
+    knn_result *out; /* the engine's view of it */
 } knn_r_result;
 
 /* The list: n x k matrices (index, distance, weight, info), or the
@@ -85,11 +86,12 @@ static SEXP knn_result_list(int edges)
                  : knn_named_list(4, matrix_names);
 }
 
-/* Allocates the list's arrays and points `out` at them. R raises its
- * own error where it cannot (knn_r_try() keeps it). */
-static void knn_result_arrays(void *data, knn_result *out)
+/* Allocates the list's arrays and points r->out at them. R raises its
+ * own error where it cannot (knn_r_catch() keeps it). */
+static SEXP knn_result_arrays(void *data)
 {
     const knn_r_result *r = data;
+    knn_result *out = r->out;
     SEXP res = r->res;
     R_xlen_t m = (R_xlen_t)r->n * r->k;
     SET_VECTOR_ELT(res, r->edges ? 1 : 0, allocVector(INTSXP, m));
@@ -111,6 +113,7 @@ static void knn_result_arrays(void *data, knn_result *out)
     out->index = INTEGER(VECTOR_ELT(res, r->edges ? 1 : 0));
     out->distance = REAL(VECTOR_ELT(res, r->edges ? 3 : 1));
     out->weight = REAL(VECTOR_ELT(res, 2));
+    return R_NilValue;
 }
 
 /* knn_result.allocate: the engine asks for the arrays once it is under
@@ -119,7 +122,8 @@ static void knn_result_arrays(void *data, knn_result *out)
 static int knn_result_allocate_r(void *ctx, knn_result *out)
 {
     knn_r_result *r = ctx;
-    return knn_r_try(r->session, knn_result_arrays, r, out);
+    r->out = out;
+    return knn_r_catch(r->session, knn_result_arrays, r);
 }
 
 /* The engine's view of the result: arrays to come through `r`. */
@@ -195,7 +199,7 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
     knn_r_callbacks(&session, asLogical(progress) == TRUE, nq, &req.cb);
     PROTECT(session.bar); nprot++;
     PROTECT(session.caught); nprot++;
-    knn_r_result late = {R_NilValue, nq, req.k, as_edges, &session};
+    knn_r_result late = {R_NilValue, nq, req.k, as_edges, &session, NULL};
     SEXP res = PROTECT(late.res = knn_result_list(as_edges)); nprot++;
     knn_result out;
     knn_result_late(&late, &out);

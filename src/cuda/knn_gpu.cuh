@@ -85,11 +85,10 @@ static inline T *knn_carve(knn_carver *c, size_t n)
 }
 
 /* What a device keeps between searches (knn_gpu_context.cu): its stream,
- * a second stream for the result tiles' transfers to the host, which then
- * overlap the next tile's work, its cuBLAS handle (stream set, math mode
- * set per search), a pinned
- * staging ring for uploads (made on the first upload) and pinned memory
- * for result slots. */
+ * a second stream for the result tiles' transfers to the host (which then
+ * overlap the next tile's work), its cuBLAS handle (stream set, math mode
+ * set per search), a pinned staging ring for uploads (made on the first
+ * upload) and pinned memory for result slots. */
 #define KNN_STAGE_SLOTS 32
 typedef struct {
     int device;
