@@ -3,7 +3,8 @@
 # CUDA, runs the whole test suite (the GPU tests run, not skip), the C-level
 # parity harness (tools/gpu-harness.c: knn_gpu_search against a plain
 # float64 reference), and compute-sanitizer memcheck and racecheck on a
-# small knnGraph (panel, split TF32, float64 and fused paths). Logs and summary.txt
+# small knnGraph (panel, split TF32, float64 and fused paths) and on the
+# harness's walk shared by two devices (after the harness step). Logs and summary.txt
 # go to $OUT (default /tmp/knngpu-check).
 #
 # Through the device tool, from this machine (R does not exist there):
@@ -57,10 +58,11 @@ run_tests() {
     fi
 }
 
-# The harness links the CUDA sources for this GPU only.
+# The harness links the CUDA sources for this GPU only; the sanitizer
+# step runs its two-device shared walk too.
+harness_build=$(mktemp -d)
 run_harness() {
-    local build
-    build=$(mktemp -d)
+    local build=$harness_build
     for f in src/cuda/*.cu; do
         nvcc -O3 -std=c++17 -Xcompiler -fPIC,-fopenmp -Isrc/engine \
             -gencode arch=compute_90,code=sm_90 -c "$f" \
@@ -116,11 +118,14 @@ sanitize() {
             options(knngpu.gpu.memory = 1.8e7)
             g <- knnGraph(x, k = 100, metric = "euclidean", device = "gpu",
                           progress = FALSE)
-            cat("sanitized run done\n")'
+            cat("sanitized run done\n")' &&
+        { [ ! -x "$harness_build/gpu-harness" ] ||
+          compute-sanitizer --tool "$tool" --error-exitcode 9 \
+              "$harness_build/gpu-harness" walk; }
 }
 
 # Steps run in child shells, under a time limit.
-export lib jobs
+export lib jobs harness_build
 export -f install_pkg run_tests run_harness sanitize
 
 nvidia-smi -L > "$OUT/device.txt" 2>&1

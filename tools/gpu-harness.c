@@ -269,11 +269,12 @@ static void check_case(const char *data, knn_metric m, const double *ref,
                      : force_gemm == KNN_PRECISION_TF32X3 ? "tf32x3"
                      : force_gemm == KNN_PRECISION_FP64 ? "fp64" : NULL;
     printf("%s %-6s %-11s %s k=%-5d n=%d p=%d budget=%.0f dev=%d sel=%s "
-           "gemm=%s out=%s tile=%d cand=%.1f %.3fs [%.6s%s]",
+           "gemm=%s out=%s tile=%d cand=%.1f once=%d %.3fs [%.6s%s]",
            pass ? "PASS" : "FAIL", data, metric_name[m],
            query ? "query" : "self ", k, n_ref, p, budget, n_dev,
            select ? select : "auto", gemm ? gemm : "auto",
-           edges ? "edges" : "matrix", rep.row_tile, rep.candidates, secs,
+           edges ? "edges" : "matrix", rep.row_tile, rep.candidates,
+           rep.pairs_once, secs,
            rep.precision, strstr(rep.precision, "then") ? " climbed" : "");
     if (st != KNN_OK) printf(" status=%d %s", (int)st, rep.message);
     if (bad) {
@@ -333,6 +334,11 @@ static void check_metric(const char *data, knn_metric m, const double *ref,
                        NULL, "fused_rows", 0, ri, rd, rw);
             check_case(data, m, ref, n_ref, query, n_query, p, k, 3e6, 2,
                        dev0, "fused", 1, ri, rd, rw);
+            /* Two devices with room for a shared walk (lists, and
+             * staging for the other's half of them). */
+            check_case(data, m, ref, n_ref, query, n_query, p, k,
+                       2e6 + 1.6 * pairs_bytes_max(n_ref, k), 2, dev0,
+                       "fused", 0, ri, rd, rw);
             check_case(data, m, ref, n_ref, query, n_query, p, k, 3e6, 2,
                        dev0, NULL, 0, ri, rd, rw);
             /* Edge order: one tile, then several tiles on two devices. */
@@ -615,6 +621,60 @@ static void check_late_result(void)
     self_case_free(&c);
 }
 
+/* The last progress a search reported. */
+static void last_progress(void *ctx, double done, double total)
+{
+    (void)total;
+    *(double *)ctx = done;
+}
+
+/* A self search shared by two devices (one GPU twice): each walks every
+ * tile against its half of the nodes and takes the other's lists of its
+ * rows' nodes. The walk is shared (pairs_once) and gives one device's
+ * bits, and the progress ends at the rows' number. */
+static void check_shared_walk(void)
+{
+    int n = 6000, p = 32, k = 10, dev0[2] = {0, 0};
+    double *x = random_data(p, n);
+    size_t nk = (size_t)n * k;
+    const knn_metric metrics[] = {KNN_EUCLIDEAN, KNN_PEARSON};
+    for (int i = 0; i < 2; i++) {
+        int *gi[2];
+        double *gd[2], *gw[2];
+        knn_report rep[2];
+        knn_status st[2];
+        double done = -1.0;
+        force_select = KNN_SELECT_FORCE_FUSED;
+        for (int d = 0; d < 2; d++) {
+            done = -1.0;
+            alloc_results(nk, &gi[d], &gd[d], &gw[d]);
+            knn_request req = make_request(
+                metrics[i], x, n, NULL, 0, p, k,
+                2e6 + 1.6 * pairs_bytes_max(n, k), d + 1, dev0);
+            req.cb.progress = last_progress;
+            req.cb.ctx = &done;
+            knn_result out = {gi[d], gd[d], gw[d], 0, 0};
+            memset(&rep[d], 0, sizeof rep[d]);
+            st[d] = knn_gpu_search(&req, &out, &rep[d]);
+        }
+        force_select = KNN_SELECT_CHOOSE;
+        int same = st[0] == KNN_OK && st[1] == KNN_OK &&
+            memcmp(gi[0], gi[1], nk * sizeof(int)) == 0 &&
+            memcmp(gd[0], gd[1], nk * sizeof(double)) == 0 &&
+            memcmp(gw[0], gw[1], nk * sizeof(double)) == 0;
+        int pass = same && rep[0].pairs_once && rep[1].pairs_once &&
+                   done == (double)n;
+        pass ? n_pass++ : n_fail++;
+        printf("%s shared walk, two devices, %s: same bits %d, walked "
+               "once %d/%d, tiles %d/%d, progress %.0f of %d (%s)\n",
+               pass ? "PASS" : "FAIL", metric_name[metrics[i]], same,
+               rep[0].pairs_once, rep[1].pairs_once, rep[0].row_tile,
+               rep[1].row_tile, done, n, rep[1].message);
+        for (int d = 0; d < 2; d++) free_results(gi[d], gd[d], gw[d]);
+    }
+    free(x);
+}
+
 /* A value that is not finite, in ref or in a query, late in a large
  * input: the upload finds it (KNN_E_NONFINITE) on one device and on two,
  * and device memory is as before. */
@@ -704,6 +764,7 @@ static void check_all(void)
     check_out_of_memory();
     check_release();
     check_late_result();
+    check_shared_walk();
     check_nonfinite();
     printf("summary: %d passed, %d failed\n", n_pass, n_fail);
     free(rnd);
@@ -722,16 +783,22 @@ static void bench(int n, int p, int k, knn_metric m, int nq)
     double *gd, *gw;
     alloc_results(nk, &gi, &gd, &gw);
     knn_report rep;
+    /* KNNGPU_BENCH_DEVICES=N: GPU 0 listed N times (a split on one GPU),
+     * else every GPU. */
+    const char *env = getenv("KNNGPU_BENCH_DEVICES");
+    int n_dev = env ? atoi(env) : 0, devs[KNN_MAX_DEVICES] = {0};
+    if (n_dev < 0 || n_dev > KNN_MAX_DEVICES) n_dev = 0;
     for (int rep_i = 0; rep_i < 2; rep_i++) {
         double t0 = knn_seconds();
-        knn_status st = gpu_run(m, ref, n, query, nq, p, k, 0, 0, NULL, 0,
-                                gi, gd, gw, &rep);
+        knn_status st = gpu_run(m, ref, n, query, nq, p, k, 0, n_dev, devs,
+                                0, gi, gd, gw, &rep);
         double secs = knn_seconds() - t0;
         printf("bench %s n=%d nq=%d p=%d k=%d: status=%d %.3f s (prepare "
-               "%.3f search %.3f rerank %.3f) cand=%.1f tile=%dx%d %s\n",
+               "%.3f search %.3f rerank %.3f) cand=%.1f tile=%dx%d once=%d "
+               "%s\n",
                metric_name[m], n, nq, p, k, (int)st, secs,
                rep.seconds_prepare, rep.seconds_search, rep.seconds_rerank,
-               rep.candidates, rep.row_tile, rep.col_tile,
+               rep.candidates, rep.row_tile, rep.col_tile, rep.pairs_once,
                st ? rep.message : rep.device);
         fflush(stdout);
     }
@@ -746,6 +813,12 @@ int main(int argc, char **argv)
         check_all();
         return n_fail > 0;
     }
+    /* The shared walk of two devices alone: what device-check.sh runs
+     * under compute-sanitizer (its R runs take one device). */
+    if (argc >= 2 && strcmp(argv[1], "walk") == 0) {
+        check_shared_walk();
+        return n_fail > 0;
+    }
     if (argc >= 6 && strcmp(argv[1], "bench") == 0) {
         int m = 0;
         while (m < KNN_N_METRICS && strcmp(metric_name[m], argv[5]) != 0) m++;
@@ -754,6 +827,6 @@ int main(int argc, char **argv)
               argc >= 7 ? atoi(argv[6]) : 0);
         return 0;
     }
-    fprintf(stderr, "usage: gpu-harness check | bench N P K METRIC [NQ]\n");
+    fprintf(stderr, "usage: gpu-harness check | walk | bench N P K METRIC [NQ]\n");
     return 2;
 }

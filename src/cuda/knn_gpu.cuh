@@ -297,6 +297,10 @@ void knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
                         unsigned before, int refined, int half_products,
                         char *out, size_t size);
 
+/* Nodes per column block of the fused kernel: a shared walk's devices
+ * split the nodes in whole blocks. */
+#define KNN_FUSED_COLS 128
+
 /* The fused path (knn_gpu_fused.cu): products and selection in one
  * kernel, so the panel never exists. Whether a device's search of `rows`
  * query rows of p features takes it: the forced choice where the kernel
@@ -337,11 +341,13 @@ knn_status knn_fused_candidates(const knn_select_args *sel,
                                 const struct knn_pairs_walk *walk,
                                 char *message, cudaStream_t stream);
 
-/* A self search on one device computes each pair of nodes once
- * (knn_gpu_pairs.cu): tile t's rows walk the nodes before their tile's
- * end only, and each product against a node of an earlier tile is also
- * offered to that node, whose list keeps it when it is at or below the
- * node's threshold. Per node, for the whole search: */
+/* A self search computes each pair of nodes once (knn_gpu_pairs.cu):
+ * tile t's rows walk the nodes before their tile's end only, and each
+ * product against a node of an earlier tile is also offered to that node,
+ * whose list keeps it when it is at or below the node's threshold. On
+ * several devices each walks every tile against its share of those
+ * nodes, and then takes the other devices' lists of its own rows' nodes.
+ * Per node, for the whole search: */
 typedef struct {
     int n, k, cap;      /* nodes, neighbours, list entries per node */
     float *best;        /* [n][k]: the node's k smallest fast scores seen
@@ -354,34 +360,50 @@ typedef struct {
                            is set) */
     int *merged;        /* [n]: entries already merged into best */
     int *overflow;      /* 1 once a list overflowed */
+    /* Several devices: another device's lists and counts of stage_nodes
+     * nodes at a time, copied here (knn_pairs_absorb); else none. */
+    int stage_nodes;
+    uint64_t *stage_list;
+    int *stage_count;
     void *block;        /* the one allocation of the arrays above */
 } knn_pairs;
 
 /* What a tile of the shared walk adds to the fused kernel: nodes
  * [0, offer_end) (the earlier tiles') receive offers; the tile's rows walk
- * sel->n_cols nodes (up to their tile's end). */
+ * nodes [col_begin, sel->n_cols) (up to their tile's end; col_begin a
+ * multiple of the kernel's column block, 0 on one device). */
 struct knn_pairs_walk {
     knn_pairs pairs;
     int offer_end;
+    int col_begin;
 };
 
 /* Whether a device's search on the fused path shares its pairs: not
  * forced to walk every node per row, k <= 128 (chosen by the engine: past
- * k = 32 from 262144 nodes), a self search whose rows all lie on this
- * device, in more than one tile of `tile_rows` (0: any size). */
-int knn_pairs_choose(knn_select_force force, int self, int k, int nq,
-                     int n_ref, int tile_rows);
-/* Bytes of the per-node arrays; their allocation and release. */
-double knn_pairs_bytes(int n, int k, int cap);
+ * k = 32 from 262144 nodes), a self search, in more than one tile of
+ * `tile_rows` (0: any size). */
+int knn_pairs_choose(knn_select_force force, int self, int k, int n_ref,
+                     int tile_rows);
+/* Bytes of the per-node arrays (with staging for stage_nodes nodes of
+ * another device's lists); their allocation and release. */
+double knn_pairs_bytes(int n, int k, int cap, int stage_nodes);
 knn_status knn_pairs_alloc(knn_pairs *p, int n, int k, int cap,
-                           char *message, cudaStream_t stream);
+                           int stage_nodes, char *message,
+                           cudaStream_t stream);
 void knn_pairs_free(knn_pairs *p);
-/* After a tile's walk: each node of [0, n_nodes) with new offers merges
- * them into its k smallest, tightens its threshold (the bound of sel's
- * margins, sel describing the nodes from node 0) and drops the entries
- * above it. */
+/* After a tile's walk: each node of [node0, node_end) with new offers
+ * merges them into its k smallest, tightens its threshold (the bound of
+ * sel's margins, sel describing the nodes from node 0) and drops the
+ * entries above it. */
 knn_status knn_pairs_merge(const knn_pairs *p, const knn_select_args *sel,
-                           int n_nodes, char *message, cudaStream_t stream);
+                           int node0, int node_end, char *message,
+                           cudaStream_t stream);
+/* Several devices, after the walk: the entries of another device's lists
+ * of nodes [node0, node0 + nodes), staged in p's stage_list and
+ * stage_count, that are at or below this device's thresholds, appended to
+ * its lists as new offers (knn_pairs_merge then takes them). */
+knn_status knn_pairs_absorb(const knn_pairs *p, int node0, int nodes,
+                            char *message, cudaStream_t stream);
 /* After the walk: the candidates of a tile of sel->rows rows from node
  * node0, in ascending node order, as knn_select_candidates gives them
  * (as many as sel's offsets give each row slots; a row counts all of its

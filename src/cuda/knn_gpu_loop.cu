@@ -675,6 +675,23 @@ static knn_status knn_dev_climb(knn_gpu_dev *d)
                               d->stream);
 }
 
+/* Progress of a shared walk: half of each node, counted by node (the
+ * nodes before x make x / 2), the walk's share of it split among the
+ * devices that walk (device w's share of the nodes before x), and the
+ * gather of a tile counting the rest of its rows. Each adds up over any
+ * tiles, so the rows done end at the rows' number. */
+static long long knn_walk_share(const knn_gpu_dev *d, long long x)
+{
+    long long half = x / 2;
+    return half * (d->walker + 1) / d->walkers -
+           half * d->walker / d->walkers;
+}
+
+static long long knn_gather_share(int row0, int rows)
+{
+    return rows - ((long long)(row0 + rows) / 2 - row0 / 2);
+}
+
 /* Waits for slot s, re-runs its tile if a row overflowed (first with the
  * uniform slots where the search has changed its arithmetic or begun to
  * refine since the tile ran, as often as it changes: a redo must see the
@@ -744,8 +761,8 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
     knn_copy_out(d, sl);
     d->seconds_collect += knn_seconds() - t0;
     /* A shared walk counted half of each row as its tile ran. */
-    d->shared->rows_done += sl->gathered ? sl->rows - sl->rows / 2
-                                         : sl->rows;
+    d->shared->rows_done += sl->gathered
+        ? knn_gather_share(sl->row0, sl->rows) : sl->rows;
     return KNN_OK;
 }
 
@@ -810,11 +827,23 @@ static knn_status knn_dev_tiles(knn_gpu_dev *d, int probe)
 
 /* ---- the shared walk (knn_gpu_pairs.cu) -------------------------------- */
 
+/* Where the device's share of the nodes before `end` begins, and where
+ * the next device's does, in whole column blocks of the fused kernel:
+ * device w of W walks nodes [end w / W, end (w + 1) / W), the last one
+ * up to the end. */
+static int knn_walk_cut(const knn_gpu_dev *d, int end, int w)
+{
+    if (w >= d->walkers) return end;
+    long long cut = (long long)end * w / d->walkers;
+    return (int)(cut - cut % KNN_FUSED_COLS);
+}
+
 /* Runs rows [row0, row0 + rows) of a shared walk, judged through slot 0:
- * the fused kernel over the nodes up to the tile's end, offering to the
- * earlier tiles' nodes, then those nodes' merge; waits for both. The
- * slot gets the rows' own candidate and survivor counts (the policy's and
- * the redo's inputs on the plain walk), *lost whether a list overflowed. */
+ * the fused kernel over the device's share of the nodes up to the tile's
+ * end, offering to the earlier tiles' nodes, then those nodes' merge;
+ * waits for both. The slot gets the rows' own candidate and survivor
+ * counts (the policy's and the redo's inputs on the plain walk), *lost
+ * whether a list overflowed. */
 static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
                                       int *lost)
 {
@@ -825,8 +854,9 @@ static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
     knn_select_args sa = knn_tile_select_args(d, row0, row0, rows,
                                               t->offsets_uniform, d->gemm);
-    sa.n_cols = row0 + rows;
-    knn_pairs_walk walk = {d->pairs, row0};
+    int end = row0 + rows;
+    sa.n_cols = knn_walk_cut(d, end, d->walker + 1);
+    knn_pairs_walk walk = {d->pairs, row0, knn_walk_cut(d, end, d->walker)};
     knn_fused_scratch scratch = knn_fused_scratch_of(t,
                                                      t->surv_offsets_uniform);
     KNN_TRY(knn_fused_candidates(&sa, nd, row0, &scratch, &walk,
@@ -834,7 +864,7 @@ static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
     knn_select_args earlier = knn_tile_select_args(d, 0, 0, row0,
                                                    t->offsets_uniform,
                                                    d->gemm);
-    KNN_TRY(knn_pairs_merge(&d->pairs, &earlier, row0, d->message,
+    KNN_TRY(knn_pairs_merge(&d->pairs, &earlier, 0, row0, d->message,
                             d->stream));
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->selected, d->stream));
     size_t r = (size_t)rows;
@@ -851,37 +881,192 @@ static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
     return KNN_OK;
 }
 
-/* The walk of every tile. Each is judged as it ends, as the plain walk's
- * are: *left gets the step (a knn_rung_step) where the search must refine
- * or climb, or -1 where a row's survivors, candidates or list overflowed
- * (a rerun would offer its pairs twice); 0 when the walk is done. Half of
- * each walked row counts as progress; a walk that is left takes it
- * back. */
+/* Why the devices sharing the walk left it, once one of them has (the
+ * first one's reason; 0 while they walk): a device that must leave
+ * records its own reason unless another's is there. */
+static int knn_team_leave(knn_gpu_dev *d, int left)
+{
+    if (!d->team_walk) return left;
+    int none = 0;
+    d->shared->team.left.compare_exchange_strong(none, left);
+    return d->shared->team.left;
+}
+
+/* The walk of every tile (of every row: on several devices each walks
+ * its share of the nodes). Each tile is judged as it ends, as the plain
+ * walk's are: *left gets the step (a knn_rung_step) where the search must
+ * refine or climb, or -1 where a row's survivors, candidates or list
+ * overflowed (a rerun would offer its pairs twice); 0 when the walk is
+ * done. Devices sharing the walk leave it together, for the first one's
+ * reason. Its share of half of each walked row counts as progress; a
+ * walk that is left takes it back. */
 static knn_status knn_pairs_walk_all(knn_gpu_dev *d, int *left)
 {
     knn_gpu_tiles *t = &d->t;
     knn_gpu_slot *sl = &t->slot[0];
-    int end = d->q0 + d->nq;
+    int first = d->team_walk ? 0 : d->q0;
+    int end = d->team_walk ? d->req->n_ref : d->q0 + d->nq;
+    int tile = d->team_walk ? (int)d->shared->team.tile_rows : t->rows;
     long long credited = 0;
     *left = 0;
-    for (int row0 = d->q0; row0 < end && !d->shared->stop;) {
-        int rows = end - row0 < t->rows ? end - row0 : t->rows, lost = 0;
-        KNN_TRY(knn_pairs_walk_tile(d, row0, rows, &lost));
-        /* A row's candidates past the tile's slots stay in its node's
-         * list, whose own overflow is `lost`; the gather's redo gives
-         * them slots. */
-        double found = knn_slot_found(sl);
-        knn_rung_step step = knn_dev_next_step(d, sl, found, 0);
-        int overflow = knn_slot_surv_overflow(t, sl) || lost;
-        *left = step != KNN_RUNG_STAY ? (int)step : overflow ? -1 : 0;
+    for (int row0 = first; row0 < end && !d->shared->stop;) {
+        int rows = end - row0 < tile ? end - row0 : tile, lost = 0;
+        *left = d->team_walk ? (int)d->shared->team.left : 0;
+        if (!*left) {
+            KNN_TRY(knn_pairs_walk_tile(d, row0, rows, &lost));
+            /* A row's candidates past the tile's slots stay in its
+             * node's list, whose own overflow is `lost`; the gather's
+             * redo gives them slots. */
+            double found = knn_slot_found(sl);
+            knn_rung_step step = knn_dev_next_step(d, sl, found, 0);
+            int overflow = knn_slot_surv_overflow(t, sl) || lost;
+            *left = knn_team_leave(d, step != KNN_RUNG_STAY ? (int)step
+                                      : overflow ? -1 : 0);
+        }
         if (*left) {
             d->shared->rows_done -= credited;
             return KNN_OK;
         }
-        d->shared->rows_done += rows / 2;
-        credited += rows / 2;
+        long long share = knn_walk_share(d, row0 + rows) -
+                          knn_walk_share(d, row0);
+        d->shared->rows_done += share;
+        credited += share;
         row0 += rows;
     }
+    return KNN_OK;
+}
+
+/* ---- a walk shared by several devices ---------------------------------- */
+
+/* Arrives at meeting b and waits for the other devices; a stop ends the
+ * wait (KNN_E_INTERRUPTED), and so, where left is given, does a device's
+ * leaving the walk (*left its reason). */
+static knn_status knn_team_meet(knn_gpu_dev *d, int b, int *left)
+{
+    knn_gpu_team *team = &d->shared->team;
+    team->met[b]++;
+    while (team->met[b] < d->walkers) {
+        if (d->shared->stop) return KNN_E_INTERRUPTED;
+        if (left && team->left) {
+            *left = team->left;
+            return KNN_OK;
+        }
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    return KNN_OK;
+}
+
+/* Whether the published walks can be shared: every device planned one,
+ * with lists alike. */
+static int knn_team_alike(const knn_gpu_dev *d)
+{
+    const knn_gpu_team *team = &d->shared->team;
+    if (team->walking != d->walkers) return 0;
+    for (int w = 0; w < d->walkers; w++)
+        if (team->pairs[w].cap != d->pairs.cap ||
+            team->pairs[w].k != d->pairs.k ||
+            team->pairs[w].n != d->pairs.n)
+            return 0;
+    return 1;
+}
+
+/* Several devices agree on a shared walk: each says whether its plan
+ * took one (and its tile), and they walk together, in the fewest rows
+ * any planned, only where all did; a device that planned one alone
+ * plans its rows again without it. */
+static knn_status knn_team_agree(knn_gpu_dev *d)
+{
+    knn_gpu_team *team = &d->shared->team;
+    if (d->pairs.block) {
+        team->pairs[d->walker] = d->pairs;
+        team->device[d->walker] = d->device;
+        int rows = team->tile_rows;
+        while (d->t.rows < rows &&
+               !team->tile_rows.compare_exchange_weak(rows, d->t.rows)) {
+        }
+        team->walking++;
+    }
+    KNN_TRY(knn_team_meet(d, KNN_MEET_AGREE, NULL));
+    if (d->pairs.block && knn_team_alike(d)) {
+        d->team_walk = 1;
+        return KNN_OK;
+    }
+    if (!d->pairs.block) return KNN_OK;
+    d->pairs_refused = 1;
+    return knn_dev_leave_fused(d, KNN_RUNG_STAY);
+}
+
+/* The other devices' lists of this device's rows' nodes, a piece at a
+ * time through the staging buffer, each absorbed as offers and merged;
+ * *lost whether a list overflowed. */
+static knn_status knn_team_take_lists(knn_gpu_dev *d, int *lost)
+{
+    const knn_gpu_team *team = &d->shared->team;
+    knn_pairs *p = &d->pairs;
+    knn_gpu_tiles *t = &d->t;
+    knn_select_args all = knn_tile_select_args(d, 0, 0, d->req->n_ref,
+                                               t->offsets_uniform, d->gemm);
+    int end = d->q0 + d->nq;
+    for (int w = 0; w < d->walkers; w++) {
+        const knn_pairs *peer = &team->pairs[w];
+        for (int c0 = d->q0; c0 < end && w != d->walker;
+             c0 += p->stage_nodes) {
+            int nodes = end - c0 < p->stage_nodes ? end - c0
+                                                  : p->stage_nodes;
+            KNN_CUDA_TRY(d->message, cudaMemcpyPeerAsync(
+                p->stage_list, d->device, peer->list + (size_t)c0 * p->cap,
+                team->device[w],
+                (size_t)nodes * p->cap * sizeof(uint64_t), d->stream));
+            KNN_CUDA_TRY(d->message, cudaMemcpyPeerAsync(
+                p->stage_count, d->device, peer->count + c0,
+                team->device[w], (size_t)nodes * sizeof(int), d->stream));
+            KNN_TRY(knn_pairs_absorb(p, c0, nodes, d->message, d->stream));
+            KNN_TRY(knn_pairs_merge(p, &all, c0, c0 + nodes, d->message,
+                                    d->stream));
+        }
+    }
+    KNN_TRY(knn_copy_back(d, t->h_pairs_lost, p->overflow, sizeof(int)));
+    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
+    *lost = *t->h_pairs_lost;
+    return KNN_OK;
+}
+
+void knn_team_release(knn_gpu_dev *d)
+{
+    if (!d->team_walk) return;
+    knn_gpu_team *team = &d->shared->team;
+    if (!d->team_released) {
+        d->team_released = 1;
+        team->released++;
+    }
+    /* Only once every device has walked do the others read this one's
+     * lists; then none may be freed before all have read them, stop or
+     * not. */
+    if (team->met[KNN_MEET_WALKED] < d->walkers) return;
+    while (team->released < d->walkers)
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+}
+
+/* After a shared walk: once every device has walked, the lists of this
+ * device's rows' nodes take the others' (*left as knn_pairs_walk_all's:
+ * -1 where a list overflowed, another device's reason where it left the
+ * walk). The others are done reading this device's lists before it
+ * leaves the walk, which frees them. */
+static knn_status knn_team_exchange(knn_gpu_dev *d, int *left)
+{
+    double t0 = knn_seconds();
+    KNN_TRY(knn_team_meet(d, KNN_MEET_WALKED, left));
+    if (*left) return KNN_OK;
+    int lost = 0;
+    KNN_TRY(knn_team_take_lists(d, &lost));
+    if (lost) {
+        *left = -1;
+        knn_team_release(d);
+    } else {
+        d->team_released = 1;
+        d->shared->team.released++;
+    }
+    d->seconds_search += knn_seconds() - t0;
     return KNN_OK;
 }
 
@@ -898,10 +1083,12 @@ static knn_status knn_dev_leave_pairs(knn_gpu_dev *d, int left)
 
 knn_status knn_dev_search(knn_gpu_dev *d)
 {
+    if (d->walkers > 1) KNN_TRY(knn_team_agree(d));
     if (d->pairs.block) {
         int left = 0;
         KNN_TRY(knn_pairs_walk_all(d, &left));
         if (d->shared->stop) return KNN_E_INTERRUPTED;
+        if (!left && d->team_walk) KNN_TRY(knn_team_exchange(d, &left));
         if (!left) {
             d->gathering = 1;
             d->pairs_once = 1;

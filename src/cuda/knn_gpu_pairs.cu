@@ -26,6 +26,19 @@
  * own tile's nodes when tile 1 makes its offers, so each node sees about
  * (k + the margins' band) / t offers from tile t; the pairs cost half of
  * the plain walk's, plus one tile of the diagonal.
+ *
+ * Several devices (knn_gpu_loop.cu) share the walk: each runs every tile
+ * in the same order, its rows against its own share of the nodes up to
+ * the tile's end (column blocks [col_begin, n_cols) of the fused
+ * kernel), so each pair is still computed once, on one device, and each
+ * device keeps lists for every node. A device's lists hold what it saw
+ * at or below thresholds from the nodes it saw, which are never below
+ * the final bound (a k-th smallest over fewer nodes is no smaller), and
+ * they hold its k smallest. After the walk each device takes, for the
+ * nodes of its own rows, the other devices' lists (knn_pairs_absorb) and
+ * merges them as offers: the k smallest of the union, its bound, and the
+ * entries under it are the one device's, so the gather and the re-rank
+ * give the same bits.
  */
 #include <string.h>
 #include "knn_gpu_score.cuh"
@@ -46,14 +59,14 @@
  * 262144 nodes. A forced fused search takes it wherever it can run. */
 #define KNN_PAIRS_AUTO_SMALL_K 32
 #define KNN_PAIRS_AUTO_MIN_NODES 262144
-int knn_pairs_choose(knn_select_force force, int self, int k, int nq,
-                     int n_ref, int tile_rows)
+int knn_pairs_choose(knn_select_force force, int self, int k, int n_ref,
+                     int tile_rows)
 {
     if (force == KNN_SELECT_CHOOSE && k > KNN_PAIRS_AUTO_SMALL_K &&
         n_ref < KNN_PAIRS_AUTO_MIN_NODES)
         return 0;
     return self && force != KNN_SELECT_FORCE_FUSED_ROWS &&
-           k <= KNN_PAIRS_MAX_K && nq == n_ref && tile_rows < nq && nq > 1;
+           k <= KNN_PAIRS_MAX_K && tile_rows < n_ref && n_ref > 1;
 }
 
 /* The arrays of knn_pairs, carved from one block (sizes only without
@@ -67,15 +80,19 @@ static void knn_pairs_carve(knn_pairs *p, knn_carver *c)
     p->count = knn_carve<int>(c, n);
     p->merged = knn_carve<int>(c, n);
     p->overflow = knn_carve<int>(c, 1);
+    size_t stage = (size_t)p->stage_nodes;
+    p->stage_list = stage ? knn_carve<uint64_t>(c, stage * p->cap) : NULL;
+    p->stage_count = stage ? knn_carve<int>(c, stage) : NULL;
 }
 
-double knn_pairs_bytes(int n, int k, int cap)
+double knn_pairs_bytes(int n, int k, int cap, int stage_nodes)
 {
     knn_pairs p;
     memset(&p, 0, sizeof p);
     p.n = n;
     p.k = k;
     p.cap = cap;
+    p.stage_nodes = stage_nodes;
     knn_carver c = {NULL, 0};
     knn_pairs_carve(&p, &c);
     return (double)c.used;
@@ -90,12 +107,14 @@ void knn_pairs_free(knn_pairs *p)
 static knn_status knn_pairs_load_kernels(char *message);
 
 knn_status knn_pairs_alloc(knn_pairs *p, int n, int k, int cap,
-                           char *message, cudaStream_t stream)
+                           int stage_nodes, char *message,
+                           cudaStream_t stream)
 {
     memset(p, 0, sizeof *p);
     p->n = n;
     p->k = k;
     p->cap = cap;
+    p->stage_nodes = stage_nodes;
     knn_carver c = {NULL, 0};
     knn_pairs_carve(p, &c);
     cudaError_t e = cudaMalloc(&p->block, c.used);
@@ -187,11 +206,12 @@ __device__ __forceinline__ int knn_warp_compact(uint64_t *list, int n,
 /* One warp per node: its new offers into its k smallest, its threshold
  * from their bound, its list cut to the entries under it. */
 __global__ static void __launch_bounds__(KNN_PAIRS_WARPS * 32)
-knn_pairs_merge_kernel(knn_pairs p, knn_select_args sel, int n_nodes)
+knn_pairs_merge_kernel(knn_pairs p, knn_select_args sel, int node0,
+                       int node_end)
 {
     int lane = threadIdx.x & 31;
-    int j = blockIdx.x * KNN_PAIRS_WARPS + (threadIdx.x >> 5);
-    if (j >= n_nodes) return; /* the whole warp */
+    int j = node0 + blockIdx.x * KNN_PAIRS_WARPS + (threadIdx.x >> 5);
+    if (j >= node_end) return; /* the whole warp */
     int listed = min(p.count[j], p.cap), from = p.merged[j];
     if (listed == from) return;
     uint64_t *list = p.list + (size_t)j * p.cap;
@@ -226,13 +246,57 @@ knn_pairs_merge_kernel(knn_pairs p, knn_select_args sel, int n_nodes)
 }
 
 knn_status knn_pairs_merge(const knn_pairs *p, const knn_select_args *sel,
-                           int n_nodes, char *message, cudaStream_t stream)
+                           int node0, int node_end, char *message,
+                           cudaStream_t stream)
 {
-    if (n_nodes <= 0) return KNN_OK;
-    unsigned blocks = (n_nodes + KNN_PAIRS_WARPS - 1) / KNN_PAIRS_WARPS;
+    if (node_end <= node0) return KNN_OK;
+    unsigned blocks = (node_end - node0 + KNN_PAIRS_WARPS - 1) /
+                      KNN_PAIRS_WARPS;
     knn_pairs_merge_kernel<<<blocks, KNN_PAIRS_WARPS * 32, 0, stream>>>(
-        *p, *sel, n_nodes);
+        *p, *sel, node0, node_end);
     KNN_LAUNCH_TRY(message, "knn_pairs_merge_kernel");
+    return KNN_OK;
+}
+
+/* One warp per node: the staged entries at or below the node's threshold
+ * appended to its list, in their order (entries past cap set the
+ * overflow flag). The staged lists are another device's, merged there
+ * already, so they hold that device's k smallest; those under this
+ * device's threshold are all that can still be candidates. */
+__global__ static void __launch_bounds__(KNN_PAIRS_WARPS * 32)
+knn_pairs_absorb_kernel(knn_pairs p, int node0, int nodes)
+{
+    int lane = threadIdx.x & 31;
+    int i = blockIdx.x * KNN_PAIRS_WARPS + (threadIdx.x >> 5);
+    if (i >= nodes) return; /* the whole warp */
+    int j = node0 + i;
+    int n = min(p.stage_count[i], p.cap), at = p.count[j];
+    const uint64_t *from = p.stage_list + (size_t)i * p.cap;
+    uint64_t *list = p.list + (size_t)j * p.cap;
+    float thr = p.threshold[j];
+    for (int e0 = 0; e0 < n; e0 += 32) {
+        int e = e0 + lane;
+        uint64_t u = e < n ? from[e] : 0;
+        bool keep = e < n && knn_entry_score(u) <= thr;
+        unsigned mask = __ballot_sync(0xffffffffu, keep);
+        int pos = at + __popc(mask & ((1u << lane) - 1u));
+        if (keep && pos < p.cap) list[(size_t)pos] = u;
+        at += __popc(mask);
+    }
+    if (lane == 0) {
+        p.count[j] = at;
+        if (at > p.cap) *p.overflow = 1;
+    }
+}
+
+knn_status knn_pairs_absorb(const knn_pairs *p, int node0, int nodes,
+                            char *message, cudaStream_t stream)
+{
+    if (nodes <= 0) return KNN_OK;
+    unsigned blocks = (nodes + KNN_PAIRS_WARPS - 1) / KNN_PAIRS_WARPS;
+    knn_pairs_absorb_kernel<<<blocks, KNN_PAIRS_WARPS * 32, 0, stream>>>(
+        *p, node0, nodes);
+    KNN_LAUNCH_TRY(message, "knn_pairs_absorb_kernel");
     return KNN_OK;
 }
 
@@ -287,5 +351,7 @@ static knn_status knn_pairs_load_kernels(char *message)
                                                 knn_pairs_merge_kernel));
     KNN_CUDA_TRY(message, cudaFuncGetAttributes(&attr,
                                                 knn_pairs_gather_kernel));
+    KNN_CUDA_TRY(message, cudaFuncGetAttributes(&attr,
+                                                knn_pairs_absorb_kernel));
     return KNN_OK;
 }

@@ -290,8 +290,23 @@ static int knn_dev_could_pair(const knn_gpu_dev *d, int rows)
 {
     const knn_request *req = d->req;
     return !d->pairs_refused &&
-           knn_pairs_choose(req->select, d->self, req->k, d->nq, req->n_ref,
-                            rows);
+           knn_pairs_choose(req->select, d->self, req->k, req->n_ref, rows);
+}
+
+/* Several devices share a walk through a staging buffer for another
+ * device's lists, of at most this many bytes: the lists of the device's
+ * own rows' nodes pass through it in pieces (knn_gpu_loop.cu). */
+#define KNN_PAIRS_STAGE_BYTES ((size_t)256 << 20)
+
+/* The nodes a piece of another device's lists holds: none on one
+ * device. */
+static int knn_dev_stage_nodes(const knn_gpu_dev *d, int list_cap)
+{
+    if (d->walkers < 2) return 0;
+    size_t per_node = (size_t)list_cap * sizeof(uint64_t) + sizeof(int);
+    size_t nodes = KNN_PAIRS_STAGE_BYTES / per_node;
+    if (nodes < 1) nodes = 1;
+    return nodes < (size_t)d->nq ? (int)nodes : d->nq;
 }
 
 /* Whether the device's search takes a shared walk, in such tiles. */
@@ -379,8 +394,9 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
      * lists then overflowed 2k + 256 entries with the second's offers). */
     int pairs = knn_dev_wants_pairs(d, 0);
     int list_cap = 2 * slots < avail ? 2 * slots : avail;
+    int stage_nodes = knn_dev_stage_nodes(d, list_cap);
     if (pairs) {
-        budget -= knn_pairs_bytes(req->n_ref, k, list_cap);
+        budget -= knn_pairs_bytes(req->n_ref, k, list_cap, stage_nodes);
         if (budget < KNN_PAIRS_MIN_TILE_ROWS * per_row)
             return knn_dev_refuse_pairs(d);
     }
@@ -407,7 +423,7 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
         r -= r % d->wave_rows;
     if (knn_dev_wants_pairs(d, r)) {
         knn_status st = knn_pairs_alloc(&d->pairs, req->n_ref, k, list_cap,
-                                        d->message, d->stream);
+                                        stage_nodes, d->message, d->stream);
         if (st == KNN_E_NOMEM) return knn_dev_refuse_pairs(d);
         KNN_TRY(st);
     }
@@ -450,6 +466,7 @@ void knn_dev_free(knn_gpu_dev *d)
     if (d->stream) cudaStreamSynchronize(d->stream);
     if (d->copy_stream) cudaStreamSynchronize(d->copy_stream);
     knn_tiles_free(&d->t);
+    knn_team_release(d);
     knn_pairs_free(&d->pairs);
     knn_nodes_free(&d->nodes);
     knn_context_release(d->ctx, d->status);

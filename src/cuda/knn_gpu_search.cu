@@ -154,6 +154,27 @@ typedef struct {
     int running;
 } knn_gpu_join;
 
+static void knn_team_init(knn_gpu_team *team)
+{
+    for (int b = 0; b < KNN_MEETINGS; b++) team->met[b] = 0;
+    team->walking = 0;
+    team->tile_rows = 0x7fffffff;
+    team->left = 0;
+    team->released = 0;
+    memset(team->pairs, 0, sizeof team->pairs);
+    memset(team->device, 0, sizeof team->device);
+}
+
+/* The devices that search (those given rows), numbered in row order:
+ * they may share a walk (knn_gpu_loop.cu). */
+static void knn_place_walkers(std::vector<knn_gpu_dev> &devs)
+{
+    int walkers = 0;
+    for (knn_gpu_dev &d : devs)
+        if (d.nq > 0) d.walker = walkers++;
+    for (knn_gpu_dev &d : devs) d.walkers = walkers;
+}
+
 static void knn_dev_thread(knn_gpu_dev *d, knn_gpu_join *j)
 {
     try {
@@ -279,6 +300,7 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
     shared.stop = 0;
     shared.rows_done = 0;
     shared.out_ready = 0;
+    knn_team_init(&shared.team);
     double qmax = fmax(knn_query_max_abs(req, n_dev), req->max_abs);
     int copy_threads = knn_copy_threads(req, n_dev);
 
@@ -300,6 +322,7 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
         d->gemm_adaptive = knn_gemm_adaptive(req->precision, req->metric);
         d->copy_threads = copy_threads;
     }
+    knn_place_walkers(devs);
 
     knn_gpu_join j;
     j.running = 0;

@@ -12,6 +12,21 @@
 #include <vector>
 #include "knn_gpu.cuh"
 
+/* Where the devices of a search meet to share a walk (knn_gpu_loop.cu):
+ * to agree on it, and once each has walked. */
+enum { KNN_MEET_AGREE = 0, KNN_MEET_WALKED, KNN_MEETINGS };
+typedef struct {
+    std::atomic<int> met[KNN_MEETINGS]; /* devices arrived at each */
+    std::atomic<int> walking;   /* devices planned for a shared walk */
+    std::atomic<int> tile_rows; /* the fewest rows of their tiles */
+    std::atomic<int> left;      /* why the walk was left (see
+                                   knn_pairs_walk_all), 0 while it goes */
+    std::atomic<int> released;  /* devices done reading others' lists */
+    /* Each walking device's per-node arrays and GPU, by its place. */
+    knn_pairs pairs[KNN_MAX_DEVICES];
+    int device[KNN_MAX_DEVICES];
+} knn_gpu_team;
+
 /* What the calling thread and the device threads share. */
 typedef struct {
     std::atomic<int> stop;            /* set by the caller: stop at the
@@ -20,6 +35,7 @@ typedef struct {
     std::atomic<int> out_ready;       /* set by the caller: the result's
                                          arrays exist (knn_result.allocate)
                                          and may be written */
+    knn_gpu_team team;
 } knn_gpu_shared;
 
 /* The caller's result arrays made resident, and a graph's ends written,
@@ -125,6 +141,10 @@ typedef struct {
     knn_result *out;
     knn_gpu_shared *shared;
     int device;
+    int walker, walkers;    /* its place among the devices that search,
+                               and their number */
+    int team_walk;          /* it shares a walk with the others */
+    int team_released;      /* it no longer reads the others' lists */
     int q0, nq;             /* query rows [q0, q0 + nq) */
     int self;
     int n_nodes;
@@ -188,5 +208,9 @@ void knn_dev_free(knn_gpu_dev *d);
 
 /* knn_gpu_loop.cu: the row tiles of the device's query rows. */
 knn_status knn_dev_search(knn_gpu_dev *d);
+/* A device that shares a walk is done reading the others' lists; where
+ * they may read its own, waits until every device is done with them (its
+ * lists may then be freed). */
+void knn_team_release(knn_gpu_dev *d);
 
 #endif
