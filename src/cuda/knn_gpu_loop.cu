@@ -996,6 +996,21 @@ static knn_status knn_team_agree(knn_gpu_dev *d)
     return knn_dev_leave_fused(d, KNN_RUNG_STAY);
 }
 
+/* Lets this device's copies read GPU `peer`'s memory directly (NVLink
+ * or PCIe), where the two can: without it CUDA stages a copy between
+ * GPUs through host memory, which still works, so a refusal (already
+ * enabled, too many peers) only leaves it so. Once enabled it stays so
+ * for the process. */
+static knn_status knn_team_enable_peer(knn_gpu_dev *d, int peer)
+{
+    int can = 0;
+    if (peer == d->device) return KNN_OK;
+    KNN_CUDA_TRY(d->message, cudaDeviceCanAccessPeer(&can, d->device, peer));
+    if (can && cudaDeviceEnablePeerAccess(peer, 0) != cudaSuccess)
+        cudaGetLastError();
+    return KNN_OK;
+}
+
 /* The other devices' lists of this device's rows' nodes, a piece at a
  * time through the staging buffer, each absorbed as offers and merged;
  * *lost whether a list overflowed. */
@@ -1009,6 +1024,8 @@ static knn_status knn_team_take_lists(knn_gpu_dev *d, int *lost)
     int end = d->q0 + d->nq;
     for (int w = 0; w < d->walkers; w++) {
         const knn_pairs *peer = &team->pairs[w];
+        if (w != d->walker)
+            KNN_TRY(knn_team_enable_peer(d, team->device[w]));
         for (int c0 = d->q0; c0 < end && w != d->walker;
              c0 += p->stage_nodes) {
             int nodes = end - c0 < p->stage_nodes ? end - c0
