@@ -84,8 +84,8 @@
 #'   description), \code{precision} and \code{elapsed} say how it was
 #'   computed; \code{timings} holds the engine's phases in seconds (what
 #'   \code{verbose = TRUE} prints) and \code{pairs_once}, whether a GPU
-#'   self search computed each pair of nodes once (the fused path on one
-#'   GPU, beyond one tile).
+#'   self search computed each pair of nodes once (the fused path beyond
+#'   one tile, on one GPU or shared by several).
 #'
 #' @details Memory is bounded: work proceeds in tiles sized from
 #'   \code{getOption("knngpu.cpu.memory")} (bytes, default 64 MB) or

@@ -1,6 +1,7 @@
 /*
  * knn_gpu_pairs.cu: a self search that computes each pair of nodes once
- * (the CPU engine's habit, knn_cpu.c), on the fused path of one device.
+ * (the CPU engine's habit, knn_cpu.c), on the fused path of one device
+ * or shared by several.
  *
  * The row tiles run in order. Tile t's rows walk the nodes up to the end
  * of their own tile only (the fused kernel, knn_gpu_fused.cu, with a

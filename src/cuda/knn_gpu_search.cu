@@ -3,10 +3,12 @@
  *
  * The query rows are split into one contiguous block per device; one host
  * thread per device prepares its copy of the nodes and runs its row tiles
- * (knn_gpu_tiles.cu), writing its own rows of the caller's arrays (a small
- * search on one device runs on the calling thread instead). Every
- * row's answer is the exact one of knn_exact.h, so the split changes
- * nothing in the output. The calling thread only waits: every 100 ms it asks
+ * (knn_gpu_loop.cu), writing its own rows of the caller's arrays (a small
+ * search on one device runs on the calling thread instead); a self search
+ * whose devices all take the fused path shares one walk of its pairs
+ * among them first (knn_gpu_pairs.cu), and each gathers its rows from it.
+ * Every row's answer is the exact one of knn_exact.h, so the split
+ * changes nothing in the output. The calling thread only waits: every 100 ms it asks
  * the interrupt callback and reports progress (callbacks run on the caller's
  * thread alone), and on an interrupt or a device's failure it raises the
  * stop flag that the device threads read between tiles. Each device thread
