@@ -472,14 +472,16 @@ static void self_case_free(self_case *c)
     free_results(c->index, c->distance, c->weight);
 }
 
-/* One device and a small budget (many tiles), so that the search outlasts
- * the second poll. */
-static void check_interrupt(void)
+/* A search stopped at its second poll: one device and a small budget
+ * (many tiles), or GPU 0 twice with the whole GPU (a shared walk, which
+ * the devices leave from their walk, from a meeting or from the
+ * exchange of lists), large enough to outlast the poll. */
+static void check_interrupt(int n, int n_dev, double budget)
 {
-    self_case c = self_case_make(300000, 64, 10);
-    int dev0 = 0;
+    self_case c = self_case_make(n, 64, 10);
+    int dev0[2] = {0, 0};
     knn_request req = make_request(KNN_EUCLIDEAN, c.x, c.n, NULL, 0, c.p,
-                                   c.k, 2e8, 1, &dev0);
+                                   c.k, budget, n_dev, dev0);
     poll_ctx pc = {0, 2};
     req.cb.interrupted = poll_interrupted;
     req.cb.ctx = &pc;
@@ -495,9 +497,10 @@ static void check_interrupt(void)
     cudaMemGetInfo(&free1, &total);
     int pass = st == KNN_E_INTERRUPTED && free0 == free1;
     pass ? n_pass++ : n_fail++;
-    printf("%s interrupt: status=%d (%s) after %.3fs, %d polls; device free "
-           "before %zu after %zu\n", pass ? "PASS" : "FAIL", (int)st,
-           rep.message, secs, pc.polls, free0, free1);
+    printf("%s interrupt, %d device(s): status=%d (%s) after %.3fs, %d "
+           "polls; device free before %zu after %zu\n",
+           pass ? "PASS" : "FAIL", n_dev, (int)st, rep.message, secs,
+           pc.polls, free0, free1);
     self_case_free(&c);
 }
 
@@ -760,7 +763,8 @@ static void check_all(void)
         check_metric("random", (knn_metric)m, rnd, n_ref, qry, n_q, p, kq, 4,
                      0);
     }
-    check_interrupt();
+    check_interrupt(300000, 1, 2e8);
+    check_interrupt(1000000, 2, 0);
     check_out_of_memory();
     check_release();
     check_late_result();
