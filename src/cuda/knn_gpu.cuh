@@ -398,6 +398,12 @@ void knn_pairs_free(knn_pairs *p);
 knn_status knn_pairs_merge(const knn_pairs *p, const knn_select_args *sel,
                            int node0, int node_end, char *message,
                            cudaStream_t stream);
+/* Several devices, during the walk: the thresholds of nodes [0, n_nodes)
+ * lowered to another device's (`other`, its knn_pairs.threshold, read
+ * directly), where that one's are lower: its pairs tighten this device's
+ * offers too. */
+knn_status knn_pairs_tighten(const knn_pairs *p, const float *other,
+                             int n_nodes, char *message, cudaStream_t stream);
 /* Several devices, after the walk: the entries of another device's lists
  * of nodes [node0, node0 + nodes), staged in p's stage_list and
  * stage_count, that are at or below this device's thresholds, appended to

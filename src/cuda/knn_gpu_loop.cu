@@ -838,6 +838,39 @@ static int knn_walk_cut(const knn_gpu_dev *d, int end, int w)
     return (int)(cut - cut % KNN_FUSED_COLS);
 }
 
+/* Lets this device's kernels and copies read GPU `peer`'s memory
+ * directly (NVLink or PCIe), where the two can; *reads whether they may
+ * (on the same GPU they always may). A refusal (too many peers) only
+ * leaves it so: copies between GPUs are then staged through host memory.
+ * Once enabled it stays so for the process. */
+static knn_status knn_team_enable_peer(knn_gpu_dev *d, int peer, int *reads)
+{
+    int can = 0;
+    *reads = peer == d->device;
+    if (*reads) return KNN_OK;
+    KNN_CUDA_TRY(d->message, cudaDeviceCanAccessPeer(&can, d->device, peer));
+    if (!can) return KNN_OK;
+    cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
+    *reads = e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled;
+    if (e != cudaSuccess) cudaGetLastError();
+    return KNN_OK;
+}
+
+/* A walk shared by several devices: before a tile, the thresholds of the
+ * earlier tiles' nodes take those of the devices it reads directly, so
+ * that each device's offers are judged against all the pairs seen so far
+ * rather than its own share (the devices run at their own pace; a
+ * threshold read there is whichever they last wrote). */
+static knn_status knn_team_tighten(knn_gpu_dev *d, int row0)
+{
+    const knn_gpu_team *team = &d->shared->team;
+    for (int w = 0; w < d->walkers && d->team_walk; w++)
+        if (w != d->walker && (d->team_reads >> w & 1u))
+            KNN_TRY(knn_pairs_tighten(&d->pairs, team->pairs[w].threshold,
+                                      row0, d->message, d->stream));
+    return KNN_OK;
+}
+
 /* Runs rows [row0, row0 + rows) of a shared walk, judged through slot 0:
  * the fused kernel over the device's share of the nodes up to the tile's
  * end, offering to the earlier tiles' nodes, then those nodes' merge;
@@ -859,6 +892,7 @@ static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
     knn_pairs_walk walk = {d->pairs, row0, knn_walk_cut(d, end, d->walker)};
     knn_fused_scratch scratch = knn_fused_scratch_of(t,
                                                      t->surv_offsets_uniform);
+    KNN_TRY(knn_team_tighten(d, row0));
     KNN_TRY(knn_fused_candidates(&sa, nd, row0, &scratch, &walk,
                                  d->message, d->stream));
     knn_select_args earlier = knn_tile_select_args(d, 0, 0, row0,
@@ -989,26 +1023,17 @@ static knn_status knn_team_agree(knn_gpu_dev *d)
     KNN_TRY(knn_team_meet(d, KNN_MEET_AGREE, NULL));
     if (d->pairs.block && knn_team_alike(d)) {
         d->team_walk = 1;
+        for (int w = 0; w < d->walkers; w++) {
+            int reads = 0;
+            if (w == d->walker) continue;
+            KNN_TRY(knn_team_enable_peer(d, team->device[w], &reads));
+            if (reads) d->team_reads |= 1u << w;
+        }
         return KNN_OK;
     }
     if (!d->pairs.block) return KNN_OK;
     d->pairs_refused = 1;
     return knn_dev_leave_fused(d, KNN_RUNG_STAY);
-}
-
-/* Lets this device's copies read GPU `peer`'s memory directly (NVLink
- * or PCIe), where the two can: without it CUDA stages a copy between
- * GPUs through host memory, which still works, so a refusal (already
- * enabled, too many peers) only leaves it so. Once enabled it stays so
- * for the process. */
-static knn_status knn_team_enable_peer(knn_gpu_dev *d, int peer)
-{
-    int can = 0;
-    if (peer == d->device) return KNN_OK;
-    KNN_CUDA_TRY(d->message, cudaDeviceCanAccessPeer(&can, d->device, peer));
-    if (can && cudaDeviceEnablePeerAccess(peer, 0) != cudaSuccess)
-        cudaGetLastError();
-    return KNN_OK;
 }
 
 /* The other devices' lists of this device's rows' nodes, a piece at a
@@ -1024,8 +1049,6 @@ static knn_status knn_team_take_lists(knn_gpu_dev *d, int *lost)
     int end = d->q0 + d->nq;
     for (int w = 0; w < d->walkers; w++) {
         const knn_pairs *peer = &team->pairs[w];
-        if (w != d->walker)
-            KNN_TRY(knn_team_enable_peer(d, team->device[w]));
         for (int c0 = d->q0; c0 < end && w != d->walker;
              c0 += p->stage_nodes) {
             int nodes = end - c0 < p->stage_nodes ? end - c0

@@ -259,6 +259,30 @@ knn_status knn_pairs_merge(const knn_pairs *p, const knn_select_args *sel,
     return KNN_OK;
 }
 
+/* One thread per node: the smaller of the two thresholds. A node's
+ * threshold on another device sharing the walk bounds its k-th smallest
+ * over the pairs that device saw, so it is never below the node's final
+ * bound either. That device may be writing its array meanwhile: a float
+ * read is whole, the old value or the new, each such a bound; NaN (the
+ * node's tile has not run there) leaves this device's. */
+__global__ static void knn_pairs_tighten_kernel(float *threshold,
+                                                const float *other, int n)
+{
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < n) threshold[j] = fminf(threshold[j], other[j]);
+}
+
+knn_status knn_pairs_tighten(const knn_pairs *p, const float *other,
+                             int n_nodes, char *message, cudaStream_t stream)
+{
+    if (n_nodes <= 0) return KNN_OK;
+    unsigned blocks = (n_nodes + 255) / 256;
+    knn_pairs_tighten_kernel<<<blocks, 256, 0, stream>>>(p->threshold, other,
+                                                         n_nodes);
+    KNN_LAUNCH_TRY(message, "knn_pairs_tighten_kernel");
+    return KNN_OK;
+}
+
 /* One warp per node: the staged entries at or below the node's threshold
  * appended to its list, in their order (entries past cap set the
  * overflow flag). The staged lists are another device's, merged there
@@ -354,5 +378,7 @@ static knn_status knn_pairs_load_kernels(char *message)
                                                 knn_pairs_gather_kernel));
     KNN_CUDA_TRY(message, cudaFuncGetAttributes(&attr,
                                                 knn_pairs_absorb_kernel));
+    KNN_CUDA_TRY(message, cudaFuncGetAttributes(&attr,
+                                                knn_pairs_tighten_kernel));
     return KNN_OK;
 }
