@@ -297,10 +297,6 @@ void knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
                         unsigned before, int refined, int half_products,
                         char *out, size_t size);
 
-/* Nodes per column block of the fused kernel: a shared walk's devices
- * split the nodes in whole blocks. */
-#define KNN_FUSED_COLS 128
-
 /* The fused path (knn_gpu_fused.cu): products and selection in one
  * kernel, so the panel never exists. Whether a device's search of `rows`
  * query rows of p features takes it: the forced choice where the kernel
@@ -345,9 +341,9 @@ knn_status knn_fused_candidates(const knn_select_args *sel,
  * tile t's rows walk the nodes before their tile's end only, and each
  * product against a node of an earlier tile is also offered to that node,
  * whose list keeps it when it is at or below the node's threshold. On
- * several devices each walks every tile against its share of those
- * nodes, and then takes the other devices' lists of its own rows' nodes.
- * Per node, for the whole search: */
+ * several devices each walks its share of every tile's rows, and then
+ * takes the other devices' lists of its own rows' nodes. Per node, for
+ * the whole search: */
 typedef struct {
     int n, k, cap;      /* nodes, neighbours, list entries per node */
     float *best;        /* [n][k]: the node's k smallest fast scores seen
@@ -361,21 +357,21 @@ typedef struct {
     int *merged;        /* [n]: entries already merged into best */
     int *overflow;      /* 1 once a list overflowed */
     /* Several devices: another device's lists and counts of stage_nodes
-     * nodes at a time, copied here (knn_pairs_absorb); else none. */
+     * nodes at a time, copied here (knn_pairs_absorb), and its thresholds
+     * [n] (knn_pairs_tighten); else none. */
     int stage_nodes;
     uint64_t *stage_list;
     int *stage_count;
+    float *stage_threshold;
     void *block;        /* the one allocation of the arrays above */
 } knn_pairs;
 
 /* What a tile of the shared walk adds to the fused kernel: nodes
  * [0, offer_end) (the earlier tiles') receive offers; the tile's rows walk
- * nodes [col_begin, sel->n_cols) (up to their tile's end; col_begin a
- * multiple of the kernel's column block, 0 on one device). */
+ * sel->n_cols nodes (up to their tile's end). */
 struct knn_pairs_walk {
     knn_pairs pairs;
     int offer_end;
-    int col_begin;
 };
 
 /* Whether a device's search on the fused path shares its pairs: not
@@ -399,9 +395,9 @@ knn_status knn_pairs_merge(const knn_pairs *p, const knn_select_args *sel,
                            int node0, int node_end, char *message,
                            cudaStream_t stream);
 /* Several devices, during the walk: the thresholds of nodes [0, n_nodes)
- * lowered to another device's (`other`, its knn_pairs.threshold, read
- * directly), where that one's are lower: its pairs tighten this device's
- * offers too. */
+ * lowered to another device's (`other`, its knn_pairs.threshold copied
+ * to this device), where that one's are lower or this one's NaN (the
+ * node's row walked there): its pairs judge this device's offers too. */
 knn_status knn_pairs_tighten(const knn_pairs *p, const float *other,
                              int n_nodes, char *message, cudaStream_t stream);
 /* Several devices, after the walk: the entries of another device's lists

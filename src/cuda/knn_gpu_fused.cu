@@ -58,6 +58,7 @@
 #include "knn_gpu_score.cuh"
 
 #define KNN_FUSED_ROWS 128            /* rows per block */
+#define KNN_FUSED_COLS 128            /* nodes per column block */
 #define KNN_FUSED_THREADS 256
 /* A stage holds 64 fp16 features of each node, 128 bytes; an mma step
  * takes 16 of them. */
@@ -1041,9 +1042,7 @@ knn_fused_kernel(knn_fused_args a)
     bool owner = threadIdx.x < KNN_FUSED_ROWS &&
                  row0 + (int)threadIdx.x < s.rows;
 
-    /* A shared walk's device may walk a share of the nodes only. */
-    int col_begin = PAIRS ? a.walk.col_begin : 0;
-    knn_fused_prefetch<KIND>(a, sh.stage, sh.col_sq, row0, col_begin);
+    knn_fused_prefetch<KIND>(a, sh.stage, sh.col_sq, row0, 0);
     knn_owner *o = owner ? sh.owners + threadIdx.x : NULL;
     if (owner) {
         int r = row0 + threadIdx.x;
@@ -1074,7 +1073,7 @@ knn_fused_kernel(knn_fused_args a)
      * self0 < 0). */
     int self0 = s.self_first >= 0 ? s.self_first + row0 : -1;
 
-    for (int col0 = col_begin, parity = 0, block = 0; col0 < s.n_cols;
+    for (int col0 = 0, parity = 0, block = 0; col0 < s.n_cols;
          col0 += KNN_FUSED_COLS, parity ^= 1, block++) {
         float acc[4][4][4];
         knn_fused_products(a, sh.stage, row0, col0, acc);

@@ -827,52 +827,61 @@ static knn_status knn_dev_tiles(knn_gpu_dev *d, int probe)
 
 /* ---- the shared walk (knn_gpu_pairs.cu) -------------------------------- */
 
-/* Where the device's share of the nodes before `end` begins, and where
- * the next device's does, in whole column blocks of the fused kernel:
- * device w of W walks nodes [end w / W, end (w + 1) / W), the last one
- * up to the end. */
-static int knn_walk_cut(const knn_gpu_dev *d, int end, int w)
+/* Arrives at a meeting (`met`, counted up by each device) and waits until
+ * `target` devices have; a stop ends the wait (KNN_E_INTERRUPTED), and
+ * so, where left is given, does a device's leaving the walk (*left its
+ * reason). The devices of a shared walk meet between its tiles, where
+ * the wait is short (they walk alike): the poll only yields. */
+static knn_status knn_team_meet(knn_gpu_dev *d, std::atomic<int> *met,
+                                int target, int *left)
 {
-    if (w >= d->walkers) return end;
-    long long cut = (long long)end * w / d->walkers;
-    return (int)(cut - cut % KNN_FUSED_COLS);
-}
-
-/* Lets this device's kernels and copies read GPU `peer`'s memory
- * directly (NVLink or PCIe), where the two can; *reads whether they may
- * (on the same GPU they always may). A refusal (too many peers) only
- * leaves it so: copies between GPUs are then staged through host memory.
- * Once enabled it stays so for the process. */
-static knn_status knn_team_enable_peer(knn_gpu_dev *d, int peer, int *reads)
-{
-    int can = 0;
-    *reads = peer == d->device;
-    if (*reads) return KNN_OK;
-    KNN_CUDA_TRY(d->message, cudaDeviceCanAccessPeer(&can, d->device, peer));
-    if (!can) return KNN_OK;
-    cudaError_t e = cudaDeviceEnablePeerAccess(peer, 0);
-    *reads = e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled;
-    if (e != cudaSuccess) cudaGetLastError();
+    knn_gpu_team *team = &d->shared->team;
+    (*met)++;
+    for (int polls = 0; *met < target; polls++) {
+        if (d->shared->stop) return KNN_E_INTERRUPTED;
+        if (left && team->left) {
+            *left = team->left;
+            return KNN_OK;
+        }
+        if (polls < 10000) std::this_thread::yield();
+        else std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
     return KNN_OK;
 }
 
-/* A walk shared by several devices: before a tile, the thresholds of the
- * earlier tiles' nodes take those of the devices it reads directly, so
- * that each device's offers are judged against all the pairs seen so far
- * rather than its own share (the devices run at their own pace; a
- * threshold read there is whichever they last wrote). */
+/* The device's share of a tile's rows [row0, row0 + rows): *mine rows
+ * from *first (all of them on one device). */
+static void knn_walk_rows(const knn_gpu_dev *d, int row0, int rows,
+                          int *first, int *mine)
+{
+    long long a = (long long)rows * d->walker / d->walkers;
+    long long b = (long long)rows * (d->walker + 1) / d->walkers;
+    *first = row0 + (int)a;
+    *mine = (int)(b - a);
+}
+
+/* Before a tile of a walk shared by several devices (the others done
+ * with the earlier tiles): the earlier tiles' nodes take the other
+ * devices' thresholds where lower, or where this device has none (their
+ * rows walked elsewhere), copied into the staging array one device at a
+ * time. */
 static knn_status knn_team_tighten(knn_gpu_dev *d, int row0)
 {
     const knn_gpu_team *team = &d->shared->team;
-    for (int w = 0; w < d->walkers && d->team_walk; w++)
-        if (w != d->walker && (d->team_reads >> w & 1u))
-            KNN_TRY(knn_pairs_tighten(&d->pairs, team->pairs[w].threshold,
-                                      row0, d->message, d->stream));
+    knn_pairs *p = &d->pairs;
+    for (int w = 0; w < d->walkers && row0 > 0; w++) {
+        if (w == d->walker) continue;
+        KNN_CUDA_TRY(d->message, cudaMemcpyPeerAsync(
+            p->stage_threshold, d->device, team->pairs[w].threshold,
+            team->device[w], (size_t)row0 * sizeof(float), d->stream));
+        KNN_TRY(knn_pairs_tighten(p, p->stage_threshold, row0, d->message,
+                                  d->stream));
+    }
     return KNN_OK;
 }
 
-/* Runs rows [row0, row0 + rows) of a shared walk, judged through slot 0:
- * the fused kernel over the device's share of the nodes up to the tile's
+/* Runs the device's share of rows [row0, row0 + rows) of a shared walk,
+ * judged through slot 0: the fused kernel over the nodes up to the tile's
  * end, offering to the earlier tiles' nodes, then those nodes' merge;
  * waits for both. The slot gets the rows' own candidate and survivor
  * counts (the policy's and the redo's inputs on the plain walk), *lost
@@ -883,25 +892,27 @@ static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
     knn_gpu_tiles *t = &d->t;
     knn_gpu_slot *sl = &t->slot[0];
     const knn_gpu_nodes *nd = &d->nodes;
-    knn_slot_begin(d, sl, row0, rows);
+    int first = row0, mine = rows;
+    if (d->team_walk) knn_walk_rows(d, row0, rows, &first, &mine);
+    knn_slot_begin(d, sl, first, mine);
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
-    knn_select_args sa = knn_tile_select_args(d, row0, row0, rows,
+    if (d->team_walk) KNN_TRY(knn_team_tighten(d, row0));
+    knn_select_args sa = knn_tile_select_args(d, first, first, mine,
                                               t->offsets_uniform, d->gemm);
-    int end = row0 + rows;
-    sa.n_cols = knn_walk_cut(d, end, d->walker + 1);
-    knn_pairs_walk walk = {d->pairs, row0, knn_walk_cut(d, end, d->walker)};
+    sa.n_cols = row0 + rows;
+    knn_pairs_walk walk = {d->pairs, row0};
     knn_fused_scratch scratch = knn_fused_scratch_of(t,
                                                      t->surv_offsets_uniform);
-    KNN_TRY(knn_team_tighten(d, row0));
-    KNN_TRY(knn_fused_candidates(&sa, nd, row0, &scratch, &walk,
-                                 d->message, d->stream));
+    if (mine > 0)
+        KNN_TRY(knn_fused_candidates(&sa, nd, first, &scratch, &walk,
+                                     d->message, d->stream));
     knn_select_args earlier = knn_tile_select_args(d, 0, 0, row0,
                                                    t->offsets_uniform,
                                                    d->gemm);
     KNN_TRY(knn_pairs_merge(&d->pairs, &earlier, 0, row0, d->message,
                             d->stream));
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->selected, d->stream));
-    size_t r = (size_t)rows;
+    size_t r = (size_t)mine;
     KNN_TRY(knn_copy_back(d, sl->count, t->count, r * sizeof(int)));
     KNN_TRY(knn_copy_back(d, sl->survivors, t->survivors, r * sizeof(int)));
     KNN_TRY(knn_copy_back(d, t->h_pairs_lost, d->pairs.overflow,
@@ -926,26 +937,31 @@ static int knn_team_leave(knn_gpu_dev *d, int left)
     return d->shared->team.left;
 }
 
-/* The walk of every tile (of every row: on several devices each walks
- * its share of the nodes). Each tile is judged as it ends, as the plain
- * walk's are: *left gets the step (a knn_rung_step) where the search must
- * refine or climb, or -1 where a row's survivors, candidates or list
- * overflowed (a rerun would offer its pairs twice); 0 when the walk is
- * done. Devices sharing the walk leave it together, for the first one's
- * reason. Its share of half of each walked row counts as progress; a
- * walk that is left takes it back. */
+/* The walk of every tile (on several devices, of every row: each walks
+ * its share of each tile, the tiles in step). Each tile is judged as it
+ * ends, as the plain walk's are: *left gets the step (a knn_rung_step)
+ * where the search must refine or climb, or -1 where a row's survivors,
+ * candidates or list overflowed (a rerun would offer its pairs twice); 0
+ * when the walk is done. Devices sharing the walk leave it together, for
+ * the first one's reason. Its share of half of each walked row counts as
+ * progress; a walk that is left takes it back. */
 static knn_status knn_pairs_walk_all(knn_gpu_dev *d, int *left)
 {
     knn_gpu_tiles *t = &d->t;
     knn_gpu_slot *sl = &t->slot[0];
+    knn_gpu_team *team = &d->shared->team;
     int first = d->team_walk ? 0 : d->q0;
     int end = d->team_walk ? d->req->n_ref : d->q0 + d->nq;
-    int tile = d->team_walk ? (int)d->shared->team.tile_rows : t->rows;
+    /* Several devices: a tile of one such share each (each a full wave
+     * of the fused kernel's blocks, where planned so). */
+    int tile = d->team_walk ? d->walkers * (int)team->tile_rows : t->rows;
     long long credited = 0;
     *left = 0;
-    for (int row0 = first; row0 < end && !d->shared->stop;) {
+    for (int row0 = first, n = 0; row0 < end && !d->shared->stop; n++) {
         int rows = end - row0 < tile ? end - row0 : tile, lost = 0;
-        *left = d->team_walk ? (int)d->shared->team.left : 0;
+        if (d->team_walk && n > 0)
+            KNN_TRY(knn_team_meet(d, &team->tiles_done, d->walkers * n,
+                                  left));
         if (!*left) {
             KNN_TRY(knn_pairs_walk_tile(d, row0, rows, &lost));
             /* A row's candidates past the tile's slots stay in its
@@ -972,24 +988,6 @@ static knn_status knn_pairs_walk_all(knn_gpu_dev *d, int *left)
 
 /* ---- a walk shared by several devices ---------------------------------- */
 
-/* Arrives at meeting b and waits for the other devices; a stop ends the
- * wait (KNN_E_INTERRUPTED), and so, where left is given, does a device's
- * leaving the walk (*left its reason). */
-static knn_status knn_team_meet(knn_gpu_dev *d, int b, int *left)
-{
-    knn_gpu_team *team = &d->shared->team;
-    team->met[b]++;
-    while (team->met[b] < d->walkers) {
-        if (d->shared->stop) return KNN_E_INTERRUPTED;
-        if (left && team->left) {
-            *left = team->left;
-            return KNN_OK;
-        }
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-    return KNN_OK;
-}
-
 /* Whether the published walks can be shared: every device planned one,
  * with lists alike. */
 static int knn_team_alike(const knn_gpu_dev *d)
@@ -999,9 +997,24 @@ static int knn_team_alike(const knn_gpu_dev *d)
     for (int w = 0; w < d->walkers; w++)
         if (team->pairs[w].cap != d->pairs.cap ||
             team->pairs[w].k != d->pairs.k ||
-            team->pairs[w].n != d->pairs.n)
+            team->pairs[w].n != d->pairs.n ||
+            !team->pairs[w].stage_threshold)
             return 0;
     return 1;
+}
+
+/* Lets this device's copies read GPU `peer`'s memory directly (NVLink or
+ * PCIe), where the two can: without it CUDA stages a copy between GPUs
+ * through host memory, which still works, so a refusal (too many peers)
+ * only leaves it so. Once enabled it stays so for the process. */
+static knn_status knn_team_enable_peer(knn_gpu_dev *d, int peer)
+{
+    int can = 0;
+    if (peer == d->device) return KNN_OK;
+    KNN_CUDA_TRY(d->message, cudaDeviceCanAccessPeer(&can, d->device, peer));
+    if (can && cudaDeviceEnablePeerAccess(peer, 0) != cudaSuccess)
+        cudaGetLastError();
+    return KNN_OK;
 }
 
 /* Several devices agree on a shared walk: each says whether its plan
@@ -1020,15 +1033,13 @@ static knn_status knn_team_agree(knn_gpu_dev *d)
         }
         team->walking++;
     }
-    KNN_TRY(knn_team_meet(d, KNN_MEET_AGREE, NULL));
+    KNN_TRY(knn_team_meet(d, &team->met[KNN_MEET_AGREE], d->walkers,
+                          NULL));
     if (d->pairs.block && knn_team_alike(d)) {
         d->team_walk = 1;
-        for (int w = 0; w < d->walkers; w++) {
-            int reads = 0;
-            if (w == d->walker) continue;
-            KNN_TRY(knn_team_enable_peer(d, team->device[w], &reads));
-            if (reads) d->team_reads |= 1u << w;
-        }
+        for (int w = 0; w < d->walkers; w++)
+            if (w != d->walker)
+                KNN_TRY(knn_team_enable_peer(d, team->device[w]));
         return KNN_OK;
     }
     if (!d->pairs.block) return KNN_OK;
@@ -1047,6 +1058,9 @@ static knn_status knn_team_take_lists(knn_gpu_dev *d, int *lost)
     knn_select_args all = knn_tile_select_args(d, 0, 0, d->req->n_ref,
                                                t->offsets_uniform, d->gemm);
     int end = d->q0 + d->nq;
+    /* The last tile's nodes that walked elsewhere have no threshold here
+     * yet: an entry is absorbed at or below one. */
+    KNN_TRY(knn_team_tighten(d, d->req->n_ref));
     for (int w = 0; w < d->walkers; w++) {
         const knn_pairs *peer = &team->pairs[w];
         for (int c0 = d->q0; c0 < end && w != d->walker;
@@ -1095,7 +1109,8 @@ void knn_team_release(knn_gpu_dev *d)
 static knn_status knn_team_exchange(knn_gpu_dev *d, int *left)
 {
     double t0 = knn_seconds();
-    KNN_TRY(knn_team_meet(d, KNN_MEET_WALKED, left));
+    KNN_TRY(knn_team_meet(d, &d->shared->team.met[KNN_MEET_WALKED],
+                          d->walkers, left));
     if (*left) return KNN_OK;
     int lost = 0;
     KNN_TRY(knn_team_take_lists(d, &lost));

@@ -28,18 +28,23 @@
  * (k + the margins' band) / t offers from tile t; the pairs cost half of
  * the plain walk's, plus one tile of the diagonal.
  *
- * Several devices (knn_gpu_loop.cu) share the walk: each runs every tile
- * in the same order, its rows against its own share of the nodes up to
- * the tile's end (column blocks [col_begin, n_cols) of the fused
- * kernel), so each pair is still computed once, on one device, and each
- * device keeps lists for every node. A device's lists hold what it saw
- * at or below thresholds from the nodes it saw, which are never below
- * the final bound (a k-th smallest over fewer nodes is no smaller), and
- * they hold its k smallest. After the walk each device takes, for the
- * nodes of its own rows, the other devices' lists (knn_pairs_absorb) and
- * merges them as offers: the k smallest of the union, its bound, and the
- * entries under it are the one device's, so the gather and the re-rank
- * give the same bits.
+ * Several devices (knn_gpu_loop.cu) share the walk: the tiles run in
+ * step on all of them, each device walking its share of a tile's rows
+ * against every node up to the tile's end, so each pair is still
+ * computed once, on one device, and each row walks once (its own
+ * candidates, the costs of a row's walk that do not shrink with fewer
+ * nodes, are paid once). Each device keeps lists for every node. Before
+ * a tile, a device lowers the thresholds of the earlier nodes to the
+ * other devices' (knn_pairs_tighten): a node whose row walked elsewhere
+ * has none of its own. A threshold is the bound of a k-th smallest over
+ * some of the pairs, never below the final bound, so each device's
+ * lists hold what it saw under the final bound, and they hold its k
+ * smallest under its thresholds. After the walk each device takes, for
+ * the nodes of its own rows, the other devices' lists (knn_pairs_absorb)
+ * and merges them as offers: their union holds every pair under the
+ * final bound and the k smallest, from which the merge takes the one
+ * device's bound and cuts the lists to the entries under it, so the
+ * gather and the exact re-rank give the same bits.
  */
 #include <string.h>
 #include "knn_gpu_score.cuh"
@@ -84,6 +89,14 @@ static void knn_pairs_carve(knn_pairs *p, knn_carver *c)
     size_t stage = (size_t)p->stage_nodes;
     p->stage_list = stage ? knn_carve<uint64_t>(c, stage * p->cap) : NULL;
     p->stage_count = stage ? knn_carve<int>(c, stage) : NULL;
+    p->stage_threshold = stage ? knn_carve<float>(c, n) : NULL;
+}
+
+/* +inf into n floats. */
+__global__ static void knn_fill_inf_kernel(float *x, size_t n)
+{
+    size_t i = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) x[i] = INFINITY;
 }
 
 double knn_pairs_bytes(int n, int k, int cap, int stage_nodes)
@@ -130,6 +143,12 @@ knn_status knn_pairs_alloc(knn_pairs *p, int n, int k, int cap,
     c.block = (char *)p->block;
     c.used = 0;
     knn_pairs_carve(p, &c);
+    /* The k smallest +inf: a node whose row walks on another device
+     * merges its first offers into none. */
+    size_t nk = (size_t)n * k;
+    knn_fill_inf_kernel<<<(unsigned)((nk + 255) / 256), 256, 0, stream>>>(
+        p->best, nk);
+    KNN_LAUNCH_TRY(message, "knn_fill_inf_kernel");
     /* Thresholds NaN (all bits set): no offer passes before a node's own
      * tile has run. */
     KNN_CUDA_TRY(message, cudaMemsetAsync(p->threshold, 0xff,
@@ -259,12 +278,12 @@ knn_status knn_pairs_merge(const knn_pairs *p, const knn_select_args *sel,
     return KNN_OK;
 }
 
-/* One thread per node: the smaller of the two thresholds. A node's
- * threshold on another device sharing the walk bounds its k-th smallest
- * over the pairs that device saw, so it is never below the node's final
- * bound either. That device may be writing its array meanwhile: a float
- * read is whole, the old value or the new, each such a bound; NaN (the
- * node's tile has not run there) leaves this device's. */
+/* One thread per node: the smaller of the two thresholds, or the other
+ * where this one is NaN. A node's threshold on another device sharing
+ * the walk bounds a k-th smallest over the pairs that device saw, so it
+ * is never below the node's final bound either. That device may be
+ * writing its array while it was copied: a float copied is whole, the old
+ * value or the new, each such a bound. */
 __global__ static void knn_pairs_tighten_kernel(float *threshold,
                                                 const float *other, int n)
 {

@@ -159,6 +159,7 @@ typedef struct {
 static void knn_team_init(knn_gpu_team *team)
 {
     for (int b = 0; b < KNN_MEETINGS; b++) team->met[b] = 0;
+    team->tiles_done = 0;
     team->walking = 0;
     team->tile_rows = 0x7fffffff;
     team->left = 0;

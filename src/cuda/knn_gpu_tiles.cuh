@@ -17,6 +17,7 @@
 enum { KNN_MEET_AGREE = 0, KNN_MEET_WALKED, KNN_MEETINGS };
 typedef struct {
     std::atomic<int> met[KNN_MEETINGS]; /* devices arrived at each */
+    std::atomic<int> tiles_done; /* tiles of the walk done, all devices */
     std::atomic<int> walking;   /* devices planned for a shared walk */
     std::atomic<int> tile_rows; /* the fewest rows of their tiles */
     std::atomic<int> left;      /* why the walk was left (see
@@ -144,8 +145,6 @@ typedef struct {
     int walker, walkers;    /* its place among the devices that search,
                                and their number */
     int team_walk;          /* it shares a walk with the others */
-    unsigned team_reads;    /* the others (bit w: device w) whose memory
-                               its kernels read directly */
     int team_released;      /* it no longer reads the others' lists */
     int q0, nq;             /* query rows [q0, q0 + nq) */
     int self;
