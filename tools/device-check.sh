@@ -4,8 +4,8 @@
 # parity harness (tools/gpu-harness.c: knn_gpu_search against a plain
 # float64 reference), and compute-sanitizer memcheck and racecheck on a
 # small knnGraph (panel, split TF32, float64 and fused paths) and on the
-# harness's walk shared by two devices (after the harness step). Logs and summary.txt
-# go to $OUT (default /tmp/knngpu-check).
+# harness's walk shared by two devices (after the harness step). Logs and
+# summary.txt go to $OUT (default /tmp/knngpu-check).
 #
 # Through the device tool, from this machine (R does not exist there):
 #   cd /work/main && ../shared/device/pack-r ALL Biobase BiocGenerics

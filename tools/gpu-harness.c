@@ -831,6 +831,7 @@ int main(int argc, char **argv)
               argc >= 7 ? atoi(argv[6]) : 0);
         return 0;
     }
-    fprintf(stderr, "usage: gpu-harness check | walk | bench N P K METRIC [NQ]\n");
+    fprintf(stderr,
+            "usage: gpu-harness check | walk | bench N P K METRIC [NQ]\n");
     return 2;
 }

@@ -8,10 +8,11 @@
  * whose devices all take the fused path shares one walk of its pairs
  * among them first (knn_gpu_pairs.cu), and each gathers its rows from it.
  * Every row's answer is the exact one of knn_exact.h, so the split
- * changes nothing in the output. The calling thread only waits: every 100 ms it asks
- * the interrupt callback and reports progress (callbacks run on the caller's
- * thread alone), and on an interrupt or a device's failure it raises the
- * stop flag that the device threads read between tiles. Each device thread
+ * changes nothing in the output. The calling thread only waits: every
+ * 100 ms it asks the interrupt callback and reports progress (callbacks
+ * run on the caller's thread alone), and on an interrupt or a device's
+ * failure it raises the stop flag that the device threads read between
+ * tiles. Each device thread
  * frees everything it allocated before it ends, so device memory is as
  * before after an interrupt or an error too.
  */
