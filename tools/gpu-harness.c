@@ -631,49 +631,58 @@ static void last_progress(void *ctx, double done, double total)
     *(double *)ctx = done;
 }
 
-/* A self search shared by two devices (one GPU twice): each walks every
- * tile against its half of the nodes and takes the other's lists of its
- * rows' nodes. The walk is shared (pairs_once) and gives one device's
- * bits, and the progress ends at the rows' number. */
+/* A self search shared by two devices (one GPU twice): each walks its
+ * share of every tile's rows and takes the other's lists of its rows'
+ * nodes, read directly or (KNNGPU_STAGE_PEERS=1, as between GPUs that
+ * cannot read each other's memory) copied through its staging buffer.
+ * Either way the walk is shared (pairs_once) and gives one device's bits,
+ * and the progress ends at the rows' number. */
 static void check_shared_walk(void)
 {
     int n = 6000, p = 32, k = 10, dev0[2] = {0, 0};
     double *x = random_data(p, n);
     size_t nk = (size_t)n * k;
     const knn_metric metrics[] = {KNN_EUCLIDEAN, KNN_PEARSON};
+    /* run 0: one device; 1: two, lists read; 2: two, lists staged */
     for (int i = 0; i < 2; i++) {
-        int *gi[2];
-        double *gd[2], *gw[2];
-        knn_report rep[2];
-        knn_status st[2];
-        double done = -1.0;
+        int *gi[3];
+        double *gd[3], *gw[3];
+        knn_report rep[3];
+        knn_status st[3];
+        double done[3];
         force_select = KNN_SELECT_FORCE_FUSED;
-        for (int d = 0; d < 2; d++) {
-            done = -1.0;
-            alloc_results(nk, &gi[d], &gd[d], &gw[d]);
+        for (int r = 0; r < 3; r++) {
+            done[r] = -1.0;
+            alloc_results(nk, &gi[r], &gd[r], &gw[r]);
             knn_request req = make_request(
                 metrics[i], x, n, NULL, 0, p, k,
-                2e6 + 1.6 * pairs_bytes_max(n, k), d + 1, dev0);
+                2e6 + 1.6 * pairs_bytes_max(n, k), r ? 2 : 1, dev0);
             req.cb.progress = last_progress;
-            req.cb.ctx = &done;
-            knn_result out = {gi[d], gd[d], gw[d], 0, 0};
-            memset(&rep[d], 0, sizeof rep[d]);
-            st[d] = knn_gpu_search(&req, &out, &rep[d]);
+            req.cb.ctx = &done[r];
+            knn_result out = {gi[r], gd[r], gw[r], 0, 0};
+            memset(&rep[r], 0, sizeof rep[r]);
+            if (r == 2) setenv("KNNGPU_STAGE_PEERS", "1", 1);
+            st[r] = knn_gpu_search(&req, &out, &rep[r]);
+            unsetenv("KNNGPU_STAGE_PEERS");
         }
         force_select = KNN_SELECT_CHOOSE;
-        int same = st[0] == KNN_OK && st[1] == KNN_OK &&
-            memcmp(gi[0], gi[1], nk * sizeof(int)) == 0 &&
-            memcmp(gd[0], gd[1], nk * sizeof(double)) == 0 &&
-            memcmp(gw[0], gw[1], nk * sizeof(double)) == 0;
-        int pass = same && rep[0].pairs_once && rep[1].pairs_once &&
-                   done == (double)n;
-        pass ? n_pass++ : n_fail++;
-        printf("%s shared walk, two devices, %s: same bits %d, walked "
-               "once %d/%d, tiles %d/%d, progress %.0f of %d (%s)\n",
-               pass ? "PASS" : "FAIL", metric_name[metrics[i]], same,
-               rep[0].pairs_once, rep[1].pairs_once, rep[0].row_tile,
-               rep[1].row_tile, done, n, rep[1].message);
-        for (int d = 0; d < 2; d++) free_results(gi[d], gd[d], gw[d]);
+        for (int r = 1; r < 3; r++) {
+            int same = st[0] == KNN_OK && st[r] == KNN_OK &&
+                memcmp(gi[0], gi[r], nk * sizeof(int)) == 0 &&
+                memcmp(gd[0], gd[r], nk * sizeof(double)) == 0 &&
+                memcmp(gw[0], gw[r], nk * sizeof(double)) == 0;
+            int pass = same && rep[0].pairs_once && rep[r].pairs_once &&
+                       done[r] == (double)n;
+            pass ? n_pass++ : n_fail++;
+            printf("%s shared walk, two devices, %s, lists %s: same bits "
+                   "%d, walked once %d/%d, tiles %d/%d, progress %.0f of "
+                   "%d (%s)\n", pass ? "PASS" : "FAIL",
+                   metric_name[metrics[i]], r == 1 ? "read" : "staged",
+                   same, rep[0].pairs_once, rep[r].pairs_once,
+                   rep[0].row_tile, rep[r].row_tile, done[r], n,
+                   rep[r].message);
+        }
+        for (int r = 0; r < 3; r++) free_results(gi[r], gd[r], gw[r]);
     }
     free(x);
 }

@@ -357,8 +357,9 @@ typedef struct {
     int *merged;        /* [n]: entries already merged into best */
     int *overflow;      /* 1 once a list overflowed */
     /* Several devices: another device's lists and counts of stage_nodes
-     * nodes at a time, copied here (knn_pairs_absorb), and its thresholds
-     * [n] (knn_pairs_tighten); else none. */
+     * nodes at a time, copied here where this device cannot read them
+     * (knn_pairs_absorb), and its thresholds [n] (knn_pairs_tighten);
+     * else none. */
     int stage_nodes;
     uint64_t *stage_list;
     int *stage_count;
@@ -401,10 +402,13 @@ knn_status knn_pairs_merge(const knn_pairs *p, const knn_select_args *sel,
 knn_status knn_pairs_tighten(const knn_pairs *p, const float *other,
                              int n_nodes, char *message, cudaStream_t stream);
 /* Several devices, after the walk: the entries of another device's lists
- * of nodes [node0, node0 + nodes), staged in p's stage_list and
- * stage_count, that are at or below this device's thresholds, appended to
- * its lists as new offers (knn_pairs_merge then takes them). */
+ * of nodes [node0, node0 + nodes) (node node0 + i's from_list + i cap,
+ * from_count[i] of them: the other device's arrays where this one reads
+ * them directly, else staged copies) that are at or below this device's
+ * thresholds, appended to its lists as new offers (knn_pairs_merge then
+ * takes them). */
 knn_status knn_pairs_absorb(const knn_pairs *p, int node0, int nodes,
+                            const uint64_t *from_list, const int *from_count,
                             char *message, cudaStream_t stream);
 /* After the walk: the candidates of a tile of sel->rows rows from node
  * node0, in ascending node order, as knn_select_candidates gives them

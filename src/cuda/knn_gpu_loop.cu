@@ -1003,17 +1003,27 @@ static int knn_team_alike(const knn_gpu_dev *d)
     return 1;
 }
 
-/* Lets this device's copies read GPU `peer`'s memory directly (NVLink or
- * PCIe), where the two can: without it CUDA stages a copy between GPUs
- * through host memory, which still works, so a refusal (too many peers)
- * only leaves it so. Once enabled it stays so for the process. */
-static knn_status knn_team_enable_peer(knn_gpu_dev *d, int peer)
+/* Lets this device's kernels and copies read GPU `peer`'s memory
+ * directly (NVLink or PCIe), where the two can; *reads whether they may
+ * (on one GPU they always may). Where they may not, copies between GPUs
+ * are staged through host memory by CUDA and lists through this
+ * device's staging buffer (knn_team_take_lists); so is every list where
+ * KNNGPU_STAGE_PEERS is set, the harness's way to run that path on one
+ * GPU. Once enabled, access stays so for the process. */
+static knn_status knn_team_enable_peer(knn_gpu_dev *d, int peer, int *reads)
 {
     int can = 0;
-    if (peer == d->device) return KNN_OK;
-    KNN_CUDA_TRY(d->message, cudaDeviceCanAccessPeer(&can, d->device, peer));
-    if (can && cudaDeviceEnablePeerAccess(peer, 0) != cudaSuccess)
-        cudaGetLastError();
+    *reads = peer == d->device;
+    if (!*reads) {
+        KNN_CUDA_TRY(d->message,
+                     cudaDeviceCanAccessPeer(&can, d->device, peer));
+        cudaError_t e = can ? cudaDeviceEnablePeerAccess(peer, 0)
+                            : cudaErrorPeerAccessUnsupported;
+        *reads = e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled;
+        if (e != cudaSuccess) cudaGetLastError();
+    }
+    const char *staged = getenv("KNNGPU_STAGE_PEERS");
+    if (staged && staged[0] == '1') *reads = 0;
     return KNN_OK;
 }
 
@@ -1037,9 +1047,12 @@ static knn_status knn_team_agree(knn_gpu_dev *d)
                           NULL));
     if (d->pairs.block && knn_team_alike(d)) {
         d->team_walk = 1;
-        for (int w = 0; w < d->walkers; w++)
-            if (w != d->walker)
-                KNN_TRY(knn_team_enable_peer(d, team->device[w]));
+        for (int w = 0; w < d->walkers; w++) {
+            int reads = 0;
+            if (w == d->walker) continue;
+            KNN_TRY(knn_team_enable_peer(d, team->device[w], &reads));
+            if (reads) d->team_reads |= 1u << w;
+        }
         return KNN_OK;
     }
     if (!d->pairs.block) return KNN_OK;
@@ -1047,38 +1060,53 @@ static knn_status knn_team_agree(knn_gpu_dev *d)
     return knn_dev_leave_fused(d, KNN_RUNG_STAY);
 }
 
-/* The other devices' lists of this device's rows' nodes, a piece at a
- * time through the staging buffer, each absorbed as offers and merged;
- * *lost whether a list overflowed. */
-static knn_status knn_team_take_lists(knn_gpu_dev *d, int *lost)
+/* Device w's lists of this device's rows' nodes, absorbed as offers and
+ * merged: read where they lie, in one pass, where this device reads w's
+ * memory (only the entries in use cross between the GPUs), else a piece
+ * at a time through the staging buffer (whole lists). */
+static knn_status knn_team_take_from(knn_gpu_dev *d, int w,
+                                     const knn_select_args *all)
 {
     const knn_gpu_team *team = &d->shared->team;
+    const knn_pairs *peer = &team->pairs[w];
+    knn_pairs *p = &d->pairs;
+    int end = d->q0 + d->nq;
+    int step = d->team_reads >> w & 1u ? d->nq : p->stage_nodes;
+    for (int c0 = d->q0; c0 < end; c0 += step) {
+        int nodes = end - c0 < step ? end - c0 : step;
+        const uint64_t *list = peer->list + (size_t)c0 * p->cap;
+        const int *count = peer->count + c0;
+        if (!(d->team_reads >> w & 1u)) {
+            KNN_CUDA_TRY(d->message, cudaMemcpyPeerAsync(
+                p->stage_list, d->device, list, team->device[w],
+                (size_t)nodes * p->cap * sizeof(uint64_t), d->stream));
+            KNN_CUDA_TRY(d->message, cudaMemcpyPeerAsync(
+                p->stage_count, d->device, count, team->device[w],
+                (size_t)nodes * sizeof(int), d->stream));
+            list = p->stage_list;
+            count = p->stage_count;
+        }
+        KNN_TRY(knn_pairs_absorb(p, c0, nodes, list, count, d->message,
+                                 d->stream));
+        KNN_TRY(knn_pairs_merge(p, all, c0, c0 + nodes, d->message,
+                                d->stream));
+    }
+    return KNN_OK;
+}
+
+/* The other devices' lists of this device's rows' nodes, each device's
+ * absorbed and merged in turn; *lost whether a list overflowed. */
+static knn_status knn_team_take_lists(knn_gpu_dev *d, int *lost)
+{
     knn_pairs *p = &d->pairs;
     knn_gpu_tiles *t = &d->t;
     knn_select_args all = knn_tile_select_args(d, 0, 0, d->req->n_ref,
                                                t->offsets_uniform, d->gemm);
-    int end = d->q0 + d->nq;
     /* The last tile's nodes that walked elsewhere have no threshold here
      * yet: an entry is absorbed at or below one. */
     KNN_TRY(knn_team_tighten(d, d->req->n_ref));
-    for (int w = 0; w < d->walkers; w++) {
-        const knn_pairs *peer = &team->pairs[w];
-        for (int c0 = d->q0; c0 < end && w != d->walker;
-             c0 += p->stage_nodes) {
-            int nodes = end - c0 < p->stage_nodes ? end - c0
-                                                  : p->stage_nodes;
-            KNN_CUDA_TRY(d->message, cudaMemcpyPeerAsync(
-                p->stage_list, d->device, peer->list + (size_t)c0 * p->cap,
-                team->device[w],
-                (size_t)nodes * p->cap * sizeof(uint64_t), d->stream));
-            KNN_CUDA_TRY(d->message, cudaMemcpyPeerAsync(
-                p->stage_count, d->device, peer->count + c0,
-                team->device[w], (size_t)nodes * sizeof(int), d->stream));
-            KNN_TRY(knn_pairs_absorb(p, c0, nodes, d->message, d->stream));
-            KNN_TRY(knn_pairs_merge(p, &all, c0, c0 + nodes, d->message,
-                                    d->stream));
-        }
-    }
+    for (int w = 0; w < d->walkers; w++)
+        if (w != d->walker) KNN_TRY(knn_team_take_from(d, w, &all));
     KNN_TRY(knn_copy_back(d, t->h_pairs_lost, p->overflow, sizeof(int)));
     KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
     *lost = *t->h_pairs_lost;

@@ -302,20 +302,21 @@ knn_status knn_pairs_tighten(const knn_pairs *p, const float *other,
     return KNN_OK;
 }
 
-/* One warp per node: the staged entries at or below the node's threshold
- * appended to its list, in their order (entries past cap set the
- * overflow flag). The staged lists are another device's, merged there
- * already, so they hold that device's k smallest; those under this
- * device's threshold are all that can still be candidates. */
+/* One warp per node: the other device's entries at or below the node's
+ * threshold appended to its list, in their order (entries past cap set
+ * the overflow flag). The other device's lists are merged already, so
+ * they hold its k smallest; those under this device's threshold are all
+ * that can still be candidates. */
 __global__ static void __launch_bounds__(KNN_PAIRS_WARPS * 32)
-knn_pairs_absorb_kernel(knn_pairs p, int node0, int nodes)
+knn_pairs_absorb_kernel(knn_pairs p, int node0, int nodes,
+                        const uint64_t *from_list, const int *from_count)
 {
     int lane = threadIdx.x & 31;
     int i = blockIdx.x * KNN_PAIRS_WARPS + (threadIdx.x >> 5);
     if (i >= nodes) return; /* the whole warp */
     int j = node0 + i;
-    int n = min(p.stage_count[i], p.cap), at = p.count[j];
-    const uint64_t *from = p.stage_list + (size_t)i * p.cap;
+    int n = min(from_count[i], p.cap), at = p.count[j];
+    const uint64_t *from = from_list + (size_t)i * p.cap;
     uint64_t *list = p.list + (size_t)j * p.cap;
     float thr = p.threshold[j];
     for (int e0 = 0; e0 < n; e0 += 32) {
@@ -334,12 +335,13 @@ knn_pairs_absorb_kernel(knn_pairs p, int node0, int nodes)
 }
 
 knn_status knn_pairs_absorb(const knn_pairs *p, int node0, int nodes,
+                            const uint64_t *from_list, const int *from_count,
                             char *message, cudaStream_t stream)
 {
     if (nodes <= 0) return KNN_OK;
     unsigned blocks = (nodes + KNN_PAIRS_WARPS - 1) / KNN_PAIRS_WARPS;
     knn_pairs_absorb_kernel<<<blocks, KNN_PAIRS_WARPS * 32, 0, stream>>>(
-        *p, node0, nodes);
+        *p, node0, nodes, from_list, from_count);
     KNN_LAUNCH_TRY(message, "knn_pairs_absorb_kernel");
     return KNN_OK;
 }

@@ -145,6 +145,8 @@ typedef struct {
     int walker, walkers;    /* its place among the devices that search,
                                and their number */
     int team_walk;          /* it shares a walk with the others */
+    unsigned team_reads;    /* the others (bit w: device w) whose memory
+                               its kernels read directly */
     int team_released;      /* it no longer reads the others' lists */
     int q0, nq;             /* query rows [q0, q0 + nq) */
     int self;
