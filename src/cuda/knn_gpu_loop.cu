@@ -696,10 +696,10 @@ static long long knn_gather_share(int row0, int rows)
  * uniform slots where the search has changed its arithmetic or begun to
  * refine since the tile ran, as often as it changes: a redo must see the
  * counts of the same selection), and copies its rows x k results into the
- * caller's n_query x k arrays. A fused tile that shows the search must refine or
- * climb is not collected: *rewind gets that step (a knn_rung_step), and
- * the search goes on from its first row on the panel path (the fused
- * kernel neither refines nor runs but TF32). */
+ * caller's n_query x k arrays. A fused tile that shows the search must
+ * refine or climb is not collected: *rewind gets that step (a
+ * knn_rung_step), and the search goes on from its first row on the panel
+ * path (the fused kernel neither refines nor runs but TF32). */
 static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
 {
     knn_gpu_tiles *t = &d->t;

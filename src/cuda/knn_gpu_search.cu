@@ -12,9 +12,9 @@
  * 100 ms it asks the interrupt callback and reports progress (callbacks
  * run on the caller's thread alone), and on an interrupt or a device's
  * failure it raises the stop flag that the device threads read between
- * tiles. Each device thread
- * frees everything it allocated before it ends, so device memory is as
- * before after an interrupt or an error too.
+ * tiles. Each device thread frees everything it allocated before it
+ * ends, so device memory is as before after an interrupt or an error
+ * too.
  */
 #include <stdio.h>
 #include <string.h>

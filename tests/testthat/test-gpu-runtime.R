@@ -181,8 +181,8 @@ test_that("a self search on one GPU computes each pair once, same bits", {
             all <- knnSearch(x, k = 10, device = "gpu", devices = ids,
                              progress = FALSE)
         })
-        ## Several GPUs share the walk: each walks every tile against its
-        ## share of the nodes, then takes the others' lists of its rows.
+        ## Several GPUs share the walk: each walks its share of every
+        ## tile's rows, then takes the others' lists of its rows' nodes.
         expect_true(pairsOnce(one))
         expect_true(pairsOnce(all))
         expect_identical(all$index, one$index)
