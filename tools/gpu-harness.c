@@ -687,9 +687,11 @@ static void check_shared_walk(void)
     free(x);
 }
 
-/* A value that is not finite, in ref or in a query, late in a large
- * input: the upload finds it (KNN_E_NONFINITE) on one device and on two,
- * and device memory is as before. */
+/* A value that is not finite, early or late in ref or in a query of a
+ * large input: the upload finds it (KNN_E_NONFINITE) on one device and
+ * on two (which share the upload of ref, each sending one half: the
+ * first node is the first device's, the last the second's), and device
+ * memory is as before. */
 static void check_nonfinite(void)
 {
     int n = 50000, p = 64, k = 5, nq = 100, dev0[2] = {0, 0};
@@ -705,23 +707,29 @@ static void check_nonfinite(void)
     for (int d = 1; d <= 2; d++)
         gpu_run(KNN_EUCLIDEAN, x, n, q, nq, p, k, 0, d, dev0, 0, gi, gd, gw,
                 &warm);
+    const char *place_name[] = {"ref's first node", "ref's last node",
+                                "query"};
     for (int c = 0; c < 6; c++) {
-        double *where = c % 2 ? q + (size_t)p * nq - 3 : x + (size_t)p * n - 2;
+        int place = c % 3, devices = 1 + c / 3;
+        double bad = bad_values[(c + c / 3) % 3];
+        double *where = place == 0   ? x + 1
+                        : place == 1 ? x + (size_t)p * n - 2
+                                     : q + (size_t)p * nq - 3;
         double keep = *where;
-        *where = bad_values[c % 3];
+        *where = bad;
         size_t free0 = 0, free1 = 0, total = 0;
         knn_report rep;
         cudaSetDevice(0);
         cudaMemGetInfo(&free0, &total);
         knn_status st = gpu_run(KNN_EUCLIDEAN, x, n, q, nq, p, k, 0,
-                                1 + c / 3, dev0, 0, gi, gd, gw, &rep);
+                                devices, dev0, 0, gi, gd, gw, &rep);
         cudaMemGetInfo(&free1, &total);
         *where = keep;
         int pass = st == KNN_E_NONFINITE && free0 == free1;
         pass ? n_pass++ : n_fail++;
         printf("%s non-finite %g in %s, %d device(s): status=%d (%s)\n",
-               pass ? "PASS" : "FAIL", bad_values[c % 3],
-               c % 2 ? "query" : "ref", 1 + c / 3, (int)st, rep.message);
+               pass ? "PASS" : "FAIL", bad, place_name[place], devices,
+               (int)st, rep.message);
     }
     free(x);
     free(q);

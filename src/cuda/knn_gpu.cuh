@@ -356,10 +356,10 @@ typedef struct {
                            is set) */
     int *merged;        /* [n]: entries already merged into best */
     int *overflow;      /* 1 once a list overflowed */
-    /* Several devices: another device's lists and counts of stage_nodes
-     * nodes at a time, copied here where this device cannot read them
-     * (knn_pairs_absorb), and its thresholds [n] (knn_pairs_tighten);
-     * else none. */
+    /* Several devices, one of whose memory this device cannot read:
+     * that device's lists and counts of stage_nodes nodes at a time,
+     * copied here (knn_pairs_absorb), and its thresholds [n]
+     * (knn_pairs_tighten); else none. */
     int stage_nodes;
     uint64_t *stage_list;
     int *stage_count;
@@ -396,8 +396,8 @@ knn_status knn_pairs_merge(const knn_pairs *p, const knn_select_args *sel,
                            int node0, int node_end, char *message,
                            cudaStream_t stream);
 /* Several devices, during the walk: the thresholds of nodes [0, n_nodes)
- * lowered to another device's (`other`, its knn_pairs.threshold copied
- * to this device), where that one's are lower or this one's NaN (the
+ * lowered to another device's (`other`, its knn_pairs.threshold where
+ * this device reads it directly, else a staged copy), where that one's are lower or this one's NaN (the
  * node's row walked there): its pairs judge this device's offers too. */
 knn_status knn_pairs_tighten(const knn_pairs *p, const float *other,
                              int n_nodes, char *message, cudaStream_t stream);

@@ -827,13 +827,10 @@ static knn_status knn_dev_tiles(knn_gpu_dev *d, int probe)
 
 /* ---- the shared walk (knn_gpu_pairs.cu) -------------------------------- */
 
-/* Arrives at a meeting (`met`, counted up by each device) and waits until
- * `target` devices have; a stop ends the wait (KNN_E_INTERRUPTED), and
- * so, where left is given, does a device's leaving the walk (*left its
- * reason). The devices of a shared walk meet between its tiles, where
- * the wait is short (they walk alike): the poll only yields. */
-static knn_status knn_team_meet(knn_gpu_dev *d, std::atomic<int> *met,
-                                int target, int *left)
+/* The devices of a shared walk meet between its tiles, where the wait is
+ * short (they walk alike): the poll only yields at first. */
+knn_status knn_team_meet(knn_gpu_dev *d, std::atomic<int> *met, int target,
+                         int *left)
 {
     knn_gpu_team *team = &d->shared->team;
     (*met)++;
@@ -860,22 +857,36 @@ static void knn_walk_rows(const knn_gpu_dev *d, int row0, int rows,
     *mine = (int)(b - a);
 }
 
+/* Device w's array of n T's at src as this device's kernels may read it
+ * (*view): where it lies, where this device reads w's memory, else
+ * copied into `stage`. */
+template <typename T>
+static knn_status knn_team_view(knn_gpu_dev *d, int w, const T *src,
+                                size_t n, T *stage, const T **view)
+{
+    *view = src;
+    if (d->team_reads >> w & 1u) return KNN_OK;
+    KNN_CUDA_TRY(d->message, cudaMemcpyPeerAsync(
+        stage, d->device, src, d->shared->team.device[w], n * sizeof(T),
+        d->stream));
+    *view = stage;
+    return KNN_OK;
+}
+
 /* Before a tile of a walk shared by several devices (the others done
  * with the earlier tiles): the earlier tiles' nodes take the other
  * devices' thresholds where lower, or where this device has none (their
- * rows walked elsewhere), copied into the staging array one device at a
- * time. */
+ * rows walked elsewhere), one device at a time. */
 static knn_status knn_team_tighten(knn_gpu_dev *d, int row0)
 {
     const knn_gpu_team *team = &d->shared->team;
     knn_pairs *p = &d->pairs;
     for (int w = 0; w < d->walkers && row0 > 0; w++) {
+        const float *other = NULL;
         if (w == d->walker) continue;
-        KNN_CUDA_TRY(d->message, cudaMemcpyPeerAsync(
-            p->stage_threshold, d->device, team->pairs[w].threshold,
-            team->device[w], (size_t)row0 * sizeof(float), d->stream));
-        KNN_TRY(knn_pairs_tighten(p, p->stage_threshold, row0, d->message,
-                                  d->stream));
+        KNN_TRY(knn_team_view(d, w, (const float *)team->pairs[w].threshold,
+                              (size_t)row0, p->stage_threshold, &other));
+        KNN_TRY(knn_pairs_tighten(p, other, row0, d->message, d->stream));
     }
     return KNN_OK;
 }
@@ -997,34 +1008,9 @@ static int knn_team_alike(const knn_gpu_dev *d)
     for (int w = 0; w < d->walkers; w++)
         if (team->pairs[w].cap != d->pairs.cap ||
             team->pairs[w].k != d->pairs.k ||
-            team->pairs[w].n != d->pairs.n ||
-            !team->pairs[w].stage_threshold)
+            team->pairs[w].n != d->pairs.n)
             return 0;
     return 1;
-}
-
-/* Lets this device's kernels and copies read GPU `peer`'s memory
- * directly (NVLink or PCIe), where the two can; *reads whether they may
- * (on one GPU they always may). Where they may not, copies between GPUs
- * are staged through host memory by CUDA and lists through this
- * device's staging buffer (knn_team_take_lists); so is every list where
- * KNNGPU_STAGE_PEERS is set, the harness's way to run that path on one
- * GPU. Once enabled, access stays so for the process. */
-static knn_status knn_team_enable_peer(knn_gpu_dev *d, int peer, int *reads)
-{
-    int can = 0;
-    *reads = peer == d->device;
-    if (!*reads) {
-        KNN_CUDA_TRY(d->message,
-                     cudaDeviceCanAccessPeer(&can, d->device, peer));
-        cudaError_t e = can ? cudaDeviceEnablePeerAccess(peer, 0)
-                            : cudaErrorPeerAccessUnsupported;
-        *reads = e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled;
-        if (e != cudaSuccess) cudaGetLastError();
-    }
-    const char *staged = getenv("KNNGPU_STAGE_PEERS");
-    if (staged && staged[0] == '1') *reads = 0;
-    return KNN_OK;
 }
 
 /* Several devices agree on a shared walk: each says whether its plan
@@ -1036,7 +1022,6 @@ static knn_status knn_team_agree(knn_gpu_dev *d)
     knn_gpu_team *team = &d->shared->team;
     if (d->pairs.block) {
         team->pairs[d->walker] = d->pairs;
-        team->device[d->walker] = d->device;
         int rows = team->tile_rows;
         while (d->t.rows < rows &&
                !team->tile_rows.compare_exchange_weak(rows, d->t.rows)) {
@@ -1047,12 +1032,6 @@ static knn_status knn_team_agree(knn_gpu_dev *d)
                           NULL));
     if (d->pairs.block && knn_team_alike(d)) {
         d->team_walk = 1;
-        for (int w = 0; w < d->walkers; w++) {
-            int reads = 0;
-            if (w == d->walker) continue;
-            KNN_TRY(knn_team_enable_peer(d, team->device[w], &reads));
-            if (reads) d->team_reads |= 1u << w;
-        }
         return KNN_OK;
     }
     if (!d->pairs.block) return KNN_OK;
@@ -1067,25 +1046,20 @@ static knn_status knn_team_agree(knn_gpu_dev *d)
 static knn_status knn_team_take_from(knn_gpu_dev *d, int w,
                                      const knn_select_args *all)
 {
-    const knn_gpu_team *team = &d->shared->team;
-    const knn_pairs *peer = &team->pairs[w];
+    const knn_pairs *peer = &d->shared->team.pairs[w];
     knn_pairs *p = &d->pairs;
     int end = d->q0 + d->nq;
     int step = d->team_reads >> w & 1u ? d->nq : p->stage_nodes;
     for (int c0 = d->q0; c0 < end; c0 += step) {
         int nodes = end - c0 < step ? end - c0 : step;
-        const uint64_t *list = peer->list + (size_t)c0 * p->cap;
-        const int *count = peer->count + c0;
-        if (!(d->team_reads >> w & 1u)) {
-            KNN_CUDA_TRY(d->message, cudaMemcpyPeerAsync(
-                p->stage_list, d->device, list, team->device[w],
-                (size_t)nodes * p->cap * sizeof(uint64_t), d->stream));
-            KNN_CUDA_TRY(d->message, cudaMemcpyPeerAsync(
-                p->stage_count, d->device, count, team->device[w],
-                (size_t)nodes * sizeof(int), d->stream));
-            list = p->stage_list;
-            count = p->stage_count;
-        }
+        const uint64_t *list = NULL;
+        const int *count = NULL;
+        KNN_TRY(knn_team_view(d, w,
+                              (const uint64_t *)peer->list +
+                                  (size_t)c0 * p->cap,
+                              (size_t)nodes * p->cap, p->stage_list, &list));
+        KNN_TRY(knn_team_view(d, w, (const int *)peer->count + c0,
+                              (size_t)nodes, p->stage_count, &count));
         KNN_TRY(knn_pairs_absorb(p, c0, nodes, list, count, d->message,
                                  d->stream));
         KNN_TRY(knn_pairs_merge(p, all, c0, c0 + nodes, d->message,
@@ -1113,14 +1087,20 @@ static knn_status knn_team_take_lists(knn_gpu_dev *d, int *lost)
     return KNN_OK;
 }
 
+/* This device reads the others' lists no more: they may free them once
+ * all are done. */
+static void knn_team_done_reading(knn_gpu_dev *d)
+{
+    if (d->team_released) return;
+    d->team_released = 1;
+    d->shared->team.released++;
+}
+
 void knn_team_release(knn_gpu_dev *d)
 {
     if (!d->team_walk) return;
-    knn_gpu_team *team = &d->shared->team;
-    if (!d->team_released) {
-        d->team_released = 1;
-        team->released++;
-    }
+    const knn_gpu_team *team = &d->shared->team;
+    knn_team_done_reading(d);
     /* Only once every device has walked do the others read this one's
      * lists; then none may be freed before all have read them, stop or
      * not. */
@@ -1146,8 +1126,7 @@ static knn_status knn_team_exchange(knn_gpu_dev *d, int *left)
         *left = -1;
         knn_team_release(d);
     } else {
-        d->team_released = 1;
-        d->shared->team.released++;
+        knn_team_done_reading(d);
     }
     d->seconds_search += knn_seconds() - t0;
     return KNN_OK;

@@ -205,22 +205,26 @@ __device__ __forceinline__ float knn_warp_best_insert(
     return knn_warp_best_max(b);
 }
 
-/* Keeps the first n entries of list that are at or below thr, in their
- * order; returns how many. Each round reads its 32 entries before the
- * ballot and writes at or before them after it. */
-__device__ __forceinline__ int knn_warp_compact(uint64_t *list, int n,
-                                                float thr, int lane)
+/* Appends the first n entries of `from` that are at or below thr to
+ * `to` from entry `at`, in their order, those past cap lost; returns `at`
+ * plus how many there were. `to` may be `from` with `at` 0, compacting
+ * it: each round reads its 32 entries before the ballot and writes at or
+ * before them after it. */
+__device__ __forceinline__ int knn_warp_append_under(const uint64_t *from,
+                                                     int n, uint64_t *to,
+                                                     int at, int cap,
+                                                     float thr, int lane)
 {
-    int kept = 0;
     for (int e0 = 0; e0 < n; e0 += 32) {
         int e = e0 + lane;
-        uint64_t u = e < n ? list[e] : 0;
+        uint64_t u = e < n ? from[e] : 0;
         bool keep = e < n && knn_entry_score(u) <= thr;
         unsigned mask = __ballot_sync(0xffffffffu, keep);
-        if (keep) list[kept + __popc(mask & ((1u << lane) - 1u))] = u;
-        kept += __popc(mask);
+        int pos = at + __popc(mask & ((1u << lane) - 1u));
+        if (keep && pos < cap) to[pos] = u;
+        at += __popc(mask);
     }
-    return kept;
+    return at;
 }
 
 /* One warp per node: its new offers into its k smallest, its threshold
@@ -254,7 +258,8 @@ knn_pairs_merge_kernel(knn_pairs p, knn_select_args sel, int node0,
     w.norm = sel.row_norm ? sel.row_norm[j] : 0.0;
     double bound = isinf(mx) ? INFINITY : knn_row_bound(sel, w, (double)mx);
     float thr = fminf(p.threshold[j], __double2float_rd(bound));
-    int kept = knn_warp_compact(list, listed, thr, lane);
+    int kept = knn_warp_append_under(list, listed, list, 0, p.cap, thr,
+                                     lane);
 #pragma unroll
     for (int q = 0; q < KNN_PAIRS_PER_LANE; q++)
         if (32 * q + lane < p.k) node_best[32 * q + lane] = b[q];
@@ -318,16 +323,8 @@ knn_pairs_absorb_kernel(knn_pairs p, int node0, int nodes,
     int n = min(from_count[i], p.cap), at = p.count[j];
     const uint64_t *from = from_list + (size_t)i * p.cap;
     uint64_t *list = p.list + (size_t)j * p.cap;
-    float thr = p.threshold[j];
-    for (int e0 = 0; e0 < n; e0 += 32) {
-        int e = e0 + lane;
-        uint64_t u = e < n ? from[e] : 0;
-        bool keep = e < n && knn_entry_score(u) <= thr;
-        unsigned mask = __ballot_sync(0xffffffffu, keep);
-        int pos = at + __popc(mask & ((1u << lane) - 1u));
-        if (keep && pos < p.cap) list[(size_t)pos] = u;
-        at += __popc(mask);
-    }
+    at = knn_warp_append_under(from, n, list, at, p.cap, p.threshold[j],
+                               lane);
     if (lane == 0) {
         p.count[j] = at;
         if (at > p.cap) *p.overflow = 1;

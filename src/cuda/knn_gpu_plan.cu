@@ -31,19 +31,130 @@
  * H200: 0.3 s at 10M nodes and p = 50). */
 #define KNN_FUSED_PAIRS_MAX 68719476736.0
 
-/* Copies ref and this device's query rows into one p x n_nodes array. */
+/* Lets this device's kernels and copies read GPU `peer`'s memory
+ * directly (NVLink or PCIe), where the two can; *reads whether they may
+ * (on one GPU they always may). Where they may not, each device uploads
+ * the whole reference and a shared walk stages the other device's arrays
+ * through this device's buffers (knn_team_view), CUDA staging its copies
+ * through host memory; so where KNNGPU_STAGE_PEERS is set, the harness's
+ * way to run that path on one GPU. Once enabled, access stays so for the
+ * process. */
+static knn_status knn_dev_enable_peer(knn_gpu_dev *d, int peer, int *reads)
+{
+    int can = 0;
+    *reads = peer == d->device;
+    if (!*reads) {
+        KNN_CUDA_TRY(d->message,
+                     cudaDeviceCanAccessPeer(&can, d->device, peer));
+        cudaError_t e = can ? cudaDeviceEnablePeerAccess(peer, 0)
+                            : cudaErrorPeerAccessUnsupported;
+        *reads = e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled;
+        if (e != cudaSuccess) cudaGetLastError();
+    }
+    const char *staged = getenv("KNNGPU_STAGE_PEERS");
+    if (staged && staged[0] == '1') *reads = 0;
+    return KNN_OK;
+}
+
+/* The other devices whose memory this one reads (d->team_reads): known
+ * before the upload, which they share where each reads every other's
+ * (knn_upload_nodes), and before the plan, whose shared walk stages only
+ * the arrays of the others it cannot read. */
+static knn_status knn_dev_open_peers(knn_gpu_dev *d)
+{
+    const knn_gpu_team *team = &d->shared->team;
+    d->team_reads = 0;
+    for (int w = 0; w < d->walkers; w++) {
+        int reads = 0;
+        if (w == d->walker) continue;
+        KNN_TRY(knn_dev_enable_peer(d, team->device[w], &reads));
+        if (reads) d->team_reads |= 1u << w;
+    }
+    return KNN_OK;
+}
+
+/* Whether this device reads every other device's memory. */
+static int knn_dev_reads_peers(const knn_gpu_dev *d)
+{
+    unsigned others = ((1u << d->walkers) - 1u) & ~(1u << d->walker);
+    return (d->team_reads & others) == others;
+}
+
+/* ---- the upload ------------------------------------------------------- */
+
+/* Devices that read each other's memory share the upload of the
+ * reference: each sends its slice of the nodes from the host (nodes
+ * [*first, *end) for device w, in walker order) and copies the others'
+ * from their GPUs, so that the host reads the reference and sends it
+ * once, not once per GPU. */
+static void knn_upload_slice(const knn_gpu_dev *d, int w, size_t *first,
+                             size_t *end)
+{
+    size_t n = (size_t)d->req->n_ref;
+    *first = n * w / d->walkers;
+    *end = n * (w + 1) / d->walkers;
+}
+
+/* Device w's slice of the reference from its upload into x. */
+static knn_status knn_upload_copy_slice(knn_gpu_dev *d, int w, double *x)
+{
+    const knn_gpu_team *team = &d->shared->team;
+    size_t p = (size_t)d->req->p, first = 0, end = 0;
+    knn_upload_slice(d, w, &first, &end);
+    KNN_CUDA_TRY(d->message, cudaMemcpyPeerAsync(
+        x + p * first, d->device, team->upload[w] + p * first,
+        team->device[w], p * (end - first) * sizeof(double), d->stream));
+    return KNN_OK;
+}
+
+/* This device reads no other's upload any more (its copies are done, or
+ * it never made them): once all are so, each may free its own. Every
+ * device that searches says so once, on every path (knn_dev_free). */
+static void knn_upload_release(knn_gpu_dev *d)
+{
+    if (d->upload_released) return;
+    if (d->stream) cudaStreamSynchronize(d->stream);
+    d->upload_released = 1;
+    d->shared->team.upload_done++;
+}
+
+/* Once this device's slice is uploaded (x): publishes it and, when every
+ * device has, copies theirs into x. Returns only once no device reads x
+ * any more, on every path: the caller frees it. */
+static knn_status knn_upload_gather(knn_gpu_dev *d, double *x)
+{
+    knn_gpu_team *team = &d->shared->team;
+    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
+    team->upload[d->walker] = x;
+    knn_status st = knn_team_meet(d, &team->met[KNN_MEET_UPLOADED],
+                                  d->walkers, NULL);
+    for (int w = 0; w < d->walkers && st == KNN_OK; w++)
+        if (w != d->walker) st = knn_upload_copy_slice(d, w, x);
+    knn_upload_release(d);
+    while (team->upload_done < d->walkers)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    return st;
+}
+
+/* Copies ref and this device's query rows into one p x n_nodes array:
+ * the reference through the host, or only this device's slice of it
+ * where the devices share the upload. */
 static knn_status knn_upload_nodes(knn_gpu_dev *d, double **x)
 {
     const knn_request *req = d->req;
-    size_t p = (size_t)req->p;
+    size_t p = (size_t)req->p, first = 0, end = (size_t)req->n_ref;
+    int shared = d->walkers > 1 && knn_dev_reads_peers(d);
+    if (shared) knn_upload_slice(d, d->walker, &first, &end);
     KNN_CUDA_TRY(d->message,
                  cudaMalloc((void **)x, p * d->n_nodes * sizeof(double)));
     knn_upload_part parts[2] = {
-        {*x, req->ref, p * req->n_ref},
+        {*x + p * first, req->ref + p * first, p * (end - first)},
         {*x + p * req->n_ref,
          req->query ? req->query + p * d->q0 : NULL, p * d->nq}};
-    return knn_context_upload(d->ctx, parts, req->query ? 2 : 1,
-                              d->copy_threads, &d->shared->stop, d->message);
+    KNN_TRY(knn_context_upload(d->ctx, parts, req->query ? 2 : 1,
+                               d->copy_threads, &d->shared->stop,
+                               d->message));
+    return shared ? knn_upload_gather(d, *x) : KNN_OK;
 }
 
 /* Whether the device runs float64 at half float32's rate or better (the
@@ -67,6 +178,7 @@ knn_status knn_dev_prepare(knn_gpu_dev *d)
     d->self = req->query == NULL;
     d->n_nodes = req->n_ref + (d->self ? 0 : d->nq);
     double *x = NULL;
+    if (d->walkers > 1) KNN_TRY(knn_dev_open_peers(d));
     knn_status st = knn_upload_nodes(d, &x);
     if (st == KNN_OK)
         st = knn_prepare_nodes(req->metric, x, req->p, req->n_ref,
@@ -293,16 +405,17 @@ static int knn_dev_could_pair(const knn_gpu_dev *d, int rows)
            knn_pairs_choose(req->select, d->self, req->k, req->n_ref, rows);
 }
 
-/* Several devices share a walk through a staging buffer for another
- * device's lists, of at most this many bytes: the lists of the device's
- * own rows' nodes pass through it in pieces (knn_gpu_loop.cu). */
+/* Several devices share a walk through staging buffers for the arrays of
+ * another device that this one cannot read, the lists of at most this
+ * many bytes: the lists of the device's own rows' nodes pass through it
+ * in pieces (knn_gpu_loop.cu). */
 #define KNN_PAIRS_STAGE_BYTES ((size_t)256 << 20)
 
-/* The nodes a piece of another device's lists holds: none on one
- * device. */
+/* The nodes a piece of another device's lists holds: none on one device
+ * or where this one reads every other's memory. */
 static int knn_dev_stage_nodes(const knn_gpu_dev *d, int list_cap)
 {
-    if (d->walkers < 2) return 0;
+    if (d->walkers < 2 || knn_dev_reads_peers(d)) return 0;
     size_t per_node = (size_t)list_cap * sizeof(uint64_t) + sizeof(int);
     size_t nodes = KNN_PAIRS_STAGE_BYTES / per_node;
     if (nodes < 1) nodes = 1;
@@ -465,6 +578,7 @@ void knn_dev_free(knn_gpu_dev *d)
 {
     if (d->stream) cudaStreamSynchronize(d->stream);
     if (d->copy_stream) cudaStreamSynchronize(d->copy_stream);
+    knn_upload_release(d);
     knn_tiles_free(&d->t);
     knn_team_release(d);
     knn_pairs_free(&d->pairs);

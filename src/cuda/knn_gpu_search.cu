@@ -165,17 +165,23 @@ static void knn_team_init(knn_gpu_team *team)
     team->tile_rows = 0x7fffffff;
     team->left = 0;
     team->released = 0;
+    team->upload_done = 0;
     memset(team->pairs, 0, sizeof team->pairs);
     memset(team->device, 0, sizeof team->device);
+    memset(team->upload, 0, sizeof team->upload);
 }
 
 /* The devices that search (those given rows), numbered in row order:
- * they may share a walk (knn_gpu_loop.cu). */
+ * they may share a walk (knn_gpu_loop.cu), each knowing the others'
+ * GPUs. */
 static void knn_place_walkers(std::vector<knn_gpu_dev> &devs)
 {
     int walkers = 0;
     for (knn_gpu_dev &d : devs)
-        if (d.nq > 0) d.walker = walkers++;
+        if (d.nq > 0) {
+            d.walker = walkers++;
+            d.shared->team.device[d.walker] = d.device;
+        }
     for (knn_gpu_dev &d : devs) d.walkers = walkers;
 }
 
@@ -354,6 +360,9 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
             st = KNN_E_NOMEM;
         }
     }
+    /* A device whose thread did not start reads no other's upload. */
+    if (!on_caller)
+        shared.team.upload_done += devs[0].walkers - (int)threads.size();
     knn_status arrived = on_caller || st != KNN_OK
         ? KNN_OK
         : knn_result_arrive(out, entries, req->k, &shared, &pages, rep);

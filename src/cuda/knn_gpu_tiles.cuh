@@ -12,20 +12,26 @@
 #include <vector>
 #include "knn_gpu.cuh"
 
-/* Where the devices of a search meet to share a walk (knn_gpu_loop.cu):
- * to agree on it, and once each has walked. */
-enum { KNN_MEET_AGREE = 0, KNN_MEET_WALKED, KNN_MEETINGS };
+/* Where the devices of a search meet: once each has uploaded its slice
+ * of the reference (knn_gpu_plan.cu), and to share a walk
+ * (knn_gpu_loop.cu): to agree on it, and once each has walked. */
+enum { KNN_MEET_UPLOADED = 0, KNN_MEET_AGREE, KNN_MEET_WALKED,
+       KNN_MEETINGS };
 typedef struct {
     std::atomic<int> met[KNN_MEETINGS]; /* devices arrived at each */
+    std::atomic<int> upload_done; /* devices that read no other's upload
+                                     any more (or never will) */
     std::atomic<int> tiles_done; /* tiles of the walk done, all devices */
     std::atomic<int> walking;   /* devices planned for a shared walk */
     std::atomic<int> tile_rows; /* the fewest rows of their tiles */
     std::atomic<int> left;      /* why the walk was left (see
                                    knn_pairs_walk_all), 0 while it goes */
     std::atomic<int> released;  /* devices done reading others' lists */
-    /* Each walking device's per-node arrays and GPU, by its place. */
+    /* Each walking device's per-node arrays (published as it agrees)
+     * and GPU (placed before the search), by its place. */
     knn_pairs pairs[KNN_MAX_DEVICES];
     int device[KNN_MAX_DEVICES];
+    const double *upload[KNN_MAX_DEVICES]; /* each one's float64 nodes */
 } knn_gpu_team;
 
 /* What the calling thread and the device threads share. */
@@ -148,6 +154,7 @@ typedef struct {
     unsigned team_reads;    /* the others (bit w: device w) whose memory
                                its kernels read directly */
     int team_released;      /* it no longer reads the others' lists */
+    int upload_released;    /* nor their uploads (knn_gpu_plan.cu) */
     int q0, nq;             /* query rows [q0, q0 + nq) */
     int self;
     int n_nodes;
@@ -211,6 +218,11 @@ void knn_dev_free(knn_gpu_dev *d);
 
 /* knn_gpu_loop.cu: the row tiles of the device's query rows. */
 knn_status knn_dev_search(knn_gpu_dev *d);
+/* Arrives at a meeting of the devices (`met`) and waits until `target`
+ * have; a stop ends the wait (KNN_E_INTERRUPTED), and so, where left is
+ * given, does a device's leaving a shared walk (*left its reason). */
+knn_status knn_team_meet(knn_gpu_dev *d, std::atomic<int> *met, int target,
+                         int *left);
 /* A device that shares a walk is done reading the others' lists; where
  * they may read its own, waits until every device is done with them (its
  * lists may then be freed). */
