@@ -397,8 +397,9 @@ knn_status knn_pairs_merge(const knn_pairs *p, const knn_select_args *sel,
                            cudaStream_t stream);
 /* Several devices, during the walk: the thresholds of nodes [0, n_nodes)
  * lowered to another device's (`other`, its knn_pairs.threshold where
- * this device reads it directly, else a staged copy), where that one's are lower or this one's NaN (the
- * node's row walked there): its pairs judge this device's offers too. */
+ * this device reads it directly, else a staged copy), where that one's
+ * are lower or this one's NaN (the node's row walked there): its pairs
+ * judge this device's offers too. */
 knn_status knn_pairs_tighten(const knn_pairs *p, const float *other,
                              int n_nodes, char *message, cudaStream_t stream);
 /* Several devices, after the walk: the entries of another device's lists
