@@ -334,8 +334,8 @@ static void check_metric(const char *data, knn_metric m, const double *ref,
                        NULL, "fused_rows", 0, ri, rd, rw);
             check_case(data, m, ref, n_ref, query, n_query, p, k, 3e6, 2,
                        dev0, "fused", 1, ri, rd, rw);
-            /* Two devices with room for a shared walk (lists, and
-             * staging for the other's half of them). */
+            /* Two devices with room for a shared walk (lists, and the
+             * staging a device needs where it cannot read the other's). */
             check_case(data, m, ref, n_ref, query, n_query, p, k,
                        2e6 + 1.6 * pairs_bytes_max(n_ref, k), 2, dev0,
                        "fused", 0, ri, rd, rw);

@@ -1091,9 +1091,7 @@ static knn_status knn_team_take_lists(knn_gpu_dev *d, int *lost)
  * all are done. */
 static void knn_team_done_reading(knn_gpu_dev *d)
 {
-    if (d->team_released) return;
-    d->team_released = 1;
-    d->shared->team.released++;
+    knn_team_count_once(&d->team_released, &d->shared->team.released);
 }
 
 void knn_team_release(knn_gpu_dev *d)
@@ -1105,8 +1103,7 @@ void knn_team_release(knn_gpu_dev *d)
      * lists; then none may be freed before all have read them, stop or
      * not. */
     if (team->met[KNN_MEET_WALKED] < d->walkers) return;
-    while (team->released < d->walkers)
-        std::this_thread::sleep_for(std::chrono::microseconds(100));
+    knn_team_wait_all(&team->released, d->walkers);
 }
 
 /* After a shared walk: once every device has walked, the lists of this

@@ -99,14 +99,21 @@ __global__ static void knn_fill_inf_kernel(float *x, size_t n)
     if (i < n) x[i] = INFINITY;
 }
 
+/* The sizes of p's arrays, with none allocated yet. */
+static void knn_pairs_size(knn_pairs *p, int n, int k, int cap,
+                           int stage_nodes)
+{
+    memset(p, 0, sizeof *p);
+    p->n = n;
+    p->k = k;
+    p->cap = cap;
+    p->stage_nodes = stage_nodes;
+}
+
 double knn_pairs_bytes(int n, int k, int cap, int stage_nodes)
 {
     knn_pairs p;
-    memset(&p, 0, sizeof p);
-    p.n = n;
-    p.k = k;
-    p.cap = cap;
-    p.stage_nodes = stage_nodes;
+    knn_pairs_size(&p, n, k, cap, stage_nodes);
     knn_carver c = {NULL, 0};
     knn_pairs_carve(&p, &c);
     return (double)c.used;
@@ -124,11 +131,7 @@ knn_status knn_pairs_alloc(knn_pairs *p, int n, int k, int cap,
                            int stage_nodes, char *message,
                            cudaStream_t stream)
 {
-    memset(p, 0, sizeof *p);
-    p->n = n;
-    p->k = k;
-    p->cap = cap;
-    p->stage_nodes = stage_nodes;
+    knn_pairs_size(p, n, k, cap, stage_nodes);
     knn_carver c = {NULL, 0};
     knn_pairs_carve(p, &c);
     cudaError_t e = cudaMalloc(&p->block, c.used);
@@ -287,8 +290,9 @@ knn_status knn_pairs_merge(const knn_pairs *p, const knn_select_args *sel,
  * where this one is NaN. A node's threshold on another device sharing
  * the walk bounds a k-th smallest over the pairs that device saw, so it
  * is never below the node's final bound either. That device may be
- * writing its array while it was copied: a float copied is whole, the old
- * value or the new, each such a bound. */
+ * writing its array while this one reads it (where it lies or through a
+ * copy): a float read is whole, the old value or the new, each such a
+ * bound. */
 __global__ static void knn_pairs_tighten_kernel(float *threshold,
                                                 const float *other, int n)
 {

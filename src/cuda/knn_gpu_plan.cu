@@ -112,10 +112,8 @@ static knn_status knn_upload_copy_slice(knn_gpu_dev *d, int w, double *x)
  * device that searches says so once, on every path (knn_dev_free). */
 static void knn_upload_release(knn_gpu_dev *d)
 {
-    if (d->upload_released) return;
-    if (d->stream) cudaStreamSynchronize(d->stream);
-    d->upload_released = 1;
-    d->shared->team.upload_done++;
+    if (!d->upload_released && d->stream) cudaStreamSynchronize(d->stream);
+    knn_team_count_once(&d->upload_released, &d->shared->team.upload_done);
 }
 
 /* Once this device's slice is uploaded (x): publishes it and, when every
@@ -131,8 +129,7 @@ static knn_status knn_upload_gather(knn_gpu_dev *d, double *x)
     for (int w = 0; w < d->walkers && st == KNN_OK; w++)
         if (w != d->walker) st = knn_upload_copy_slice(d, w, x);
     knn_upload_release(d);
-    while (team->upload_done < d->walkers)
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
+    knn_team_wait_all(&team->upload_done, d->walkers);
     return st;
 }
 

@@ -7,6 +7,7 @@
 #define KNN_GPU_TILES_CUH
 
 #include <atomic>
+#include <chrono>
 #include <thread>
 #include <utility>
 #include <vector>
@@ -33,6 +34,24 @@ typedef struct {
     int device[KNN_MAX_DEVICES];
     const double *upload[KNN_MAX_DEVICES]; /* each one's float64 nodes */
 } knn_gpu_team;
+
+/* Counts a device in `count` once (*counted: whether it has been). */
+static inline void knn_team_count_once(int *counted, std::atomic<int> *count)
+{
+    if (*counted) return;
+    *counted = 1;
+    (*count)++;
+}
+
+/* Waits until `devices` devices have counted themselves in `count`. No
+ * stop ends the wait: each device counts itself on every path, its
+ * thread's end included (knn_dev_free). */
+static inline void knn_team_wait_all(const std::atomic<int> *count,
+                                     int devices)
+{
+    while (*count < devices)
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+}
 
 /* What the calling thread and the device threads share. */
 typedef struct {
