@@ -66,7 +66,8 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
                      devices = NULL,
                      precision = c("auto", "tf32", "fp32", "fp64", "tf32x3"),
                      use.dimred = NULL,
-                     BPPARAM = BiocParallel::SerialParam()) {
+                     BPPARAM = BiocParallel::SerialParam(),
+                     checkpoint = NULL) {
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
     metric <- .checkMetric(metric)
     precision <- .checkPrecision(precision)
@@ -84,7 +85,8 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
         stop("'x' needs at least 2 nodes to build a graph", call. = FALSE)
     }
     k <- .checkK(k, source$n - 1L)
-    BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM)
+    BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM,
+                             checkpoint)
     res <- if (is.null(BPPARAM)) {
         .runEngine(.readNodes(source), NULL, k, metric, device[1L], threads,
                    progress, verbose, devices, edges = is.null(snn),
@@ -92,7 +94,7 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
     } else {
         .edgeList(.searchInBlocks(source, NULL, k, metric, device[1L],
                                   threads, progress, verbose, devices,
-                                  BPPARAM, precision))
+                                  BPPARAM, precision, checkpoint))
     }
     edges <- if (is.null(snn)) {
         .symmetrize(.directedEdges(res), symmetrize, source$n)

@@ -75,6 +75,13 @@
 #'   \code{SerialParam()}, searches in this process. The result is the
 #'   same, bit for bit, for any workers and block count (one block per
 #'   worker, or \code{bptasks()} blocks when more).
+#' @param checkpoint \code{NULL}, or a directory (created when missing;
+#'   on a cluster, one that every node sees) where the \code{BPPARAM}
+#'   workers write each block as it is finished. It is kept: a rerun of
+#'   the same search (same data, \code{k}, \code{metric} and blocks) with
+#'   it searches only the blocks that are not there, e.g. after a job that
+#'   the scheduler cancelled, and gives the same bits. A directory that
+#'   holds another search's blocks is refused. Remove it when done.
 #'
 #' @return A list with \code{index} (1-based node numbers) and
 #'   \code{distance}, each an n-by-\code{k} matrix whose row i holds node
@@ -128,9 +135,15 @@
 #'   (the workers read the file), anything else saved once to
 #'   \code{getOption("knngpu.transfer.dir", tempdir())} (on a cluster, set
 #'   it to a directory every node sees); a worker keeps the reference
-#'   between its blocks. A worker's failure stops the search with an
-#'   error naming the block, its first and last nodes, and the worker's
-#'   message; no partial result is returned. For a cluster, take
+#'   between its blocks. Each worker writes its finished blocks to files
+#'   in \code{checkpoint}, else in the transfer directory, which this
+#'   session reads once all are written (so on a cluster that directory
+#'   must be one every node sees, whatever the input). A worker's
+#'   failure, or a job that ends without finishing its block (cancelled,
+#'   out of time or memory), stops the search with an error naming the
+#'   block, its first and last nodes, and the worker's message; no
+#'   partial result is returned, but the finished blocks stay in
+#'   \code{checkpoint} for a rerun. For a cluster, take
 #'   \code{BiocParallel::BatchtoolsParam()} with a scheduler template (see
 #'   the vignette). On the GPU, a reference (or query) larger than the
 #'   device memory, or than \code{getOption("knngpu.gpu.memory")}, streams
@@ -157,7 +170,8 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
                       verbose = FALSE, assay = 1L, devices = NULL,
                       precision = c("auto", "tf32", "fp32", "fp64", "tf32x3"),
                       use.dimred = NULL,
-                      BPPARAM = BiocParallel::SerialParam()) {
+                      BPPARAM = BiocParallel::SerialParam(),
+                      checkpoint = NULL) {
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
     metric <- .checkMetric(metric)
     precision <- .checkPrecision(precision)
@@ -177,14 +191,15 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
              call. = FALSE)
     }
     k <- .checkK(k, available)
-    BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM)
+    BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM,
+                             checkpoint)
     res <- if (is.null(BPPARAM)) {
         .runEngine(.readNodes(ref), if (!is.null(q)) .readNodes(q), k,
                    metric, device[1L], threads, progress, verbose, devices,
                    precision = precision)
     } else {
         .searchInBlocks(ref, q, k, metric, device[1L], threads, progress,
-                        verbose, devices, BPPARAM, precision)
+                        verbose, devices, BPPARAM, precision, checkpoint)
     }
     out <- list(index = res$index, distance = res$distance)
     attr(out, "backend") <- res$info$backend

@@ -29,8 +29,10 @@
 #'     positive number forces blocks on either device (the bits are the
 #'     same; for tests and tuning).}
 #'   \item{\code{knngpu.transfer.dir}}{Where a search with \code{BPPARAM}
-#'     saves an in-memory matrix once for its workers (default
-#'     \code{tempdir()}; on a cluster, a directory every node sees).}
+#'     saves an in-memory matrix once for its workers, and where they
+#'     write their blocks when the search has no \code{checkpoint}
+#'     (default \code{tempdir()}; on a cluster, a directory every node
+#'     sees).}
 #' }
 #' The environment variable \code{KNNGPU_SELECT} (\code{"warp"},
 #' \code{"radix"}: a panel of products, then that selection kernel;

@@ -11,20 +11,43 @@
 ## the reference into the engine's layout on its first block and keeps it
 ## for the others; each block then reads only its own query nodes.
 ##
+## How the results come back: each worker writes its blocks to files in a
+## block directory, and this process reads them once all have run, so a
+## block whose file is missing is one that did not finish, whatever ended
+## it: a worker's error, or a job that its scheduler cancelled or that ran
+## out of time or memory, which BatchtoolsParam reports without naming.
+## The block directory is the search's `checkpoint` where one is given,
+## else a new directory in the transfer directory, removed at the end.
+##
+## Resuming: a checkpoint follows batchtools' registry (a directory in
+## which each job's result is written as it finishes; a rerun submits only
+## the jobs not done), for any BPPARAM. BatchtoolsParam's own registry
+## cannot serve: BiocParallel makes a new one on every bpstart(); nor can
+## BPREDO, which keeps the finished results only in the R session that
+## ran them. A key of the data, k, metric and blocks, written beside the
+## blocks, keeps a rerun from taking another search's blocks.
+##
 ## Equality with one process: a block of a self search is a query search
 ## of the block's nodes for k + 1 neighbours with each node then dropped
 ## from its own row, which ranks by the same exact keys as the self search,
 ## so every block count gives the same bits.
 
 ## BPPARAM as given, or NULL for one process (NULL, or a BiocParallelParam
-## with one worker and at most one task).
-.checkBPPARAM <- function(BPPARAM) {
-    if (is.null(BPPARAM)) return(NULL)
-    if (!methods::is(BPPARAM, "BiocParallelParam")) {
+## with one worker and at most one task), which a checkpoint cannot have.
+.checkBPPARAM <- function(BPPARAM, checkpoint = NULL) {
+    if (!is.null(BPPARAM) && !methods::is(BPPARAM, "BiocParallelParam")) {
         stop("'BPPARAM' must be NULL or a BiocParallelParam (e.g. ",
              "BiocParallel::SnowParam(4))", call. = FALSE)
     }
-    if (.blockCount(BPPARAM, .Machine$integer.max) == 1L) return(NULL)
+    if (is.null(BPPARAM) ||
+        .blockCount(BPPARAM, .Machine$integer.max) == 1L) {
+        if (!is.null(checkpoint)) {
+            stop("'checkpoint' needs a 'BPPARAM' with more than one worker ",
+                 "or task: it keeps the blocks that they search",
+                 call. = FALSE)
+        }
+        return(NULL)
+    }
     BPPARAM
 }
 
@@ -60,7 +83,7 @@
 ## may have, is the worker's to find), then .searchBlocks().
 .searchInBlocks <- function(ref, query, k, metric, device, threads,
                             progress, verbose, devices, BPPARAM,
-                            precision = "auto") {
+                            precision = "auto", checkpoint = NULL) {
     device <- .checkChoice(device, c("auto", "cpu", "gpu"), "device")
     precision <- .checkPrecision(precision,
                                  if (device != "auto") device)
@@ -72,7 +95,7 @@
     res <- .searchBlocks(ref, query, NULL, k,
                          .engineRunner(metric, device, threads, devices,
                                        precision),
-                         BPPARAM)
+                         BPPARAM, .checkpoint(checkpoint, metric))
     if (verbose) .reportRun(res$info)
     res
 }
@@ -93,10 +116,12 @@
 ## Searches the query nodes `rows` (all when NULL) among the nodes of
 ## `ref` for k neighbours each; query NULL is a self search of ref. ref and
 ## query are node sources (.nodeSource(), .layoutSource()); search is an
-## .engineRunner(); BPPARAM from .checkBPPARAM() (NULL: this process).
-## Returns list(index, distance, weight, info), one row per query row, as
-## one engine run would.
-.searchBlocks <- function(ref, query, rows, k, search, BPPARAM) {
+## .engineRunner(); BPPARAM from .checkBPPARAM() (NULL: this process);
+## checkpoint from .checkpoint(). Returns list(index, distance, weight,
+## info), one row per query row, as one engine run would; info$resumed
+## counts the blocks read from the checkpoint rather than searched.
+.searchBlocks <- function(ref, query, rows, k, search, BPPARAM,
+                          checkpoint = NULL) {
     start <- .wallSeconds()
     n <- if (is.null(query)) ref$n else query$n
     if (is.null(rows)) rows <- seq_len(n)
@@ -109,14 +134,25 @@
                                                            length(rows)),
                               labels = FALSE))
     handle <- .shareSources(ref, query)
+    on.exit(unlink(handle$path))
+    store <- .blockStore(checkpoint, handle, k, blocks)
     on.exit({
-        unlink(handle$path)
+        if (!store$keep) unlink(store$dir, recursive = TRUE)
         .workerForget()
-    })
-    parts <- BiocParallel::bptry(BiocParallel::bplapply(
-        blocks, .blockTask(handle, k, search), BPPARAM = BPPARAM))
-    .stopFailedBlock(parts, blocks, if (is.null(query)) ref else query)
-    .bindBlocks(parts, .wallSeconds() - start)
+    }, add = TRUE)
+    todo <- which(!file.exists(.blockFile(store, seq_along(blocks))))
+    if (length(todo)) {
+        tasks <- lapply(todo, function(i) list(block = i, rows = blocks[[i]]))
+        parts <- tryCatch(BiocParallel::bptry(BiocParallel::bplapply(
+            tasks, .blockTask(handle, k, search, store), BPPARAM = BPPARAM)),
+            error = identity)
+        .stopUnwritten(store, blocks, todo, parts,
+                       if (is.null(query)) ref else query)
+    }
+    parts <- lapply(.blockFile(store, seq_along(blocks)), readRDS)
+    res <- .bindBlocks(parts, .wallSeconds() - start)
+    res$info$resumed <- length(blocks) - length(todo)
+    res
 }
 
 ## One block in this process: its query nodes read (or, in a self search,
@@ -179,6 +215,84 @@
     dir
 }
 
+## A search's checkpoint: NULL, or the directory (an existing one, or one
+## to create) with the metric, which with the data, k and blocks makes the
+## key of its blocks.
+.checkpoint <- function(checkpoint, metric) {
+    if (is.null(checkpoint)) return(NULL)
+    if (!is.character(checkpoint) || length(checkpoint) != 1L ||
+        is.na(checkpoint) || !nzchar(checkpoint)) {
+        stop("'checkpoint' must be NULL or the path of a directory",
+             call. = FALSE)
+    }
+    list(dir = checkpoint, metric = metric)
+}
+
+## Where the workers write their blocks (see the top of this file):
+## list(dir, keep, count), keep saying whether the files outlast the
+## search.
+.blockStore <- function(checkpoint, handle, k, blocks) {
+    count <- length(blocks)
+    if (is.null(checkpoint)) {
+        dir <- file.path(.transferDir(), paste0(handle$token, "-blocks"))
+        if (!dir.create(dir, mode = "0700")) {
+            stop("cannot create a directory in option ",
+                 "'knngpu.transfer.dir'", call. = FALSE)
+        }
+        return(list(dir = dir, keep = FALSE, count = count))
+    }
+    dir <- checkpoint$dir
+    if (!dir.exists(dir) && !dir.create(dir, recursive = TRUE)) {
+        stop("'checkpoint' names a directory that cannot be created: ", dir,
+             call. = FALSE)
+    }
+    key <- .searchKey(handle, k, checkpoint$metric, blocks)
+    keyFile <- file.path(dir, "search.key")
+    if (file.exists(keyFile)) {
+        if (!identical(readLines(keyFile, warn = FALSE), key)) {
+            stop("'checkpoint' holds the blocks of another search (other ",
+                 "data, k, metric or block count): give a new directory",
+                 call. = FALSE)
+        }
+    } else if (length(list.files(dir, all.files = TRUE, no.. = TRUE))) {
+        stop("'checkpoint' must be a new or empty directory, or one that ",
+             "the same search wrote", call. = FALSE)
+    } else {
+        writeLines(key, keyFile)
+    }
+    list(dir = dir, keep = TRUE, count = count)
+}
+
+## What decides a search's bits: its data (the transfer file's checksum,
+## or the file-backed sources, which name their files), k, the metric and
+## the blocks, as one checksum.
+.searchKey <- function(handle, k, metric, blocks) {
+    data <- if (length(handle$path)) unname(tools::md5sum(handle$path))
+            else handle$sources
+    file <- tempfile("knngpu-key")
+    on.exit(unlink(file))
+    saveRDS(list(data = data, k = k, metric = metric, blocks = blocks), file,
+            compress = FALSE)
+    unname(tools::md5sum(file))
+}
+
+.blockFile <- function(store, block) {
+    file.path(store$dir, sprintf("block-%d-of-%d.rds", block, store$count))
+}
+
+## A block's result, written under another name and then renamed, so that
+## a worker ended while writing leaves no file that looks finished.
+.writeBlock <- function(store, block, res) {
+    part <- tempfile(".block", tmpdir = store$dir)
+    saveRDS(res, part, compress = FALSE)
+    if (!file.rename(part, .blockFile(store, block))) {
+        unlink(part)
+        stop(sprintf("cannot write block %d to %s", block, store$dir),
+             call. = FALSE)
+    }
+    invisible(TRUE)
+}
+
 ## Whether a source (or NULL) names its data by file: a DelayedArray whose
 ## seeds are all on disk (path() answers for each of them).
 .fileBacked <- function(source) {
@@ -192,12 +306,14 @@
 
 ## The task function: the reference in the engine's layout, read on a
 ## worker's first block and kept (one search's worth, by token) for the
-## next, then one block searched.
-.blockTask <- function(handle, k, search) {
-    force(list(handle, k, search))
-    function(rows) {
+## next, then one block, list(block, rows), searched and written.
+.blockTask <- function(handle, k, search, store) {
+    force(list(handle, k, search, store))
+    function(task) {
         shared <- .workerShared(handle)
-        .searchBlock(shared$ref, shared$query, rows, k, search)
+        .writeBlock(store, task$block,
+                    .searchBlock(shared$ref, shared$query, task$rows, k,
+                                 search))
     }
 }
 
@@ -217,22 +333,41 @@
 ## SerialParam-like params, and must not keep a reference after a search).
 .workerForget <- function() .state$shared <- NULL
 
-## Stops naming the first block whose worker failed (with its first and
-## last query node) and the worker's error; nothing of the others is
-## returned.
-.stopFailedBlock <- function(parts, blocks, source) {
-    failed <- which(!BiocParallel::bpok(parts))
-    if (!length(failed)) return(invisible(NULL))
-    first <- failed[1L]
+## Stops naming the first block of `todo` that was not written (with its
+## first and last query node) and why: the first error a worker raised on
+## an unwritten block (a block left unevaluated after another's error is
+## not the one named), else that its worker ended without writing it, a
+## job the scheduler cancelled or ended, with what BiocParallel said.
+## parts: bplapply()'s results for `todo`, or the condition it stopped
+## with.
+.stopUnwritten <- function(store, blocks, todo, parts, source) {
+    missing <- todo[!file.exists(.blockFile(store, todo))]
+    if (!length(missing)) return(invisible(NULL))
+    ended <- paste("its worker ended without writing it (a job cancelled,",
+                   "or out of time or memory)")
+    if (inherits(parts, "condition")) {
+        first <- missing[1L]
+        why <- paste0(ended, "; BiocParallel: ", conditionMessage(parts))
+    } else {
+        errors <- parts[match(missing, todo)]
+        raised <- vapply(errors, function(e) {
+            inherits(e, "condition") && !inherits(e, "unevaluated_error")
+        }, logical(1))
+        at <- if (any(raised)) which(raised)[1L] else 1L
+        first <- missing[at]
+        why <- if (any(raised)) conditionMessage(errors[[at]]) else ended
+    }
     rows <- blocks[[first]]
-    why <- parts[[first]]
-    why <- if (inherits(why, "condition")) conditionMessage(why)
-           else as.character(why)
+    kept <- length(blocks) - length(missing)
     stop(sprintf(paste("a BiocParallel worker failed on block %d of %d",
-                       "('%s' %s %s to %s; %d block(s) failed): %s"), first,
-                 length(blocks), source$arg, source$what,
+                       "('%s' %s %s to %s; %d block(s) failed): %s%s"),
+                 first, length(blocks), source$arg, source$what,
                  source$labels[rows[1L]], source$labels[rows[length(rows)]],
-                 length(failed), why), call. = FALSE)
+                 length(missing), why,
+                 if (store$keep && kept) {
+                     sprintf(paste0("; %d finished block(s) stay in ",
+                                    "'checkpoint' for a rerun"), kept)
+                 } else ""), call. = FALSE)
 }
 
 ## The blocks' results in row order, with one description of the run: the

@@ -22,11 +22,14 @@
             if (isTRUE(info$pairs_once)) "; each pair computed once")
 }
 
-## A search in blocks (BPPARAM): where the blocks ran and the wall time;
-## each block's phases are the worker's.
+## A search in blocks (BPPARAM): where the blocks ran, how many a
+## checkpoint held already, and the wall time; each block's phases are the
+## worker's.
 .reportBlocks <- function(info) {
     message(sprintf(paste0("knngpu: %d nodes x %d features, %s, k = %d in ",
-                           "%d blocks on %s [%s]; total %.3f s"),
+                           "%d blocks (%d read from the checkpoint) on %s ",
+                           "[%s]; total %.3f s"),
                     info$nodes, info$features, info$metric, info$k,
-                    info$blocks, info$device, info$precision, info$elapsed))
+                    info$blocks, info$resumed, info$device, info$precision,
+                    info$elapsed))
 }

@@ -91,6 +91,109 @@ test_that("a worker's failure names the block and returns nothing", {
                      "worker failed")
     })
     expect_length(list.files(dir), 0L)
+    expect_error(knnGraph(x, k = 5, checkpoint = tempfile()),
+                 "'checkpoint' needs a 'BPPARAM' with more than one")
+})
+
+## A runner that fails on the block holding node `node` until `gate`
+## exists, as a worker does whose job is cancelled mid-run; it counts the
+## blocks it searches in files of `log`.
+gatedRunner <- function(metric, node, gate, log) {
+    runner <- knngpu:::.engineRunner(metric, "cpu", 1L, NULL)
+    function(ref, query, k) {
+        if (node %in% query$labels && !file.exists(gate)) {
+            stop("the job of this block was cancelled")
+        }
+        file.create(tempfile("block", tmpdir = log))
+        runner(ref, query, k)
+    }
+}
+
+test_that("a rerun with the checkpoint searches only the missing blocks", {
+    skip_if_not_installed("BiocParallel")
+    skip_on_os("windows")
+    x <- tiedMatrix(400, 8, 49)
+    rownames(x) <- paste0("g", seq_len(nrow(x)))
+    whole <- knnSearch(x, k = 6, metric = "euclidean", device = "cpu")
+    source <- knngpu:::.nodeSource(x, "rows")
+    gate <- tempfile("gate")
+    log <- tempfile("log")
+    dir.create(log)
+    dir <- tempfile("checkpoint")
+    runner <- gatedRunner("euclidean", "g250", gate, log)
+    checkpoint <- knngpu:::.checkpoint(dir, "euclidean")
+    ## With stop.on.error (the default), a block may be left unevaluated
+    ## after block 3's error, and is then searched by the rerun.
+    for (param in list(BiocParallel::SnowParam(2, tasks = 4,
+                                               stop.on.error = FALSE),
+                       BiocParallel::MulticoreParam(2, tasks = 4))) {
+        unlink(c(dir, gate, file.path(log, "*")), recursive = TRUE)
+        search <- function() {
+            knngpu:::.searchBlocks(source, NULL, NULL, 6L, runner, param,
+                                   checkpoint)
+        }
+        expect_error(search(),
+                     paste0("block 3 of 4 \\('x' rows g201 to g300; [12] ",
+                            "block\\(s\\) failed\\): the job of this block ",
+                            "was cancelled; [23] finished block\\(s\\) stay ",
+                            "in 'checkpoint'"))
+        written <- file.info(list.files(dir, "^block", full.names = TRUE))
+        expect_length(list.files(log), nrow(written))
+        if (!BiocParallel::bpstopOnError(param)) {
+            expect_identical(nrow(written), 3L)
+        }
+        file.create(gate)
+        got <- search()
+        expect_identical(got$index, whole$index)
+        expect_identical(got$distance, whole$distance)
+        expect_identical(got$info$resumed, nrow(written))
+        ## Nothing done twice: four blocks searched in all, the files of
+        ## the first run untouched.
+        expect_length(list.files(log), 4L)
+        expect_identical(file.info(rownames(written))$mtime, written$mtime)
+        ## A third run reads every block and searches none.
+        expect_identical(search()$info$resumed, 4L)
+        expect_length(list.files(log), 4L)
+    }
+    unlink(c(dir, gate, log), recursive = TRUE)
+})
+
+test_that("a checkpoint is kept for its own search only", {
+    skip_if_not_installed("BiocParallel")
+    skip_on_os("windows")
+    x <- tiedMatrix(300, 8, 50)
+    param <- BiocParallel::SnowParam(2, tasks = 3)
+    dir <- tempfile("checkpoint")
+    first <- knnGraph(x, k = 5, device = "cpu", BPPARAM = param,
+                      checkpoint = dir)
+    expect_identical(edgeColumns(first),
+                     edgeColumns(knnGraph(x, k = 5, device = "cpu")))
+    expect_setequal(list.files(dir), c("search.key", sprintf(
+        "block-%d-of-3.rds", 1:3)))
+    again <- knnGraph(x, k = 5, device = "cpu", BPPARAM = param,
+                      checkpoint = dir)
+    expect_identical(edgeColumns(again), edgeColumns(first))
+    expect_identical(attr(again, "timings")$resumed, 3L)
+    for (other in list(
+        function() knnGraph(x, k = 6, device = "cpu", BPPARAM = param,
+                            checkpoint = dir),
+        function() knnGraph(x, k = 5, metric = "cosine", device = "cpu",
+                            BPPARAM = param, checkpoint = dir),
+        function() knnGraph(x + 1, k = 5, device = "cpu", BPPARAM = param,
+                            checkpoint = dir),
+        function() knnGraph(x, k = 5, device = "cpu", checkpoint = dir,
+                            BPPARAM = BiocParallel::SnowParam(2, tasks = 4))
+    )) {
+        expect_error(other(), "'checkpoint' holds the blocks of another")
+    }
+    stray <- tempfile("stray")
+    dir.create(stray)
+    file.create(file.path(stray, "notes.txt"))
+    expect_error(knnGraph(x, k = 5, BPPARAM = param, checkpoint = stray),
+                 "'checkpoint' must be a new or empty directory")
+    expect_error(knnGraph(x, k = 5, BPPARAM = param, checkpoint = NA),
+                 "'checkpoint' must be NULL or the path of a directory")
+    unlink(c(dir, stray), recursive = TRUE)
 })
 
 test_that("a worker reads the reference once for all its blocks", {
@@ -98,15 +201,23 @@ test_that("a worker reads the reference once for all its blocks", {
     source <- knngpu:::.nodeSource(x, "rows")
     runner <- knngpu:::.engineRunner("euclidean", "cpu", 1L, NULL)
     handle <- knngpu:::.shareSources(source, NULL)
-    task <- knngpu:::.blockTask(handle, 4L, runner)
-    first <- task(1:50)
+    store <- list(dir = tempfile("blocks"), keep = FALSE, count = 2L)
+    dir.create(store$dir)
+    task <- knngpu:::.blockTask(handle, 4L, runner, store)
+    task(list(block = 1L, rows = 1:50))
     ## With the file gone, a second block can only come from what the
     ## first one kept.
     unlink(handle$path)
-    second <- task(51:100)
+    task(list(block = 2L, rows = 51:100))
+    parts <- lapply(knngpu:::.blockFile(store, 1:2), readRDS)
     whole <- knnSearch(x, k = 4, metric = "euclidean", device = "cpu")
-    expect_identical(rbind(first$index, second$index), whole$index[1:100, ])
+    expect_identical(rbind(parts[[1L]]$index, parts[[2L]]$index),
+                     whole$index[1:100, ])
+    ## Only finished blocks have files.
+    expect_setequal(list.files(store$dir),
+                    c("block-1-of-2.rds", "block-2-of-2.rds"))
     knngpu:::.workerForget()
+    unlink(store$dir, recursive = TRUE)
 })
 
 test_that("a streamed search (blocks of nodes) gives the same bits", {
