@@ -28,6 +28,10 @@ work=$(mktemp -d /tmp/knngpu-slurm.XXXXXX)
 pids=""
 stop_all() {
     status=$?
+    # Nothing below may stop the cleanup, a reader of the logs that has
+    # gone included.
+    set +e
+    trap '' PIPE
     # Jobs first, while the controller can still cancel them; then the
     # daemons, newest first.
     scancel --user="$(id -un)" 2>/dev/null || true
