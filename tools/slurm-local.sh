@@ -12,16 +12,22 @@
 # SLURM commands and batchtools read it) and KNNGPU_SLURM=1, which
 # tests/testthat/test-slurm.R waits for. Must run as root (the daemons
 # and the jobs run as root). KNNGPU_SLURM_PORT (default 6817) is the
-# controller's port; the node's is the next one.
+# controller's port; the node's is the next one. Tested with Debian 12's
+# SLURM 22.05 and munge 0.5.15 and Debian 13's SLURM 24.11 and munge
+# 0.5.16.
 set -eu
 cmd=${1:?usage: sh tools/slurm-local.sh \"<command>\"}
 port=${KNNGPU_SLURM_PORT:-6817}
+if [ "$(id -u)" != 0 ]; then
+    echo "tools/slurm-local.sh must run as root: it starts the daemons" >&2
+    exit 1
+fi
 
 if ! command -v slurmctld >/dev/null || ! command -v slurmd >/dev/null ||
     ! command -v sbatch >/dev/null || ! command -v munged >/dev/null; then
     apt-get update -qq
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
-        --no-install-recommends slurmctld slurmd slurm-client munge
+        --no-install-recommends slurmctld slurmd slurm-client munge >/dev/null
 fi
 
 work=$(mktemp -d /tmp/knngpu-slurm.XXXXXX)
@@ -80,7 +86,6 @@ SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
 AuthInfo=socket=$socket
-CredType=cred/munge
 StateSaveLocation=$work/state
 SlurmdSpoolDir=$work/spool
 SlurmctldPidFile=$work/slurmctld.pid
@@ -91,10 +96,8 @@ ProctrackType=proctrack/linuxproc
 TaskPlugin=task/none
 JobAcctGatherType=jobacct_gather/none
 AccountingStorageType=accounting_storage/none
-JobCompType=jobcomp/none
 MpiDefault=none
 MailProg=/bin/true
-SwitchType=switch/none
 SchedulerType=sched/backfill
 SelectType=select/cons_tres
 SelectTypeParameters=CR_Core
