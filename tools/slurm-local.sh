@@ -58,7 +58,8 @@ stop_all() {
 trap stop_all EXIT
 trap 'exit 130' INT TERM
 
-# Keeps the order of the arguments: the newest first, for stop_all.
+# Records a daemon's pid, newest first: stop_all stops them in the
+# reverse order of their start.
 started() {
     pids="$1 $pids"
 }
