@@ -82,10 +82,23 @@
 #'   it searches only the blocks that are not there, e.g. after a job that
 #'   the scheduler cancelled, and gives the same bits. A directory that
 #'   holds another search's blocks is refused. Remove it when done.
+#' @param filepath \code{NULL} returns \code{index} and \code{distance}
+#'   as matrices in memory; the path of a new file writes them, as the
+#'   search produces them, to that HDF5 file's datasets \code{"index"}
+#'   and \code{"distance"} and returns them as \code{HDF5Array} matrices
+#'   (HDF5Array package), for results larger than memory. The bits are
+#'   those of the in-memory result. Blocks of query nodes come from
+#'   \code{BPPARAM}'s workers, else are searched in this process,
+#'   \code{DelayedArray::getAutoBlockSize()} bytes of result (20 bytes a
+#'   neighbour) at a time: a larger block size means fewer passes over
+#'   the reference (each block of a self search is searched against every
+#'   node). Compression and chunks are HDF5Array's
+#'   (\code{setHDF5DumpCompressionLevel()}).
 #'
 #' @return A list with \code{index} (1-based node numbers) and
-#'   \code{distance}, each an n-by-\code{k} matrix whose row i holds node
-#'   i's neighbours, closest first. For correlation metrics the distance is
+#'   \code{distance}, each an n-by-\code{k} matrix (an \code{HDF5Matrix}
+#'   with \code{filepath}) whose row i holds node i's neighbours, closest
+#'   first. For correlation metrics the distance is
 #'   \eqn{1 - r} (\eqn{1 - |r|} for \code{"abspearson"}). Attributes
 #'   \code{backend} (\code{"cpu"} or \code{"gpu"}), \code{device} (its
 #'   description), \code{precision} and \code{elapsed} say how it was
@@ -171,7 +184,7 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
                       precision = c("auto", "tf32", "fp32", "fp64", "tf32x3"),
                       use.dimred = NULL,
                       BPPARAM = BiocParallel::SerialParam(),
-                      checkpoint = NULL) {
+                      checkpoint = NULL, filepath = NULL) {
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
     metric <- .checkMetric(metric)
     precision <- .checkPrecision(precision)
@@ -193,13 +206,15 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
     k <- .checkK(k, available)
     BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM,
                              checkpoint)
-    res <- if (is.null(BPPARAM)) {
+    filepath <- .checkFilepath(filepath)
+    res <- if (is.null(BPPARAM) && is.null(filepath)) {
         .runEngine(.readNodes(ref), if (!is.null(q)) .readNodes(q), k,
                    metric, device[1L], threads, progress, verbose, devices,
                    precision = precision)
     } else {
         .searchInBlocks(ref, q, k, metric, device[1L], threads, progress,
-                        verbose, devices, BPPARAM, precision, checkpoint)
+                        verbose, devices, BPPARAM, precision, checkpoint,
+                        filepath)
     }
     out <- list(index = res$index, distance = res$distance)
     attr(out, "backend") <- res$info$backend

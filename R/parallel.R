@@ -78,12 +78,14 @@
     }
 }
 
-## knnSearch()'s and knnGraph()'s search with BPPARAM: the arguments that
-## every worker would check checked once here (a GPU, which only a worker
-## may have, is the worker's to find), then .searchBlocks().
+## knnSearch()'s and knnGraph()'s search in blocks (BPPARAM, or a result
+## written to filepath): the arguments that every worker would check
+## checked once here (a GPU, which only a worker may have, is the
+## worker's to find), then .searchBlocks().
 .searchInBlocks <- function(ref, query, k, metric, device, threads,
                             progress, verbose, devices, BPPARAM,
-                            precision = "auto", checkpoint = NULL) {
+                            precision = "auto", checkpoint = NULL,
+                            filepath = NULL) {
     device <- .checkChoice(device, c("auto", "cpu", "gpu"), "device")
     precision <- .checkPrecision(precision,
                                  if (device != "auto") device)
@@ -95,7 +97,8 @@
     res <- .searchBlocks(ref, query, NULL, k,
                          .engineRunner(metric, device, threads, devices,
                                        precision),
-                         BPPARAM, .checkpoint(checkpoint, metric))
+                         BPPARAM, .checkpoint(checkpoint, metric),
+                         filepath)
     if (verbose) .reportRun(res$info)
     res
 }
@@ -117,22 +120,33 @@
 ## `ref` for k neighbours each; query NULL is a self search of ref. ref and
 ## query are node sources (.nodeSource(), .layoutSource()); search is an
 ## .engineRunner(); BPPARAM from .checkBPPARAM() (NULL: this process);
-## checkpoint from .checkpoint(). Returns list(index, distance, weight,
-## info), one row per query row, as one engine run would; info$resumed
-## counts the blocks read from the checkpoint rather than searched.
+## checkpoint from .checkpoint(); filepath NULL, or an HDF5 file for the
+## result, written as its blocks come (without BPPARAM, blocks of
+## .outputBlockNodes() searched in this process). Returns list(index,
+## distance, weight, info), one row per query row, as one engine run
+## would; info$resumed counts the blocks read from the checkpoint rather
+## than searched.
 .searchBlocks <- function(ref, query, rows, k, search, BPPARAM,
-                          checkpoint = NULL) {
+                          checkpoint = NULL, filepath = NULL) {
     start <- .wallSeconds()
     n <- if (is.null(query)) ref$n else query$n
     if (is.null(rows)) rows <- seq_len(n)
-    if (is.null(BPPARAM)) {
+    if (is.null(BPPARAM) && is.null(filepath)) {
         res <- .searchBlock(.readNodes(ref), query, rows, k, search)
         res$info$elapsed <- .wallSeconds() - start
         return(res)
     }
-    blocks <- split(rows, cut(seq_along(rows), .blockCount(BPPARAM,
-                                                           length(rows)),
-                              labels = FALSE))
+    if (is.null(BPPARAM)) {
+        refNodes <- .readNodes(ref)
+        blocks <- .splitRows(rows, ceiling(length(rows) /
+                                           .outputBlockNodes(k)))
+        res <- .collectBlocks(function(i) {
+            .searchBlock(refNodes, query, blocks[[i]], k, search)
+        }, lengths(blocks), k, filepath)
+        res$info$elapsed <- .wallSeconds() - start
+        return(res)
+    }
+    blocks <- .splitRows(rows, .blockCount(BPPARAM, length(rows)))
     handle <- .shareSources(ref, query)
     on.exit(unlink(handle$path))
     store <- .blockStore(checkpoint, handle, k, blocks)
@@ -149,10 +163,17 @@
         .stopUnwritten(store, blocks, todo, parts,
                        if (is.null(query)) ref else query)
     }
-    parts <- lapply(.blockFile(store, seq_along(blocks)), readRDS)
-    res <- .bindBlocks(parts, .wallSeconds() - start)
+    res <- .collectBlocks(function(i) readRDS(.blockFile(store, i)),
+                          lengths(blocks), k, filepath)
+    res$info$elapsed <- .wallSeconds() - start
     res$info$resumed <- length(blocks) - length(todo)
     res
+}
+
+## rows in `count` blocks of consecutive rows, as even as they divide.
+.splitRows <- function(rows, count) {
+    if (count <= 1L) return(list(rows))
+    unname(split(rows, cut(seq_along(rows), count, labels = FALSE)))
 }
 
 ## One block in this process: its query nodes read (or, in a self search,
@@ -370,11 +391,23 @@
                  } else ""), call. = FALSE)
 }
 
-## The blocks' results in row order, with one description of the run: the
-## devices and precisions the workers used, the blocks, the wall time.
-.bindBlocks <- function(parts, elapsed) {
-    bind <- function(field) do.call(rbind, lapply(parts, `[[`, field))
-    infos <- lapply(parts, `[[`, "info")
+## The blocks' results in row order, part(i) giving block i's (sizes[i]
+## rows of k), with one description of the run: the devices and
+## precisions the blocks used, and their count. Bound in memory, or, with
+## filepath, written to that HDF5 file as each comes (.hdf5Blocks(); no
+## weight then).
+.collectBlocks <- function(part, sizes, k, filepath) {
+    if (is.null(filepath)) {
+        parts <- lapply(seq_along(sizes), part)
+        bind <- function(field) do.call(rbind, lapply(parts, `[[`, field))
+        res <- list(index = bind("index"), distance = bind("distance"),
+                    weight = bind("weight"))
+        infos <- lapply(parts, `[[`, "info")
+    } else {
+        res <- .hdf5Blocks(part, sizes, k, filepath)
+        infos <- res$infos
+        res$infos <- NULL
+    }
     about <- function(field) {
         paste(unique(vapply(infos, `[[`, character(1), field)),
               collapse = "; ")
@@ -383,8 +416,7 @@
     for (field in c("backend", "device", "precision")) {
         info[[field]] <- about(field)
     }
-    info$blocks <- length(parts)
-    info$elapsed <- elapsed
-    list(index = bind("index"), distance = bind("distance"),
-         weight = bind("weight"), info = info)
+    info$blocks <- length(sizes)
+    res$info <- info
+    res
 }

@@ -27,9 +27,12 @@
 ## worker's.
 .reportBlocks <- function(info) {
     message(sprintf(paste0("knngpu: %d nodes x %d features, %s, k = %d in ",
-                           "%d blocks (%d read from the checkpoint) on %s ",
-                           "[%s]; total %.3f s"),
+                           "%d blocks%s on %s [%s]; total %.3f s"),
                     info$nodes, info$features, info$metric, info$k,
-                    info$blocks, info$resumed, info$device, info$precision,
-                    info$elapsed))
+                    info$blocks,
+                    if (isTRUE(info$resumed > 0L)) {
+                        sprintf(" (%d read from the checkpoint)",
+                                info$resumed)
+                    } else "",
+                    info$device, info$precision, info$elapsed))
 }
