@@ -249,14 +249,15 @@ knn_status knn_select_candidates(const knn_select_args *a,
  * in knn_gpu_loop.cu). Split TF32
  * errs nearly as little as float32 (its margins are some three times
  * float32's, from the accumulation over 3p terms) and runs on tensor
- * cores, faster than float32 on an H100 or H200. Where a tile is still
- * crowded there (nodes whose neighbours differ by less than float32
+ * cores, faster than float32 (inst/bench/gemm_rates.py). Where a tile
+ * is still crowded there (nodes whose neighbours differ by less than float32
  * resolves: points on a curve, near-copies of a profile, cosine about a
  * large common level), the search climbs once more, to float64, whose
  * margins are 2^29 times narrower (inst/bench/rungs.R on replicates of
  * 20 profiles: 10 candidates a row where float32 leaves 10000). Where the
  * split's arrays do not fit, float64 takes their place on a device whose
- * float64 runs at half float32's rate or better (A100, H100, H200), and
+ * float64 runs at half float32's rate or better (sm_80 and sm_90
+ * data-centre cards), and
  * float32 on others, which climb to float64 only from a crowded float32
  * tile (knn_gpu_loop.cu, knn_dev_climb). The request's `precision` can
  * force one arithmetic for the whole search. */

@@ -104,9 +104,10 @@ static knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
 static knn_select_algo knn_tile_algo(const knn_gpu_dev *d, int rows)
 {
     const knn_request *req = d->req;
-    knn_select_algo algo = knn_select_choose(req->select, rows, req->k);
+    knn_select_force force = d->knobs->select;
+    knn_select_algo algo = knn_select_choose(force, rows, req->k);
     if (algo == KNN_SELECT_WARP && d->refine_select &&
-        req->select == KNN_SELECT_CHOOSE)
+        force == KNN_SELECT_CHOOSE)
         return KNN_SELECT_RADIX;
     return algo;
 }
@@ -248,8 +249,7 @@ static knn_status knn_copy_back(knn_gpu_dev *d, void *dst, const void *src,
 /* The tile's per-row counts into its pinned slot on the stream (the next
  * tile overwrites them), then `ranked`, then its results on the copy
  * stream, which overlaps the next tile's work (each slot re-ranks into
- * arrays of its own), then `done`. The 262144 x 128 graph at k = 100
- * moves 68 MB of results a tile of 33792 rows. */
+ * arrays of its own), then `done`. */
 static knn_status knn_tile_transfer(knn_gpu_dev *d, knn_gpu_slot *sl)
 {
     knn_gpu_tiles *t = &d->t;
@@ -454,8 +454,8 @@ static void knn_copy_part(const knn_copy_job *job, size_t a, size_t b)
 
 /* Copies a slot into the caller's arrays. A large tile is split over
  * several OpenMP threads: the copy lands in memory R has just allocated,
- * and one thread is held up by the first-touch page faults (3 of the 4.6 s
- * of a 262144 x 1024 search); the device meanwhile runs the next tile. */
+ * and one thread is held up by the first-touch page faults; the device
+ * meanwhile runs the next tile. */
 static void knn_copy_out(const knn_gpu_dev *d, const knn_gpu_slot *sl)
 {
     const knn_request *req = d->req;
@@ -539,10 +539,8 @@ static double knn_slot_wide(const knn_gpu_slot *sl, double found)
  * split TF32's products would. Rescoring a candidate reads its p fast
  * values; the split adds two products of p values for every one of the
  * n_ref columns, on tensor cores. Both grow with p, so the crossover is a
- * share of n_ref: log-counts 300000 x 500 on an H200 refined 600
- * candidates a row (cosine) in 0.78 s of search where split TF32 took
- * 1.08 s, and 2376 (Euclidean) in 1.53 s against 1.18 s
- * (inst/bench/RESULTS.md, "Refined TF32"): about n_ref / 200. */
+ * share of n_ref, about n_ref / 200 (inst/bench/rungs.R on log-counts,
+ * where refining wins under cosine and loses under Euclidean). */
 static int knn_refine_too_costly(double wide, int rows, int n_ref)
 {
     return wide > rows * (n_ref / 200.0);
@@ -587,7 +585,7 @@ static knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
                        knn_rung_too_wide(wide, sl->rows, req->k)
                    ? KNN_RUNG_CLIMB : KNN_RUNG_STAY;
     return !costly && !sl->refined && !d->refine_select &&
-                   req->select == KNN_SELECT_CHOOSE
+                   d->knobs->select == KNN_SELECT_CHOOSE
                ? KNN_RUNG_REFINE : KNN_RUNG_CLIMB;
 }
 

@@ -54,15 +54,12 @@
  * of lane i % 32. */
 #define KNN_PAIRS_PER_LANE 4
 #define KNN_PAIRS_MAX_K (32 * KNN_PAIRS_PER_LANE)
-/* Where it runs, chosen by the engine: end to end on one H200
- * (inst/bench/pairs.R, RESULTS.md "Each pair once" and "k up to 128"),
- * the shared walk took 0.47x to 0.88x the plain walk's time at k 10 to 32
- * and 200000 to 1M nodes, and 0.19x to 0.51x the panel path's; past
- * k = 32 it took 0.37x to 0.51x the panel path's time at 1M nodes (k =
- * 100, 50 and 128 features) but 0.97x to 1.02x at 262144 (k = 100, 128
- * features; 0.71x to 0.83x at k = 64), where the owners' work per row
- * and the search's fixed costs weigh more: so past k = 32 only from
- * 262144 nodes. A forced fused search takes it wherever it can run. */
+/* Where it runs, chosen by the engine from inst/bench/pairs.R: the shared
+ * walk beats the plain walk and the panel path at every k up to 32; past
+ * k = 32 it beats the panel path clearly at 1M nodes but only breaks even
+ * at 262144, where the owners' work per row and the search's fixed costs
+ * weigh more: so past k = 32 only from 262144 nodes. A forced fused
+ * search takes it wherever it can run. */
 #define KNN_PAIRS_AUTO_SMALL_K 32
 #define KNN_PAIRS_AUTO_MIN_NODES 262144
 int knn_pairs_choose(knn_select_force force, int self, int k, int n_ref,
@@ -389,8 +386,7 @@ knn_status knn_pairs_gather(const knn_pairs *p, const knn_select_args *sel,
 
 /* Loads the walk's kernels now, with its arrays: CUDA loads a kernel's
  * code at its first launch, which maps memory, and in the walk that
- * waited for the faults of knn_gpu_pages.cu (a first 1M-node search's
- * walk took 834 to 908 ms against 808 ms). */
+ * would wait for the faults of knn_gpu_pages.cu. */
 static knn_status knn_pairs_load_kernels(char *message)
 {
     cudaFuncAttributes attr;

@@ -19,16 +19,16 @@
 
 #define KNN_RESERVE_BYTES (512.0 * 1048576.0)
 /* Pinned result slots a device's context keeps (knn_host_slots): enough
- * for a shared walk's tiles (one wave, 33792 rows on an H200) up to
- * k = 128, 173 MB; a 262144-node graph at k = 100 pinned 135 MB of its
- * own in 60 to 70 ms of a 433 ms search, on an H200. */
+ * for a shared walk's tiles (one wave of a 132-SM device, 33792 rows) up
+ * to k = 128, 173 MB, which a search would otherwise pin anew each time
+ * (inst/bench/gpu_phases.R's setup column). */
 #define KNN_HOST_KEEP_BYTES ((size_t)192 << 20)
 #define KNN_SLOT_BYTES_MAX (256.0 * 1048576.0)
-#define KNN_PANEL_FLOATS_MAX 2147483648.0 /* keeps one tile well under 1 s */
-/* Pairs of a fused tile: 2^36 take some 0.1 s on an H200 at p = 50, so an
- * interrupt is answered well within a second. A reference of more than
- * about 4M nodes gets a wave of blocks per tile instead (16896 rows on an
- * H200: 0.3 s at 10M nodes and p = 50). */
+/* Products of a panel tile, and pairs of a fused tile: few enough that a
+ * tile ends, and an interrupt is answered, well within a second. A
+ * reference of more than about 4M nodes gets a wave of blocks per fused
+ * tile instead. */
+#define KNN_PANEL_FLOATS_MAX 2147483648.0
 #define KNN_FUSED_PAIRS_MAX 68719476736.0
 
 /* Lets this device's kernels and copies read GPU `peer`'s memory
@@ -36,9 +36,9 @@
  * (on one GPU they always may). Where they may not, each device uploads
  * the whole reference and a shared walk stages the other device's arrays
  * through this device's buffers (knn_team_view), CUDA staging its copies
- * through host memory; so where KNNGPU_STAGE_PEERS is set, the harness's
- * way to run that path on one GPU. Once enabled, access stays so for the
- * process. */
+ * through host memory; so where the knobs ask for staging (stage_peers),
+ * the harness's way to run that path on one GPU. Once enabled, access
+ * stays so for the process. */
 static knn_status knn_dev_enable_peer(knn_gpu_dev *d, int peer, int *reads)
 {
     int can = 0;
@@ -51,8 +51,7 @@ static knn_status knn_dev_enable_peer(knn_gpu_dev *d, int peer, int *reads)
         *reads = e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled;
         if (e != cudaSuccess) cudaGetLastError();
     }
-    const char *staged = getenv("KNNGPU_STAGE_PEERS");
-    if (staged && staged[0] == '1') *reads = 0;
+    if (d->knobs->stage_peers) *reads = 0;
     return KNN_OK;
 }
 
@@ -155,7 +154,8 @@ static knn_status knn_upload_nodes(knn_gpu_dev *d, double **x)
 }
 
 /* Whether the device runs float64 at half float32's rate or better (the
- * A100, H100 and H200 do; most other cards at 1/32 or 1/64). */
+ * data-centre cards of sm_80 and sm_90 do; most other cards at 1/32 or
+ * 1/64). */
 static knn_status knn_dev_fp64_rate(knn_gpu_dev *d)
 {
     int ratio = 0;
@@ -399,7 +399,8 @@ static int knn_dev_could_pair(const knn_gpu_dev *d, int rows)
 {
     const knn_request *req = d->req;
     return !d->pairs_refused &&
-           knn_pairs_choose(req->select, d->self, req->k, req->n_ref, rows);
+           knn_pairs_choose(d->knobs->select, d->self, req->k, req->n_ref,
+                            rows);
 }
 
 /* Several devices share a walk through staging buffers for the arrays of
@@ -452,12 +453,12 @@ static knn_status knn_dev_choose_path(knn_gpu_dev *d)
     d->fused = 0;
     d->wave_rows = 0;
     if (d->refine_select ||
-        !knn_fused_choose(req->select, req->metric, d->gemm, req->k, req->p,
-                          d->nq, sms, 1))
+        !knn_fused_choose(d->knobs->select, req->metric, d->gemm, req->k,
+                          req->p, d->nq, sms, 1))
         return KNN_OK;
     KNN_TRY(knn_fused_wave_rows(d->score_kind, req->k, sms, &d->wave_rows,
                                 d->message));
-    d->fused = knn_fused_choose(req->select, req->metric, d->gemm, req->k,
+    d->fused = knn_fused_choose(d->knobs->select, req->metric, d->gemm, req->k,
                                 req->p, d->nq, sms,
                                 knn_dev_could_pair(d, d->wave_rows));
     if (d->fused) KNN_TRY(knn_dev_make_half(d));
@@ -499,9 +500,9 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
     /* A shared walk's per-node arrays come out of the same budget. A
      * node's list holds its candidates and then a tile's offers, judged
      * against a threshold from fewer nodes, whose band of margins holds
-     * more of them: at first about as many again (euclidean, 262144 x 128,
-     * k = 100, on an H200: 196 candidates a row of the first tile, whose
-     * lists then overflowed 2k + 256 entries with the second's offers). */
+     * more of them: at first about as many again, so the lists hold twice
+     * a row's slots (lists of 2k + 256 overflow with the second tile's
+     * offers in inst/bench/pairs.R's k = 100 cases). */
     int pairs = knn_dev_wants_pairs(d, 0);
     int list_cap = 2 * slots < avail ? 2 * slots : avail;
     int stage_nodes = knn_dev_stage_nodes(d, list_cap);
@@ -527,8 +528,7 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
         if (limits[i] < rows) rows = limits[i];
     int r = rows < 1.0 ? 1 : (int)rows;
     /* Whole waves: a tile of 2.03 waves of fused blocks takes as long as
-     * one of 3, its last few blocks running alone (1M nodes at p = 50:
-     * 537 blocks of 128 rows against 264 at once on an H200). */
+     * one of 3, its last few blocks running alone. */
     if (d->fused && r < d->nq && r > d->wave_rows)
         r -= r % d->wave_rows;
     if (knn_dev_wants_pairs(d, r)) {

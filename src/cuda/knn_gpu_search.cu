@@ -270,7 +270,7 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
 /* Whether a search runs on the calling thread: one device, and work that
  * ends in milliseconds (at most 2^35 products of two values, 256 MB of
  * input), so that not polling for interrupts meanwhile costs nothing and
- * starting a device thread and waking from it (0.3 ms) is saved. */
+ * starting a device thread and waking from it is saved. */
 static bool knn_runs_inline(const knn_request *req, int n_dev)
 {
     double n_q = req->query ? req->n_query : req->n_ref;
@@ -300,6 +300,7 @@ static knn_status knn_result_arrive(knn_result *out, size_t entries, int k,
 }
 
 static knn_status knn_gpu_search_devices(const knn_request *req,
+                                         const knn_knobs *knobs,
                                          knn_result *out, knn_report *rep,
                                          const std::vector<int> &ids)
 {
@@ -319,6 +320,7 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
         knn_gpu_dev *d = &devs[i];
         memset((void *)d, 0, sizeof *d);
         d->req = req;
+        d->knobs = knobs;
         d->out = out;
         d->shared = &shared;
         d->device = ids[i];
@@ -389,9 +391,12 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
     return KNN_OK;
 }
 
-extern "C" knn_status knn_gpu_search(const knn_request *req, knn_result *out,
+extern "C" knn_status knn_gpu_search(const knn_request *req,
+                                     const knn_knobs *knobs, knn_result *out,
                                      knn_report *report)
 {
+    static const knn_knobs defaults = {};
+    if (!knobs) knobs = &defaults;
     if (knn_gpu_claim_process(report->message, sizeof report->message) !=
         KNN_OK)
         return KNN_E_NOGPU;
@@ -401,7 +406,7 @@ extern "C" knn_status knn_gpu_search(const knn_request *req, knn_result *out,
         st = knn_pick_devices(req, ids, report);
         if (st == KNN_OK) {
             knn_device_names(ids, report);
-            st = knn_gpu_search_devices(req, out, report, ids);
+            st = knn_gpu_search_devices(req, knobs, out, report, ids);
         }
     } catch (const std::bad_alloc &) {
         snprintf(report->message, sizeof report->message,

@@ -632,7 +632,7 @@ static int knn_sample_stride(int n_cols, int k)
  * keep all their TF32 candidates there (hundreds on log-counts, thousands
  * on some rows), and two blocks still fit an SM; until then the smaller
  * buffer lets four, which a selection streaming the panel needs (the
- * larger one cost 0.29 s of 0.80 in a 262144 x 128 search, k = 100). */
+ * larger one everywhere slows gpu.R's k = 100 case by a third). */
 static int knn_radix_cap(const knn_select_args *a)
 {
     return a->row_margin2_fp32 && a->wide_buffer ? KNN_REFINE_BUF
@@ -646,8 +646,8 @@ static constexpr size_t knn_radix_bytes(int cap)
 }
 
 /* The larger buffer must fit the smallest opt-in shared memory of a block
- * among the cards the build runs on: 99 KB on sm_86 and sm_89 (A100 has
- * 163 KB, H100 and H200 227 KB). It takes 100592 bytes of 101376. */
+ * among the cards the build runs on: 99 KB on sm_86 and sm_89 (sm_80
+ * has 163 KB, sm_90 227 KB). It takes 100592 bytes of 101376. */
 static_assert(knn_radix_bytes(KNN_REFINE_BUF) <= 101376,
               "the refinement's buffer outgrows a 99 KB block");
 

@@ -164,6 +164,7 @@ typedef struct {
 
 typedef struct {
     const knn_request *req;
+    const knn_knobs *knobs; /* never NULL */
     knn_result *out;
     knn_gpu_shared *shared;
     int device;
