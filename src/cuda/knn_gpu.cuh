@@ -1,15 +1,18 @@
 /*
  * knn_gpu.cuh: what the CUDA backend's files share (not part of the engine
  * contract; knn_backend.h is). One device's search runs through a
- * knn_gpu_dev (knn_gpu_search.cu starts one per device): the prepared nodes
- * (knn_gpu_prepare.cu), the row tile and its buffers (knn_gpu_plan.cu), the
- * loop over tiles (knn_gpu_loop.cu), a tile's candidates from a panel of
- * products (knn_gpu_products.cu) and a selection kernel
- * (knn_gpu_select.cu) or from the fused kernel (knn_gpu_fused.cu), whose
- * self searches may compute each pair once (knn_gpu_pairs.cu), and the
- * exact re-rank (knn_gpu_rerank.cu). Every function returns a knn_status
- * and, on failure, writes the failing call into dev->message; kernels
- * never allocate, and streams are passed explicitly, last.
+ * knn_gpu_dev (knn_gpu_search.cu starts one per device; knn_gpu_tiles.cuh
+ * lists the host files that drive it): the nodes uploaded
+ * (knn_gpu_upload.cu) and prepared (knn_gpu_prepare.cu), the row tile and
+ * its buffers (knn_gpu_plan.cu), the pipeline of tiles (knn_gpu_loop.cu)
+ * or the shared walk (knn_gpu_walk.cu), on the course that
+ * knn_gpu_policy.cu chooses; a tile's candidates from a panel of products
+ * (knn_gpu_products.cu) and a selection kernel (knn_gpu_select.cu) or
+ * from the fused kernel (knn_gpu_fused.cu), whose self searches may
+ * compute each pair once (knn_gpu_pairs.cu), and the exact re-rank
+ * (knn_gpu_rerank.cu). Every function returns a knn_status and, on
+ * failure, writes the failing call into dev->message; kernels never
+ * allocate, and streams are passed explicitly, last.
  */
 #ifndef KNN_GPU_CUH
 #define KNN_GPU_CUH
@@ -22,6 +25,7 @@
 #include <stdint.h>
 #include "knn_backend.h"
 #include "knn_exact.h"
+#include "knn_gpu_policy.cuh"
 
 /* Devices from this compute capability on are used: the build carries
  * sm_80 and sm_90 code and compute_90 PTX, which no older card runs. */
@@ -220,7 +224,7 @@ typedef enum {
 } knn_select_algo;
 
 /* The kernel for a row tile of `rows` rows and k neighbours: the forced
- * one, else by the measured crossovers. */
+ * one, else by the measured crossovers (knn_gpu_policy.cu). */
 knn_select_algo knn_select_choose(knn_select_force force, int rows, int k);
 knn_status knn_select_candidates(const knn_select_args *a,
                                  knn_select_algo algo, char *message,
@@ -274,7 +278,8 @@ static inline unsigned knn_gemm_bit(knn_gemm_mode mode)
     return 1u << (unsigned)mode;
 }
 
-/* The arithmetic a search starts with: TF32 unless forced. */
+/* The arithmetic a search starts with: TF32 unless forced
+ * (knn_gpu_policy.cu). */
 knn_gemm_mode knn_gemm_choose(knn_precision force);
 /* Whether the search may give TF32 up for a finer arithmetic (not
  * forced, a product metric). */
@@ -300,10 +305,8 @@ void knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
 
 /* The fused path (knn_gpu_fused.cu): products and selection in one
  * kernel, so the panel never exists. Whether a device's search of `rows`
- * query rows of p features takes it: the forced choice where the kernel
- * can run (product metrics in TF32, k <= 128), else where it was measured
- * to win (k <= 32 at most 160 features, or a shared walk; a block of 128
- * rows per 4 SMs at least). */
+ * query rows of p features takes it (knn_gpu_policy.cu): the forced
+ * choice where the kernel can run, else where it was measured to win. */
 int knn_fused_choose(knn_select_force force, knn_metric metric,
                      knn_gemm_mode gemm, int k, int p, int rows,
                      int sm_count, int shared_walk);
@@ -376,10 +379,10 @@ struct knn_pairs_walk {
     int offer_end;
 };
 
-/* Whether a device's search on the fused path shares its pairs: not
- * forced to walk every node per row, k <= 128 (chosen by the engine: past
- * k = 32 from 262144 nodes), a self search, in more than one tile of
- * `tile_rows` (0: any size). */
+/* Whether a device's search on the fused path shares its pairs
+ * (knn_gpu_policy.cu): not forced to walk every node per row, a self
+ * search, in more than one tile of `tile_rows` (0: any size), and k as
+ * the policy's table allows. */
 int knn_pairs_choose(knn_select_force force, int self, int k, int n_ref,
                      int tile_rows);
 /* Bytes of the per-node arrays (with staging for stage_nodes nodes of

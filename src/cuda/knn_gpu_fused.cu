@@ -57,7 +57,6 @@
 #include <string.h>
 #include "knn_gpu_score.cuh"
 
-#define KNN_FUSED_ROWS 128            /* rows per block */
 #define KNN_FUSED_COLS 128            /* nodes per column block */
 #define KNN_FUSED_THREADS 256
 /* A stage holds 64 fp16 features of each node, 128 bytes; an mma step
@@ -73,45 +72,6 @@
 #define KNN_FUSED_STAGE ((KNN_FUSED_ROWS + KNN_FUSED_COLS) * KNN_FUSED_LD)
 #define KNN_FUSED_STAGING (2 * KNN_FUSED_STAGE)
 
-/* Where the fused path is used, by knn_fused_choose(), from the
- * crossovers that inst/bench/fused_crossover.R measures: the plain walk
- * wins up to k = 32 at up to 160 features; it loses past k = 32 and at
- * many features, where the products dominate and cuBLAS computes them
- * faster, unless it computes each pair once (a shared walk,
- * knn_gpu_pairs.cu, which inst/bench/pairs.R measures winning at 295
- * features too); so the feature limit is the plain walk's only, and so is
- * the limit on k (knn_pairs_choose() says where a shared walk runs past
- * k = 32). With few blocks the panel path, whose GEMM splits columns
- * too, keeps the device busier: the fused path needs a block per 4 SMs
- * (fused_crossover.R's query cases).
- * KNN_FUSED_MAX_K is the kernel's limit: past it the rows' k smallest
- * (a heap of k per row, in device memory past k = 32) and the shared
- * walk's merge (four entries a lane) would need more. */
-#define KNN_FUSED_MAX_K 128
-#define KNN_FUSED_AUTO_MAX_K 32
-#define KNN_FUSED_AUTO_MAX_FEATURES 160
-#define KNN_FUSED_SMS_PER_BLOCK 4        /* fewest blocks: SMs / 4 */
-/* The products take fp16 inputs below this many features (knn_mma says
- * why); the fused path stops there. */
-#define KNN_FUSED_HALF_MAX_FEATURES (1 << 26)
-
-int knn_fused_choose(knn_select_force force, knn_metric metric,
-                     knn_gemm_mode gemm, int k, int p, int rows,
-                     int sm_count, int shared_walk)
-{
-    if (force == KNN_SELECT_FORCE_WARP || force == KNN_SELECT_FORCE_RADIX)
-        return 0;
-    if (!knn_uses_product(metric) || gemm != KNN_GEMM_TF32 ||
-        k > KNN_FUSED_MAX_K || p >= KNN_FUSED_HALF_MAX_FEATURES)
-        return 0;
-    if (force == KNN_SELECT_FORCE_FUSED ||
-        force == KNN_SELECT_FORCE_FUSED_ROWS)
-        return 1;
-    long long blocks = (rows + KNN_FUSED_ROWS - 1) / KNN_FUSED_ROWS;
-    return ((k <= KNN_FUSED_AUTO_MAX_K &&
-             p <= KNN_FUSED_AUTO_MAX_FEATURES) || shared_walk) &&
-           blocks * KNN_FUSED_SMS_PER_BLOCK >= sm_count;
-}
 
 int knn_fused_survivor_slots(int k, int n_ref, int avail)
 {

@@ -31,7 +31,6 @@
 #include <sys/mman.h>
 #include <unistd.h>
 #include <algorithm>
-#include <chrono>
 #include "knn_gpu_tiles.cuh"
 
 #if defined(__linux__) && !defined(MADV_POPULATE_WRITE)
@@ -44,7 +43,6 @@
  * between them, so that an interrupted search does not wait for the
  * whole result. */
 #define KNN_PAGES_PIECE ((size_t)8 << 20)
-#define KNN_PAGES_WAIT_MS 1
 
 /* A graph's ends are written in pieces of this many edges. */
 #define KNN_PAGES_ENDS_PIECE (KNN_PAGES_PIECE / sizeof(int))
@@ -86,11 +84,9 @@ static void knn_pages_ends(knn_pages *job, size_t i)
 
 /* One thread's share: the pieces no other thread has taken, once a
  * device has finished a tile; the ends' pieces count after the others. */
-static void knn_populate(knn_pages *job, const knn_gpu_shared *shared)
+static void knn_populate(knn_pages *job, knn_gpu_shared *shared)
 {
-    while (shared->rows_done == 0 && !shared->stop)
-        std::this_thread::sleep_for(
-            std::chrono::milliseconds(KNN_PAGES_WAIT_MS));
+    knn_meet_wait(shared, &shared->tile_done, 1, KNN_ENDS_ON_STOP, NULL);
     size_t n = job->pieces.size();
     for (size_t i = job->next++; i < n + job->end_pieces && !shared->stop;
          i = job->next++) {
@@ -110,7 +106,7 @@ static int knn_pages_threads(size_t pieces)
 }
 
 void knn_pages_start(knn_pages *job, const knn_result *out, size_t entries,
-                     int k, const knn_gpu_shared *shared)
+                     int k, knn_gpu_shared *shared)
 {
     double bytes = (double)entries * (sizeof *out->index +
                                       sizeof *out->distance +

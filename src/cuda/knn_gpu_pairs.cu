@@ -21,14 +21,14 @@
  * candidates are thus those under the final bound, and the float64
  * re-rank gives the same bits as every other path. A list that overflows
  * its entries loses offers: the device then leaves the shared walk and
- * searches again without it (knn_gpu_loop.cu).
+ * searches again without it (knn_gpu_walk.cu).
  *
  * Thresholds tighten as the search goes: tile 0's rows know only their
  * own tile's nodes when tile 1 makes its offers, so each node sees about
  * (k + the margins' band) / t offers from tile t; the pairs cost half of
  * the plain walk's, plus one tile of the diagonal.
  *
- * Several devices (knn_gpu_loop.cu) share the walk: the tiles run in
+ * Several devices (knn_gpu_walk.cu) share the walk: the tiles run in
  * step on all of them, each device walking its share of a tile's rows
  * against every node up to the tile's end, so each pair is still
  * computed once, on one device, and each row walks once (its own
@@ -53,24 +53,8 @@
 /* The merge holds a node's k smallest in a warp, entry i in slot i / 32
  * of lane i % 32. */
 #define KNN_PAIRS_PER_LANE 4
-#define KNN_PAIRS_MAX_K (32 * KNN_PAIRS_PER_LANE)
-/* Where it runs, chosen by the engine from inst/bench/pairs.R: the shared
- * walk beats the plain walk and the panel path at every k up to 32; past
- * k = 32 it beats the panel path clearly at 1M nodes but only breaks even
- * at 262144, where the owners' work per row and the search's fixed costs
- * weigh more: so past k = 32 only from 262144 nodes. A forced fused
- * search takes it wherever it can run. */
-#define KNN_PAIRS_AUTO_SMALL_K 32
-#define KNN_PAIRS_AUTO_MIN_NODES 262144
-int knn_pairs_choose(knn_select_force force, int self, int k, int n_ref,
-                     int tile_rows)
-{
-    if (force == KNN_SELECT_CHOOSE && k > KNN_PAIRS_AUTO_SMALL_K &&
-        n_ref < KNN_PAIRS_AUTO_MIN_NODES)
-        return 0;
-    return self && force != KNN_SELECT_FORCE_FUSED_ROWS &&
-           k <= KNN_PAIRS_MAX_K && tile_rows < n_ref && n_ref > 1;
-}
+static_assert(KNN_PAIRS_MAX_K == 32 * KNN_PAIRS_PER_LANE,
+              "the merge holds KNN_PAIRS_MAX_K entries a warp");
 
 /* The arrays of knn_pairs, carved from one block (sizes only without
  * one). */
