@@ -233,38 +233,37 @@ knn_status knn_select_candidates(const knn_select_args *a,
 /* Arithmetic of the candidate products: with float32 accumulation,
  * TF32 (tensor cores), split TF32 (tensor cores, three products of the
  * halves of f = hi + lo) or float32; or float64 (DGEMM, on FP64 tensor
- * cores from Ampere's A100 on). TF32 inputs keep 10 mantissa bits,
- * so the margins grow by about 2^15 / (p + 6), some 250 times at p = 128
- * (the fast term of knn_margin_*). For the correlation metrics that is an
- * absolute 0.008 or so in r and costs a few candidates. For the distances
- * the margin scales with (|f_i| + |f_max|)^2; where neighbours lie close
- * against those norms (genes of an expression matrix at different levels)
- * TF32 would admit far more than k candidates per row; for correlations,
- * so would nodes whose neighbours' r are all within that 0.008 (positive
- * data at different levels under cosine, log-counts full of near
- * duplicates). So a product search starts in TF32, and the panel path's
- * radix selection rescores a TF32 tile's candidates in float32 before
- * they reach the re-rank (knn_refine, knn_gpu_select.cu), which keeps
- * them near float32's count for the price of reading their fast vectors.
- * A search whose TF32 tile still shows too many goes on refining (leaving
- * the fused path and the warp kernel, which do not), and then, or where
- * the refinement would read more than split TF32's extra products cost,
- * in split TF32 (knn_gemm_adaptive, knn_rung_too_wide, knn_dev_next_step
- * in knn_gpu_loop.cu). Split TF32
- * errs nearly as little as float32 (its margins are some three times
- * float32's, from the accumulation over 3p terms) and runs on tensor
- * cores, faster than float32 (inst/bench/gemm_rates.py). Where a tile
- * is still crowded there (nodes whose neighbours differ by less than float32
- * resolves: points on a curve, near-copies of a profile, cosine about a
- * large common level), the search climbs once more, to float64, whose
- * margins are 2^29 times narrower (inst/bench/rungs.R on replicates of
- * 20 profiles: 10 candidates a row where float32 leaves 10000). Where the
+ * cores from sm_80 on). TF32 inputs keep 10 mantissa bits, so the
+ * margins grow by about 2^15 / (p + 6), some 250 times at p = 128 (the
+ * fast term of knn_margin_*). For the correlation metrics that is an
+ * absolute 0.008 or so in r and costs a few candidates. For the
+ * distances the margin scales with (|f_i| + |f_max|)^2; where neighbours
+ * lie close against those norms (genes of an expression matrix at
+ * different levels) TF32 would admit far more than k candidates per row;
+ * for correlations, so would nodes whose neighbours' r are all within
+ * that 0.008 (positive data at different levels under cosine, log-counts
+ * full of near duplicates). So a product search starts in TF32, and the
+ * panel path's radix selection rescores a TF32 tile's candidates in
+ * float32 before they reach the re-rank (knn_refine, knn_gpu_select.cu),
+ * which keeps them near float32's count for the price of reading their
+ * fast vectors. A search whose TF32 tile still shows too many goes on
+ * refining (leaving the fused path and the warp kernel, which do not),
+ * and then, or where the refinement would read more than split TF32's
+ * extra products cost, in split TF32. Split TF32 errs nearly as little
+ * as float32 (its margins are some three times float32's, from the
+ * accumulation over 3p terms) and runs on tensor cores, faster than
+ * float32 (inst/bench/gemm_rates.py). Where a tile is still crowded
+ * there (nodes whose neighbours differ by less than float32 resolves:
+ * points on a curve, near-copies of a profile, cosine about a large
+ * common level), the search climbs once more, to float64, whose margins
+ * are 2^29 times narrower (inst/bench/rungs.R on replicates of 20
+ * profiles: 10 candidates a row where float32 leaves 10000). Where the
  * split's arrays do not fit, float64 takes their place on a device whose
- * float64 runs at half float32's rate or better (sm_80 and sm_90
- * data-centre cards), and
- * float32 on others, which climb to float64 only from a crowded float32
- * tile (knn_gpu_loop.cu, knn_dev_climb). The request's `precision` can
- * force one arithmetic for the whole search. */
+ * float64 runs at half float32's rate or better, and float32 on others,
+ * which climb to float64 only from a crowded float32 tile. The policy
+ * decides each step (knn_gpu_policy.cu, knn_dev_next_step), the pipeline
+ * carries a climb out (knn_gpu_loop.cu, knn_dev_climb). The request's
+ * `precision` can force one arithmetic for the whole search. */
 typedef enum {
     KNN_GEMM_FP32 = 0,
     KNN_GEMM_TF32,

@@ -59,11 +59,11 @@ knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
     knn_gemm_units u = knn_gemm_units_of(gemm, p);
     int fp64 = gemm == KNN_GEMM_FP64;
     knn_select_args sa;
-    sa.panel = d->fused || fp64 ? NULL : t->panel;
+    sa.panel = knn_dev_fused(d) || fp64 ? NULL : t->panel;
     sa.panel64 = fp64 ? (const double *)t->panel : NULL;
     sa.col_sqnorm64 = nd->sqnorm64;
     sa.row_sqnorm64 = nd->sqnorm64 ? nd->sqnorm64 + node0 : NULL;
-    sa.ld = d->fused ? 0 : knn_panel_ld(req->n_ref);
+    sa.ld = knn_dev_fused(d) ? 0 : knn_panel_ld(req->n_ref);
     sa.rows = rows;
     sa.n_cols = req->n_ref;
     sa.k = req->k;
@@ -88,7 +88,7 @@ knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
     sa.row_margin2_fp32 = knn_refine_possible(d, gemm)
                               ? nd->margin2_fp32 + node0 : NULL;
     sa.wide = sa.row_margin2_fp32 ? t->wide : NULL;
-    sa.wide_buffer = d->refine_select;
+    sa.wide_buffer = d->course.refine;
     sa.fp32_unit = knn_dist_unit_of(KNN_GEMM_FP32, p);
     return sa;
 }
@@ -151,16 +151,16 @@ static knn_status knn_tile_candidates(knn_gpu_dev *d,
     const knn_request *req = d->req;
     const knn_gpu_nodes *nd = &d->nodes;
     knn_gpu_tiles *t = &d->t;
-    if (d->gathering)
+    if (d->course.path == KNN_PATH_GATHER)
         return knn_pairs_gather(&d->pairs, sa, node0, d->message, d->stream);
     if (sa->panel64) return knn_tile_candidates_fp64(d, sa, node0);
-    if (d->fused) {
+    if (knn_dev_fused(d)) {
         knn_fused_scratch scratch = knn_fused_scratch_of(t, surv_offsets);
         return knn_fused_candidates(sa, nd, node0, &scratch, NULL,
                                     d->message, d->stream);
     }
     if (knn_uses_product(req->metric))
-        KNN_TRY(knn_panel_gemm(d->blas, nd, d->gemm, node0, sa->rows,
+        KNN_TRY(knn_panel_gemm(d->blas, nd, d->course.gemm, node0, sa->rows,
                                t->panel, sa->ld, d->message));
     else
         KNN_TRY(knn_panel_manhattan(nd->exact + (size_t)node0 * req->p,
@@ -229,7 +229,7 @@ static knn_status knn_tile_transfer(knn_gpu_dev *d, knn_gpu_slot *sl)
     KNN_TRY(knn_copy_back(d, sl->count, t->count, r * sizeof(int)));
     if (sl->refined)
         KNN_TRY(knn_copy_back(d, sl->wide, t->wide, r * sizeof(int)));
-    if (sl->fused)
+    if (knn_slot_fused(sl))
         KNN_TRY(knn_copy_back(d, sl->survivors, t->survivors,
                               r * sizeof(int)));
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->ranked, d->stream));
@@ -267,11 +267,8 @@ void knn_slot_begin(const knn_gpu_dev *d, knn_gpu_slot *sl, int row0,
 {
     sl->row0 = row0;
     sl->rows = rows;
-    sl->gemm = d->gemm;
-    sl->fused = d->fused && !d->gathering;
-    sl->gathered = d->gathering;
-    sl->refined = knn_tile_refined(d, rows, d->gemm);
-    sl->refine_select = d->refine_select;
+    sl->course = d->course;
+    sl->refined = knn_tile_refined(d, rows, d->course.gemm);
 }
 
 /* Queues tile work for global query rows [row0, row0 + rows) with the given
@@ -284,7 +281,7 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
     knn_slot_begin(d, sl, row0, rows);
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
     knn_select_args sa = knn_tile_select_args(d, row0, node0, rows,
-                                              ts->offsets, sl->gemm);
+                                              ts->offsets, sl->course.gemm);
     KNN_TRY(knn_tile_candidates(d, &sa, node0, ts->surv_offsets));
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->selected, d->stream));
     KNN_TRY(knn_tile_rerank(d, sl, node0, ts->offsets, ts->n_slots));
@@ -296,7 +293,7 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
 static int knn_row_surv_over(const knn_gpu_tiles *t, const knn_gpu_slot *sl,
                              int r)
 {
-    return sl->fused && sl->survivors[r] > t->surv_slots;
+    return knn_slot_fused(sl) && sl->survivors[r] > t->surv_slots;
 }
 
 /* Exact offsets from per-row counts into the pinned array h (rows + 1);
@@ -460,15 +457,15 @@ static knn_status knn_slots_exact(knn_gpu_dev *d, const knn_gpu_slot *sl,
     knn_gpu_tiles *t = &d->t;
     int avail = d->req->n_ref;
     cand.resize(sl->rows);
-    surv.resize(sl->fused ? sl->rows : 0);
+    surv.resize(knn_slot_fused(sl) ? sl->rows : 0);
     for (int r = 0; r < sl->rows; r++) {
         cand[r] = knn_row_surv_over(t, sl, r)
             ? (sl->survivors[r] < avail ? sl->survivors[r] : avail)
             : sl->count[r];
-        if (sl->fused) surv[r] = sl->survivors[r];
+        if (knn_slot_fused(sl)) surv[r] = sl->survivors[r];
     }
     int64_t total = knn_offsets_exact(cand, t->h_offsets);
-    int64_t total_surv = sl->fused
+    int64_t total_surv = knn_slot_fused(sl)
         ? knn_offsets_exact(surv, t->h_surv_offsets) : 0;
     if (total < 0 || total_surv < 0) {
         snprintf(d->message, sizeof d->message,
@@ -477,7 +474,8 @@ static knn_status knn_slots_exact(knn_gpu_dev *d, const knn_gpu_slot *sl,
         return KNN_E_NOMEM;
     }
     knn_status st = knn_slots_fit(d, total, sl->rows);
-    if (st == KNN_OK && sl->fused) st = knn_survivors_fit(d, total_surv);
+    if (st == KNN_OK && knn_slot_fused(sl))
+        st = knn_survivors_fit(d, total_surv);
     if (st != KNN_OK)
         return knn_redo_nomem(d, st, (long long)(total + total_surv));
     size_t offsets_bytes = (size_t)(sl->rows + 1) * sizeof(int);
@@ -485,7 +483,7 @@ static knn_status knn_slots_exact(knn_gpu_dev *d, const knn_gpu_slot *sl,
                  cudaMemcpyAsync(t->offsets_exact, t->h_offsets,
                                  offsets_bytes, cudaMemcpyHostToDevice,
                                  d->stream));
-    if (sl->fused)
+    if (knn_slot_fused(sl))
         KNN_CUDA_TRY(d->message,
                      cudaMemcpyAsync(t->surv_offsets_exact, t->h_surv_offsets,
                                      offsets_bytes, cudaMemcpyHostToDevice,
@@ -503,7 +501,7 @@ static knn_status knn_slots_check(knn_gpu_dev *d, const knn_gpu_slot *sl,
 {
     for (int r = 0; r < sl->rows; r++) {
         if (sl->count[r] > cand[r] ||
-            (sl->fused && sl->survivors[r] != surv[r]))
+            (knn_slot_fused(sl) && sl->survivors[r] != surv[r]))
             return knn_gpu_fail(d->message, KNN_E_DEVICE, "candidate redo",
                                 "a row's candidate count changed between "
                                 "two runs of the same tile", __FILE__,
@@ -590,19 +588,23 @@ static knn_status knn_dev_leave_fp32(knn_gpu_dev *d, knn_gemm_mode *next)
  * ones are computed on the stream after them. */
 static knn_status knn_dev_climb(knn_gpu_dev *d)
 {
-    knn_gemm_mode next = d->gemm;
-    KNN_TRY(d->gemm == KNN_GEMM_TF32 ? knn_dev_leave_tf32(d, &next)
-                                     : knn_dev_leave_fp32(d, &next));
+    knn_course c = d->course;
+    knn_gemm_mode from = c.gemm, next = c.gemm;
+    KNN_TRY(from == KNN_GEMM_TF32 ? knn_dev_leave_tf32(d, &next)
+                                  : knn_dev_leave_fp32(d, &next));
     /* Float32 after TF32 may still climb to float64; nothing climbs
      * further, or from where float64 did not fit. */
-    d->gemm_adaptive = next == KNN_GEMM_TF32X3 ||
-                       (next == KNN_GEMM_FP32 && d->gemm == KNN_GEMM_TF32);
-    if (next == d->gemm) return KNN_OK;
-    d->gemm_before |= knn_gemm_bit(d->gemm);
-    d->gemm = next;
+    c.may_climb = next == KNN_GEMM_TF32X3 ||
+                  (next == KNN_GEMM_FP32 && from == KNN_GEMM_TF32);
+    if (next != from) {
+        c.climbed_from |= knn_gemm_bit(from);
+        c.gemm = next;
+    }
+    knn_course_set(d, c);
+    if (next == from) return KNN_OK;
     KNN_BLAS_TRY(d->message,
-                 cublasSetMathMode(d->blas, knn_gemm_math(d->gemm)));
-    return knn_nodes_remargin(d->req->metric, &d->nodes, d->gemm, d->message,
+                 cublasSetMathMode(d->blas, knn_gemm_math(next)));
+    return knn_nodes_remargin(d->req->metric, &d->nodes, next, d->message,
                               d->stream);
 }
 
@@ -642,23 +644,23 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
      * (TF32, then split TF32, then float64, on data none but float64
      * resolves): each pass refines or climbs, or leaves the loop. */
     for (;;) {
-        knn_rung_step step = knn_dev_next_step(d, sl, found,
-                                               sl->fused ? 0 : overflow);
-        if (step == KNN_RUNG_REFINE) d->refine_select = 1;
-        if (sl->fused && step != KNN_RUNG_STAY) {
+        knn_rung_step step = knn_dev_next_step(
+            d, sl, found, knn_slot_fused(sl) ? 0 : overflow);
+        if (step == KNN_RUNG_REFINE) knn_course_refine(d);
+        if (knn_slot_fused(sl) && step != KNN_RUNG_STAY) {
             *rewind = (int)step;
             return KNN_OK;
         }
         if (step == KNN_RUNG_CLIMB) KNN_TRY(knn_dev_climb(d));
-        if (!overflow || (sl->gemm == d->gemm &&
-                          sl->refine_select == d->refine_select))
+        if (!overflow || (sl->course.gemm == d->course.gemm &&
+                          sl->course.refine == d->course.refine))
             break;
         KNN_TRY(knn_tile_again(d, s, KNN_AGAIN_COURSE));
         overflow = knn_slot_overflow(t, sl, &found);
     }
     /* Only a tile kept says how the result was made: a fused probe that
      * the search rewound to the panel path left no candidate behind. */
-    d->half_products |= sl->fused || sl->gathered;
+    d->half_products |= knn_slot_fused(sl) || knn_slot_gathered(sl);
     if (overflow) {
         KNN_TRY(knn_tile_again(d, s, KNN_AGAIN_SLOTS));
         knn_slot_overflow(t, sl, &found); /* the counts of the run again */
@@ -678,7 +680,7 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
     knn_copy_out(d, sl);
     d->seconds_collect += knn_seconds() - t0;
     /* A shared walk counted half of each row as its tile ran. */
-    knn_meet_progress(d->shared, sl->gathered
+    knn_meet_progress(d->shared, knn_slot_gathered(sl)
                                      ? knn_gather_share(sl->row0, sl->rows)
                                      : sl->rows);
     return KNN_OK;

@@ -187,8 +187,9 @@ static knn_status knn_host_slots(knn_gpu_dev *d, size_t bytes)
  * path, twice the reference's for float64 products. */
 static size_t knn_dev_panel_ld(const knn_gpu_dev *d)
 {
-    if (d->fused) return 0;
-    return knn_panel_ld(d->req->n_ref) * (d->gemm == KNN_GEMM_FP64 ? 2 : 1);
+    if (knn_dev_fused(d)) return 0;
+    return knn_panel_ld(d->req->n_ref) *
+           (d->course.gemm == KNN_GEMM_FP64 ? 2 : 1);
 }
 
 /* Uniform offsets: row i's slots from i * slots, on the device from the
@@ -258,7 +259,7 @@ static int knn_dev_stage_nodes(const knn_gpu_dev *d, int list_cap)
 /* Whether the device's search takes a shared walk, in such tiles. */
 static int knn_dev_wants_pairs(const knn_gpu_dev *d, int rows)
 {
-    return d->fused && knn_dev_could_pair(d, rows);
+    return knn_dev_fused(d) && knn_dev_could_pair(d, rows);
 }
 
 /* The fp16 vectors that the fused kernel reads; where they do not fit,
@@ -268,7 +269,7 @@ static knn_status knn_dev_make_half(knn_gpu_dev *d)
     knn_status st = knn_nodes_half(d->req->metric, &d->nodes, d->message,
                                    d->stream);
     if (st == KNN_E_NOMEM) {
-        d->fused = 0;
+        knn_course_path(d, KNN_PATH_PANEL);
         d->message[0] = '\0';
         return KNN_OK;
     }
@@ -285,19 +286,21 @@ static knn_status knn_dev_choose_path(knn_gpu_dev *d)
     KNN_CUDA_TRY(d->message,
                  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
                                         d->device));
-    d->fused = 0;
+    knn_gemm_mode gemm = d->course.gemm;
+    knn_course_path(d, KNN_PATH_PANEL);
     d->wave_rows = 0;
-    if (d->refine_select ||
-        !knn_fused_choose(d->knobs->select, req->metric, d->gemm, req->k,
+    if (d->course.refine ||
+        !knn_fused_choose(d->knobs->select, req->metric, gemm, req->k,
                           req->p, d->nq, sms, 1))
         return KNN_OK;
     KNN_TRY(knn_fused_wave_rows(d->score_kind, req->k, sms, &d->wave_rows,
                                 d->message));
-    d->fused = knn_fused_choose(d->knobs->select, req->metric, d->gemm, req->k,
-                                req->p, d->nq, sms,
-                                knn_dev_could_pair(d, d->wave_rows));
-    if (d->fused) KNN_TRY(knn_dev_make_half(d));
-    if (!d->fused) d->wave_rows = 0;
+    if (knn_fused_choose(d->knobs->select, req->metric, gemm, req->k, req->p,
+                         d->nq, sms, knn_dev_could_pair(d, d->wave_rows))) {
+        knn_course_path(d, KNN_PATH_FUSED);
+        KNN_TRY(knn_dev_make_half(d));
+    }
+    if (!knn_dev_fused(d)) d->wave_rows = 0;
     return KNN_OK;
 }
 
@@ -310,7 +313,7 @@ static knn_status knn_dev_choose_path(knn_gpu_dev *d)
 static knn_status knn_dev_refuse_pairs(knn_gpu_dev *d)
 {
     knn_pairs_free(&d->pairs);
-    d->pairs_refused = 1;
+    knn_course_refuse_walk(d);
     d->message[0] = '\0';
     return knn_dev_plan_tiles(d);
 }
@@ -323,8 +326,8 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
     KNN_TRY(knn_dev_choose_path(d));
     int slots = 2 * k + 256 < avail ? 2 * k + 256 : avail;
     knn_pairs_free(&d->pairs);
-    int surv_slots = d->fused ? knn_fused_survivor_slots(k, req->n_ref, avail)
-                              : 0;
+    int surv_slots = knn_dev_fused(d)
+        ? knn_fused_survivor_slots(k, req->n_ref, avail) : 0;
     size_t free_b = 0, total_b = 0;
     KNN_CUDA_TRY(d->message, cudaMemGetInfo(&free_b, &total_b));
     double budget = (double)free_b - KNN_RESERVE_BYTES - 0.05 * total_b;
@@ -352,10 +355,10 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
      * A shared walk takes one wave a tile: the pairs within a tile are
      * computed twice, so more tiles save more. */
     double tile_rows = pairs ? (double)d->wave_rows
-        : d->fused
+        : knn_dev_fused(d)
         ? fmax(KNN_FUSED_PAIRS_MAX / req->n_ref, (double)d->wave_rows)
         : KNN_PANEL_FLOATS_MAX / req->n_ref /
-              (d->gemm == KNN_GEMM_FP64 ? 2 : 1);
+              (d->course.gemm == KNN_GEMM_FP64 ? 2 : 1);
     double limits[] = {(double)d->nq, 2147483647.0 / slots,
                        2147483647.0 / (surv_slots > 0 ? surv_slots : 1),
                        KNN_SLOT_BYTES_MAX / (k * 20.0), tile_rows};
@@ -364,7 +367,7 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
     int r = rows < 1.0 ? 1 : (int)rows;
     /* Whole waves: a tile of 2.03 waves of fused blocks takes as long as
      * one of 3, its last few blocks running alone. */
-    if (d->fused && r < d->nq && r > d->wave_rows)
+    if (knn_dev_fused(d) && r < d->nq && r > d->wave_rows)
         r -= r % d->wave_rows;
     if (knn_dev_wants_pairs(d, r)) {
         knn_status st = knn_pairs_alloc(&d->pairs, req->n_ref, k, list_cap,

@@ -21,6 +21,52 @@
  */
 #include "knn_gpu_tiles.cuh"
 
+/* ---- the course -------------------------------------------------------- */
+
+/* The one place a device's course changes: the plan (its path), the
+ * policy's steps after a tile (refine, climb), a shared walk's end and
+ * leaving it. */
+void knn_course_set(knn_gpu_dev *d, knn_course next)
+{
+    d->course = next;
+}
+
+void knn_course_path(knn_gpu_dev *d, knn_gpu_path path)
+{
+    knn_course c = d->course;
+    c.path = path;
+    knn_course_set(d, c);
+}
+
+void knn_course_refine(knn_gpu_dev *d)
+{
+    knn_course c = d->course;
+    c.refine = 1;
+    knn_course_set(d, c);
+}
+
+void knn_course_refuse_walk(knn_gpu_dev *d)
+{
+    knn_course c = d->course;
+    c.walk_refused = 1;
+    knn_course_set(d, c);
+}
+
+int knn_dev_fused(const knn_gpu_dev *d)
+{
+    return d->course.path != KNN_PATH_PANEL;
+}
+
+int knn_slot_fused(const knn_gpu_slot *sl)
+{
+    return sl->course.path == KNN_PATH_FUSED;
+}
+
+int knn_slot_gathered(const knn_gpu_slot *sl)
+{
+    return sl->course.path == KNN_PATH_GATHER;
+}
+
 /* ---- the start: arithmetic and path ------------------------------------ */
 
 /* TF32 unless the request forces an arithmetic. */
@@ -95,7 +141,7 @@ int knn_pairs_choose(knn_select_force force, int self, int k, int n_ref,
 int knn_dev_could_pair(const knn_gpu_dev *d, int rows)
 {
     const knn_request *req = d->req;
-    return !d->pairs_refused &&
+    return !d->course.walk_refused &&
            knn_pairs_choose(d->knobs->select, d->self, req->k, req->n_ref,
                             rows);
 }
@@ -111,7 +157,7 @@ int knn_refine_possible(const knn_gpu_dev *d, knn_gemm_mode gemm)
 }
 
 /* The selection kernel of a panel tile of `rows` rows. Once TF32 has
- * found too many candidates for the plain selection (d->refine_select),
+ * found too many candidates for the plain selection (course.refine),
  * the radix kernel, which refines them, replaces the warp kernel, unless
  * the request forced that one. */
 knn_select_algo knn_tile_algo(const knn_gpu_dev *d, int rows)
@@ -119,7 +165,7 @@ knn_select_algo knn_tile_algo(const knn_gpu_dev *d, int rows)
     const knn_request *req = d->req;
     knn_select_force force = d->knobs->select;
     knn_select_algo algo = knn_select_choose(force, rows, req->k);
-    if (algo == KNN_SELECT_WARP && d->refine_select &&
+    if (algo == KNN_SELECT_WARP && d->course.refine &&
         force == KNN_SELECT_CHOOSE)
         return KNN_SELECT_RADIX;
     return algo;
@@ -129,7 +175,7 @@ knn_select_algo knn_tile_algo(const knn_gpu_dev *d, int rows)
  * candidates: the panel path's radix kernel does. */
 int knn_tile_refined(const knn_gpu_dev *d, int rows, knn_gemm_mode gemm)
 {
-    return !d->fused && knn_refine_possible(d, gemm) &&
+    return !knn_dev_fused(d) && knn_refine_possible(d, gemm) &&
            knn_tile_algo(d, rows) == KNN_SELECT_RADIX;
 }
 
@@ -139,7 +185,7 @@ int knn_tile_refined(const knn_gpu_dev *d, int rows, knn_gemm_mode gemm)
  * one before) where the candidates' own count stops at the slots. */
 double knn_slot_wide(const knn_gpu_slot *sl, double found)
 {
-    if (!sl->refined && !sl->fused) return found;
+    if (!sl->refined && !knn_slot_fused(sl)) return found;
     double wide = 0.0;
     for (int r = 0; r < sl->rows; r++)
         wide += sl->refined ? sl->wide[r] : sl->survivors[r];
@@ -174,12 +220,13 @@ knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
                                 const knn_gpu_slot *sl, double found,
                                 int overflow)
 {
-    if (!d->gemm_adaptive || sl->gathered || sl->gemm != d->gemm ||
-        sl->refine_select != d->refine_select)
+    if (!d->course.may_climb || knn_slot_gathered(sl) ||
+        sl->course.gemm != d->course.gemm ||
+        sl->course.refine != d->course.refine)
         return KNN_RUNG_STAY;
     const knn_request *req = d->req;
     int crowded = overflow || knn_rung_too_wide(found, sl->rows, req->k);
-    if (sl->gemm != KNN_GEMM_TF32)
+    if (sl->course.gemm != KNN_GEMM_TF32)
         return crowded ? KNN_RUNG_CLIMB : KNN_RUNG_STAY;
     double wide = knn_slot_wide(sl, found);
     int costly = knn_refine_too_costly(wide, sl->rows, req->n_ref);
@@ -187,7 +234,7 @@ knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
         return sl->refined && costly &&
                        knn_rung_too_wide(wide, sl->rows, req->k)
                    ? KNN_RUNG_CLIMB : KNN_RUNG_STAY;
-    return !costly && !sl->refined && !d->refine_select &&
+    return !costly && !sl->refined && !d->course.refine &&
                    d->knobs->select == KNN_SELECT_CHOOSE
                ? KNN_RUNG_REFINE : KNN_RUNG_CLIMB;
 }

@@ -133,7 +133,7 @@ static knn_status knn_dev_open(knn_gpu_dev *d)
     d->copy_stream = d->ctx->copy_stream;
     d->blas = d->ctx->blas;
     KNN_BLAS_TRY(d->message,
-                 cublasSetMathMode(d->blas, knn_gemm_math(d->gemm)));
+                 cublasSetMathMode(d->blas, knn_gemm_math(d->course.gemm)));
     return KNN_OK;
 }
 
@@ -151,15 +151,15 @@ static knn_status knn_dev_search(knn_gpu_dev *d)
         if (d->shared->stop) return KNN_E_INTERRUPTED;
         if (!left && d->team_walk) KNN_TRY(knn_team_exchange(d, &left));
         if (!left) {
-            d->gathering = 1;
+            knn_course_path(d, KNN_PATH_GATHER);
             d->pairs_once = 1;
             knn_status st = knn_dev_tiles(d, 0);
-            d->gathering = 0;
+            knn_course_path(d, KNN_PATH_FUSED);
             return st;
         }
         KNN_TRY(knn_dev_leave_pairs(d, left));
     }
-    return knn_dev_tiles(d, d->fused && d->gemm_adaptive);
+    return knn_dev_tiles(d, knn_dev_fused(d) && d->course.may_climb);
 }
 
 static knn_status knn_dev_run(knn_gpu_dev *d)
@@ -266,14 +266,14 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
     int refined = 0, half_products = 0, climbs = -1;
     /* What the devices ended on: the one that climbed furthest says to
      * what, and from which arithmetics any of them came. */
-    knn_gemm_mode gemm = devs.empty() ? KNN_GEMM_FP32 : devs[0].gemm;
+    knn_gemm_mode gemm = devs.empty() ? KNN_GEMM_FP32 : devs[0].course.gemm;
     for (const knn_gpu_dev &d : devs) {
-        int n = __builtin_popcount(d.gemm_before);
+        int n = __builtin_popcount(d.course.climbed_from);
         if (n > climbs) {
             climbs = n;
-            gemm = d.gemm;
+            gemm = d.course.gemm;
         }
-        before |= d.gemm_before;
+        before |= d.course.climbed_from;
     }
     rep->row_tile = 0;
     rep->pairs_once = !devs.empty();
@@ -365,9 +365,13 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
         d->query_max_abs = qmax;
         d->score_kind = knn_score_of(req->metric);
         /* Manhattan multiplies nothing: its panel is float32 sums. */
-        d->gemm = knn_uses_product(req->metric)
-                      ? knn_gemm_choose(req->precision) : KNN_GEMM_FP32;
-        d->gemm_adaptive = knn_gemm_adaptive(req->precision, req->metric);
+        knn_course c = {KNN_PATH_PANEL,
+                        knn_uses_product(req->metric)
+                            ? knn_gemm_choose(req->precision)
+                            : KNN_GEMM_FP32,
+                        knn_gemm_adaptive(req->precision, req->metric), 0u,
+                        0, 0};
+        knn_course_set(d, c);
         d->copy_threads = copy_threads;
     }
     knn_place_walkers(devs);

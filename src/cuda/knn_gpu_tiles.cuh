@@ -114,17 +114,34 @@ struct knn_pages {
     ~knn_pages() { knn_pages_join(this); }
 };
 
+/* A device's course: how its search finds candidates from here on. One
+ * value, changed only by knn_course_set (knn_gpu_policy.cu); each tile
+ * keeps the course it ran on (knn_gpu_slot.course), which the policy
+ * compares with the device's. */
+typedef enum {
+    KNN_PATH_PANEL = 0, /* a panel of products, then a selection kernel */
+    KNN_PATH_FUSED,     /* the fused kernel (a shared walk's tiles too) */
+    KNN_PATH_GATHER     /* tiles gather a finished shared walk's lists */
+} knn_gpu_path;
+typedef struct {
+    knn_gpu_path path;
+    knn_gemm_mode gemm;     /* the products' arithmetic */
+    int may_climb;          /* the arithmetic may still change */
+    unsigned climbed_from;  /* the arithmetics left behind (knn_gemm_bit) */
+    int refine;             /* TF32 found too many candidates for the
+                               plain selection: tiles take the panel path
+                               and the radix kernel, which refines them */
+    int walk_refused;       /* a shared walk overflowed or did not fit:
+                               not again */
+} knn_course;
+
 /* One of the two pinned result slots: the host copies one out while the
  * device fills the other. */
 typedef struct {
     int row0, rows;
-    knn_gemm_mode gemm;     /* the arithmetic the tile ran with */
-    int fused;              /* the tile ran on the fused path */
+    knn_course course;      /* the device's when the tile was queued */
     int refined;            /* its selection may rescore TF32 candidates
                                in float32 (knn_gpu_select.cu, knn_refine) */
-    int refine_select;      /* knn_gpu_dev's when it ran */
-    int gathered;           /* its candidates came from a shared walk's
-                               lists (knn_gpu_pairs.cu) */
     int *index, *count;
     int *wide;              /* TF32 candidates before the refinement */
     int *survivors;         /* fused: the slots each row needed */
@@ -203,27 +220,17 @@ typedef struct {
     int n_nodes;
     double query_max_abs;   /* distances, query search: max |query| */
     knn_score_kind score_kind;
-    knn_gemm_mode gemm;
-    int gemm_adaptive;      /* may still climb to a finer arithmetic */
-    unsigned gemm_before;   /* the arithmetics it climbed from
-                               (knn_gemm_bit) */
+    knn_course course;      /* see knn_course */
     int fp64_fast;          /* the device runs float64 at half float32's
                                rate or better: float64 may stand in for
                                split TF32 where its arrays do not fit */
-    int fused;              /* tiles take the fused path (TF32 only) */
     int half_products;      /* a tile whose results were kept took the
                                fused path's fp16 products (nodes.half) */
-    int refine_select;      /* TF32 found too many candidates for the
-                               plain selection: tiles take the panel path
-                               and the radix kernel, which refines them */
     int refined;            /* a tile's refinement dropped candidates */
     int wave_rows;          /* fused: rows of one full wave of blocks
                                (every SM holding all the blocks it can) */
     knn_pairs pairs;        /* a shared walk's per-node arrays (pairs.block
                                set: this search computes each pair once) */
-    int pairs_refused;      /* a shared walk overflowed or did not fit:
-                               not again */
-    int gathering;          /* the walk is done: tiles gather its lists */
     int pairs_once;         /* the search ended with a shared walk */
     knn_gpu_context *ctx;   /* the device's stream, handle, staging */
     cudaStream_t stream;    /* ctx's */
@@ -279,7 +286,10 @@ void knn_survivors_free(knn_gpu_tiles *t);
 /* Waits until both of the device's streams are idle. */
 knn_status knn_dev_idle(knn_gpu_dev *d);
 
-/* knn_gpu_policy.cu: the choices that read a device's course. Whether a
+/* knn_gpu_policy.cu: the one change of a device's course; whether the
+ * device is on the fused path (a shared walk's too), whether a slot's
+ * tile ran the fused kernel or gathered a walk's lists; and the choices
+ * that read the course. Whether a
  * search on the fused path would take a shared walk in tiles of `rows`
  * rows (0: any); whether a tile in `gemm` may refine its TF32 candidates
  * in float32; the selection kernel of a panel tile of `rows` rows, and
@@ -287,6 +297,15 @@ knn_status knn_dev_idle(knn_gpu_dev *d);
  * given `found` after it; what the search does after the tile in slot
  * sl (found: its rows' candidates; overflow: a row overflowed its
  * slots). */
+void knn_course_set(knn_gpu_dev *d, knn_course next);
+/* The course with one thing changed: the path; TF32 candidates refined
+ * from now on; no shared walk any more. */
+void knn_course_path(knn_gpu_dev *d, knn_gpu_path path);
+void knn_course_refine(knn_gpu_dev *d);
+void knn_course_refuse_walk(knn_gpu_dev *d);
+int knn_dev_fused(const knn_gpu_dev *d);
+int knn_slot_fused(const knn_gpu_slot *sl);
+int knn_slot_gathered(const knn_gpu_slot *sl);
 int knn_dev_could_pair(const knn_gpu_dev *d, int rows);
 int knn_refine_possible(const knn_gpu_dev *d, knn_gemm_mode gemm);
 knn_select_algo knn_tile_algo(const knn_gpu_dev *d, int rows);

@@ -156,7 +156,7 @@ knn_status knn_dev_prepare(knn_gpu_dev *d)
     knn_status st = knn_upload_nodes(d, &x);
     if (st == KNN_OK)
         st = knn_prepare_nodes(req->metric, x, req->p, req->n_ref,
-                               d->n_nodes, d->query_max_abs, d->gemm,
+                               d->n_nodes, d->query_max_abs, d->course.gemm,
                                &d->nodes,
                                d->message, d->stream);
     if (x != d->nodes.exact) cudaFree(x);

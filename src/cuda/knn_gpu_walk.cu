@@ -99,8 +99,8 @@ static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
     knn_slot_begin(d, sl, first, mine);
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
     if (d->team_walk) KNN_TRY(knn_team_tighten(d, row0));
-    knn_select_args sa = knn_tile_select_args(d, first, first, mine,
-                                              t->offsets_uniform, d->gemm);
+    knn_select_args sa = knn_tile_select_args(
+        d, first, first, mine, t->offsets_uniform, d->course.gemm);
     sa.n_cols = row0 + rows;
     knn_pairs_walk walk = {d->pairs, row0};
     knn_fused_scratch scratch = knn_fused_scratch_of(t,
@@ -110,7 +110,7 @@ static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
                                      d->message, d->stream));
     knn_select_args earlier = knn_tile_select_args(d, 0, 0, row0,
                                                    t->offsets_uniform,
-                                                   d->gemm);
+                                                   d->course.gemm);
     KNN_TRY(knn_pairs_merge(&d->pairs, &earlier, 0, row0, d->message,
                             d->stream));
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->selected, d->stream));
@@ -222,7 +222,7 @@ knn_status knn_team_agree(knn_gpu_dev *d)
         return KNN_OK;
     }
     if (!d->pairs.block) return KNN_OK;
-    d->pairs_refused = 1;
+    knn_course_refuse_walk(d);
     return knn_dev_leave_fused(d, KNN_RUNG_STAY);
 }
 
@@ -261,8 +261,8 @@ static knn_status knn_team_take_lists(knn_gpu_dev *d, int *lost)
 {
     knn_pairs *p = &d->pairs;
     knn_gpu_tiles *t = &d->t;
-    knn_select_args all = knn_tile_select_args(d, 0, 0, d->req->n_ref,
-                                               t->offsets_uniform, d->gemm);
+    knn_select_args all = knn_tile_select_args(
+        d, 0, 0, d->req->n_ref, t->offsets_uniform, d->course.gemm);
     /* The last tile's nodes that walked elsewhere have no threshold here
      * yet: an entry is absorbed at or below one. */
     KNN_TRY(knn_team_tighten(d, d->req->n_ref));
@@ -323,7 +323,7 @@ knn_status knn_team_exchange(knn_gpu_dev *d, int *left)
  * overflowed, on the plain walk. */
 knn_status knn_dev_leave_pairs(knn_gpu_dev *d, int left)
 {
-    if (left < 0) d->pairs_refused = 1;
-    else if (left == KNN_RUNG_REFINE) d->refine_select = 1;
+    if (left < 0) knn_course_refuse_walk(d);
+    else if (left == KNN_RUNG_REFINE) knn_course_refine(d);
     return knn_dev_leave_fused(d, left < 0 ? KNN_RUNG_STAY : left);
 }
