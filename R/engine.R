@@ -1,6 +1,8 @@
 ## Internal: running the engine once, and what its answer means.
 
-## Runs one search. ref, query: results of .asNodes() (query may be NULL).
+## Runs one search. ref, query: results of .asNodes() (query may be NULL);
+## precision already checked by the verb (.checkPrecision), here only
+## against the backend that runs.
 ## Returns the engine's list(index, distance, weight, info) of n x k
 ## matrices, or with edges = TRUE (self search) the directed edge list
 ## list(from, to, weight, distance, rank, info); info is extended with the
@@ -8,7 +10,7 @@
 .runEngine <- function(ref, query, k, metric, device, threads, progress,
                        verbose, devices, edges = FALSE, precision = "auto") {
     backend <- .resolveDevice(device)
-    precision <- .checkPrecision(precision, backend)
+    precision <- .checkRung(precision, backend)
     devices <- .checkDevices(devices, backend)
     threads <- .checkThreads(threads)
     progress <- .checkFlag(progress, "progress")

@@ -49,7 +49,9 @@
  * a row per this many reference nodes. */
 #define KNN_REFINE_NODES_PER_CANDIDATE 200.0
 /* A row rescores its TF32 candidates in float32 only past this many
- * (knn_gpu_select.cu; fewer cost the re-rank less than the rescoring). */
+ * (knn_gpu_select.cu): below it the re-rank of the few extra ones costs
+ * less than the rescoring. Not measured on its own: inst/bench/rungs.R
+ * times the refinement as a whole. */
 #define KNN_REFINE_MIN(k) (2 * (k) + 32)
 /* A tile is crowded (refine or climb) past knn_rung_too_wide's 4k + 64
  * candidates a row (src/engine/knn.h, shared with the CPU), measured by
