@@ -1,6 +1,8 @@
 ## Internal: running the engine once, and what its answer means.
 
-## Runs one search. ref, query: results of .asNodes() (query may be NULL).
+## Runs one search. ref, query: results of .asNodes() (query may be NULL);
+## precision already checked by the verb (.checkPrecision), here only
+## against the backend that runs.
 ## Returns the engine's list(index, distance, weight, info) of n x k
 ## matrices, or with edges = TRUE (self search) the directed edge list
 ## list(from, to, weight, distance, rank, info); info is extended with the
@@ -8,7 +10,7 @@
 .runEngine <- function(ref, query, k, metric, device, threads, progress,
                        verbose, devices, edges = FALSE, precision = "auto") {
     backend <- .resolveDevice(device)
-    precision <- .checkPrecision(precision, backend)
+    precision <- .checkRung(precision, backend)
     devices <- .checkDevices(devices, backend)
     threads <- .checkThreads(threads)
     progress <- .checkFlag(progress, "progress")
@@ -20,9 +22,8 @@
                          gpu = backend == "gpu", threads = threads,
                          memory = .memoryBudget(backend), devices = devices,
                          progress = progress, edges = edges,
-                         algorithm = algorithm,
+                         algorithm = algorithm, precision = precision,
                          select = .envChoice("KNNGPU_SELECT", .gpuSelects),
-                         precision = precision,
                          block = .blockNodes())
     if (!is.null(res$problem)) .stopProblem(res$problem, ref, query, metric)
     res$info$elapsed <- .wallSeconds() - start
@@ -70,19 +71,26 @@
 
 ## One engine call with its arguments by name: ref and query are p x n
 ## double matrices (query NULL for a self search); the rest as the engine
-## takes them (src/glue.c, C_knn_search). The one place that knows the
-## .Call's arguments, for the verbs and the benchmark scripts.
+## takes them (src/glue.c, C_knn_search), checked by the caller. The one
+## place that knows the .Call's arguments, for the verbs and the benchmark
+## scripts. select, block and stagePeers are the engine's test and tuning
+## knobs (knn_knobs in src/engine/knn.h), apart from the search's own
+## arguments: the GPU's selection forced (.gpuSelects), nodes per block of
+## a streamed search, and (stagePeers, for measurements) several GPUs
+## staging each other's arrays as GPUs without peer access do.
 .engineSearch <- function(ref, query = NULL, k, metric, gpu = FALSE,
                           threads = 0L, memory = 0, devices = integer(),
                           progress = FALSE, edges = FALSE,
-                          algorithm = "auto", select = "auto",
-                          precision = "auto", block = 0L) {
-    controls <- c(match(algorithm, .algorithms) - 1L,
-                  match(select, .gpuSelects) - 1L,
-                  match(precision, .precisions) - 1L, as.integer(block))
+                          algorithm = "auto", precision = "auto",
+                          select = "auto", block = 0L, stagePeers = FALSE) {
+    knobs <- c(select = match(select, .gpuSelects) - 1L,
+               block_nodes = as.integer(block),
+               stage_peers = as.integer(stagePeers))
     .Call(C_knn_search, ref, query, as.integer(k), .metricCode(metric),
           as.integer(gpu), as.integer(threads), as.double(memory),
-          as.integer(devices), progress, edges, controls)
+          as.integer(devices), progress, edges,
+          match(algorithm, .algorithms) - 1L,
+          match(precision, .precisions) - 1L, knobs)
 }
 
 ## The engine stopped without a result: the user interrupted it (or an

@@ -42,32 +42,14 @@
 #'   named by the cells), as scran and bluster do it.
 #' @param devices GPU ids (0-based, as \code{gpuInfo()} lists them) to split
 #'   the work across; \code{NULL} uses every visible GPU.
-#' @param precision The arithmetic that finds candidates before the exact
-#'   float64 re-rank; the result is the same bits on every choice, only
-#'   the time differs. \code{"auto"} (the default) starts on the cheapest
-#'   (TF32 tensor cores on the GPU, float32 BLAS on the CPU) and goes on in
-#'   the next (split TF32 on the GPU, float64 BLAS on the CPU) once the
-#'   data show its proven margin lets too many candidates through, e.g.
-#'   nodes whose neighbours are nearly equidistant; on the GPU a search
-#'   still crowded there goes on in float64 (DGEMM, on the FP64 tensor
-#'   cores of an A100, H100 or H200; on cards whose float64 runs at 1/32
-#'   of float32 or less it is slow, but the only arithmetic that resolves
-#'   such data). On the GPU, TF32
-#'   candidates are first rescored in float32 (a read of their values,
-#'   where split TF32 would redo every product), which keeps data such as
-#'   single-cell log-counts on TF32; the \code{precision} attribute then
-#'   says "fp32 rescored". The fused GPU kernel takes its TF32 rung's
-#'   products from fp16 copies of the vectors, each node scaled by a power
-#'   of two (the same 10 mantissa bits, rounded to nearest, within TF32's
-#'   margins, at twice the rate); the attribute then ends "(tf32 tiles:
-#'   fp16 fused products)". Split TF32
-#'   (\code{"tf32x3"}) writes each float32 value as the sum of two TF32
-#'   values and adds three tensor-core products, for nearly float32's
-#'   accuracy in about 0.6 of its time; where its arrays do not fit in GPU
-#'   memory the climb goes to float64 on a GPU that runs it at half
-#'   float32's rate, else to float32. \code{"tf32"}, \code{"tf32x3"} (GPU
-#'   only), \code{"fp32"} and \code{"fp64"} (both) force one; the
-#'   result's \code{precision} attribute says which ran.
+#' @param precision The arithmetic that finds candidates before every
+#'   reported neighbour is re-ranked exactly in float64: the result is the
+#'   same bits on every choice, only the time differs. \code{"auto"} (the
+#'   default) starts on the cheapest (TF32 tensor cores on the GPU, float32
+#'   BLAS on the CPU) and moves to a finer one by itself where the data
+#'   need it; \code{"tf32"}, \code{"tf32x3"} (GPU only), \code{"fp32"} and
+#'   \code{"fp64"} force one. The result's \code{precision} attribute says
+#'   which ran; \link{knngpu-package} describes each.
 #' @param BPPARAM A \code{BiocParallelParam} (BiocParallel) whose workers
 #'   search blocks of the query nodes (of \code{x} itself without
 #'   \code{query}), each against every reference node, on the worker's GPU
