@@ -66,9 +66,13 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
                      devices = NULL,
                      precision = c("auto", "tf32", "fp32", "fp64", "tf32x3"),
                      use.dimred = NULL,
-                     BPPARAM = BiocParallel::SerialParam()) {
+                     BPPARAM = BiocParallel::SerialParam(),
+                     use = c("everything", "pairwise.complete.obs"),
+                     min.shared = 4L) {
+    hint <- missing(by)
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
     metric <- .checkMetric(metric)
+    use <- .checkUse(use, metric, min.shared)
     precision <- .checkPrecision(precision)
     symmetrize <- .checkChoice(symmetrize[1L], c("none", "union", "mutual"),
                                "symmetrize")
@@ -79,20 +83,22 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
                  "graphs are undirected already", call. = FALSE)
         }
     }
-    source <- .nodeSource(x, by, assay, "x", use.dimred)
+    source <- .nodeSource(x, by, assay, "x", use.dimred, hint)
     if (source$n < 2L) {
         stop("'x' needs at least 2 nodes to build a graph", call. = FALSE)
     }
     k <- .checkK(k, source$n - 1L)
     BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM)
+    way <- .searchUse(use, source)
     res <- if (is.null(BPPARAM)) {
         .runEngine(.readNodes(source), NULL, k, metric, device[1L], threads,
                    progress, verbose, devices, edges = is.null(snn),
-                   precision = precision)
+                   precision = precision, use = way,
+                   min.shared = use$min.shared)
     } else {
         .edgeList(.searchInBlocks(source, NULL, k, metric, device[1L],
                                   threads, progress, verbose, devices,
-                                  BPPARAM, precision))
+                                  BPPARAM, precision, way, use$min.shared))
     }
     edges <- if (is.null(snn)) {
         .symmetrize(.directedEdges(res), symmetrize, source$n)
@@ -101,15 +107,22 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
     }
     .labelEdges(edges, source$labels, list(
         metric = metric, k = k, by = by, symmetrize = symmetrize, snn = snn,
+        use = use$use, min.shared = use$min.shared,
         backend = res$info$backend, device = res$info$device,
         precision = res$info$precision, elapsed = res$info$elapsed,
-        timings = res$info))
+        timings = res$info), source$annotation)
 }
 
 ## One row per (node, neighbour), grouped by node, ranks ascending: the
-## engine wrote them in this order.
+## engine wrote them in this order. A pairwise-complete search leaves a
+## node's last places empty (NA) where it has fewer than k partners
+## sharing enough features; they are no edges.
 .directedEdges <- function(res) {
-    list2DF(res[c("from", "to", "weight", "distance", "rank")])
+    edges <- list2DF(res[c("from", "to", "weight", "distance", "rank")])
+    if (!anyNA(edges$to)) return(edges)
+    edges <- edges[!is.na(edges$to), , drop = FALSE]
+    rownames(edges) <- NULL
+    edges
 }
 
 ## A self search's n x k results as the engine's directed edge list
@@ -144,6 +157,11 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
 }
 
 .snnEdges <- function(index, snn) {
+    if (anyNA(index)) {
+        stop("'snn' needs k neighbours of every node, but some nodes have ",
+             "fewer partners that share 'min.shared' features; lower 'k' or ",
+             "'min.shared'", call. = FALSE)
+    }
     type <- match(snn, c("rank", "number", "jaccard")) - 1L
     g <- .Call(C_knn_snn, index, type)
     edges <- data.frame(from = g$from, to = g$to, weight = g$weight)
@@ -153,13 +171,16 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
 }
 
 ## Replaces node numbers by names (unnamed nodes keep their 1-based
-## numbers) and attaches the node table and the description of the run.
-.labelEdges <- function(edges, labels, about) {
+## numbers) and attaches the node table (with the nodes' annotation, a
+## data.frame or NULL: .nodeAnnotation()) and the description of the run.
+.labelEdges <- function(edges, labels, about, annotation = NULL) {
     if (is.character(labels)) {
         edges$from <- labels[edges$from]
         edges$to <- labels[edges$to]
     }
-    attr(edges, "nodes") <- data.frame(name = labels)
+    nodes <- data.frame(name = labels)
+    if (!is.null(annotation)) nodes <- cbind(nodes, annotation)
+    attr(edges, "nodes") <- nodes
     for (field in names(about)) attr(edges, field) <- about[[field]]
     edges
 }

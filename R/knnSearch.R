@@ -157,11 +157,15 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
                       verbose = FALSE, assay = 1L, devices = NULL,
                       precision = c("auto", "tf32", "fp32", "fp64", "tf32x3"),
                       use.dimred = NULL,
-                      BPPARAM = BiocParallel::SerialParam()) {
+                      BPPARAM = BiocParallel::SerialParam(),
+                      use = c("everything", "pairwise.complete.obs"),
+                      min.shared = 4L) {
+    hint <- missing(by)
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
     metric <- .checkMetric(metric)
+    use <- .checkUse(use, metric, min.shared)
     precision <- .checkPrecision(precision)
-    ref <- .nodeSource(x, by, assay, "x", use.dimred)
+    ref <- .nodeSource(x, by, assay, "x", use.dimred, hint)
     q <- NULL
     if (!is.null(query)) {
         q <- .nodeSource(query, by, assay, "query", use.dimred)
@@ -178,13 +182,16 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
     }
     k <- .checkK(k, available)
     BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM)
+    way <- .searchUse(use, ref, q)
     res <- if (is.null(BPPARAM)) {
         .runEngine(.readNodes(ref), if (!is.null(q)) .readNodes(q), k,
                    metric, device[1L], threads, progress, verbose, devices,
-                   precision = precision)
+                   precision = precision, use = way,
+                   min.shared = use$min.shared)
     } else {
         .searchInBlocks(ref, q, k, metric, device[1L], threads, progress,
-                        verbose, devices, BPPARAM, precision)
+                        verbose, devices, BPPARAM, precision, way,
+                        use$min.shared)
     }
     out <- list(index = res$index, distance = res$distance)
     attr(out, "backend") <- res$info$backend

@@ -47,11 +47,14 @@
 ## (ref, query, k) with these settings. Made here so that the function
 ## carries nothing but them to the workers.
 .engineRunner <- function(metric, device, threads, devices,
-                          precision = "auto") {
-    force(list(metric, device, threads, devices, precision))
+                          precision = "auto", use = "everything",
+                          min.shared = 1L) {
+    force(list(metric, device, threads, devices, precision, use,
+               min.shared))
     function(ref, query, k) {
         .runEngine(ref, query, k, metric, device, threads, FALSE, FALSE,
-                   devices, precision = precision)
+                   devices, precision = precision, use = use,
+                   min.shared = min.shared)
     }
 }
 
@@ -60,7 +63,8 @@
 ## may have, is the worker's to find), then .searchBlocks().
 .searchInBlocks <- function(ref, query, k, metric, device, threads,
                             progress, verbose, devices, BPPARAM,
-                            precision = "auto") {
+                            precision = "auto", use = "everything",
+                            min.shared = 1L) {
     device <- .checkChoice(device, c("auto", "cpu", "gpu"), "device")
     precision <- .checkPrecision(precision,
                                  if (device != "auto") device)
@@ -71,7 +75,7 @@
     .transferDir()
     res <- .searchBlocks(ref, query, NULL, k,
                          .engineRunner(metric, device, threads, devices,
-                                       precision),
+                                       precision, use, min.shared),
                          BPPARAM)
     if (verbose) .reportRun(res$info)
     res
@@ -142,7 +146,7 @@
 ## node dropped from its own row (or, where it is not among them, the last
 ## column: then k + 1 others all rank before it).
 .dropSelf <- function(res, rows, k) {
-    own <- res$index == rows
+    own <- !is.na(res$index) & res$index == rows
     drop <- ifelse(rowSums(own) > 0L, max.col(own, ties.method = "first"),
                    k + 1L)
     keep <- matrix(TRUE, length(rows), k + 1L)
