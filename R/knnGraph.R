@@ -21,7 +21,7 @@
 #'
 #' @return A data.frame with one row per edge: \code{from}, \code{to} (node
 #'   names from the row or column names, else 1-based integers),
-#'   \code{weight} (a similarity: r for pearson and spearman, |r| for
+#'   \code{weight} (a similarity: r for pearson, spearman and bicor, |r| for
 #'   abspearson, the cosine similarity, and \eqn{1 / (1 + d)} for distance
 #'   metrics), \code{distance} and \code{rank} (1 to k). Directed edges are
 #'   grouped by \code{from} with ranks ascending; symmetrised and SNN edges
@@ -29,8 +29,13 @@
 #'   edges appear both where it is \code{from} and where it is \code{to}.
 #'   Attributes: \code{nodes} (a data.frame
 #'   of every node, so isolated nodes survive
-#'   \code{graph_from_data_frame(edges, vertices = attr(edges, "nodes"))}),
+#'   \code{graph_from_data_frame(edges, vertices = attr(edges, "nodes"))};
+#'   its column \code{name}, then the nodes' own annotation, which igraph
+#'   makes vertex attributes: \code{rowData()} or \code{colData()} of a
+#'   SummarizedExperiment, \code{fData()} or \code{pData()} of an
+#'   ExpressionSet, columns of plain values),
 #'   \code{metric}, \code{k}, \code{by}, \code{symmetrize}, \code{snn},
+#'   \code{use}, \code{min.shared},
 #'   \code{backend} (\code{"cpu"} or \code{"gpu"}), \code{device} (its
 #'   description, e.g. the GPU's name), \code{precision}, \code{elapsed}
 #'   (seconds) and \code{timings} (the engine's phases in seconds, what
@@ -43,7 +48,8 @@
 #'   names are always unique, so the edges and \code{attr(edges, "nodes")}
 #'   go into \code{igraph::graph_from_data_frame()} as they are.
 #'
-#' @seealso \code{\link{toIgraph}}, \code{\link{knnSearch}}.
+#' @seealso \code{\link{toIgraph}}, \code{\link{toAdjacency}},
+#'   \code{\link{knnSearch}}.
 #' @examples
 #' set.seed(1)
 #' expr <- matrix(rnorm(100 * 12), nrow = 100,
@@ -53,6 +59,10 @@
 #' attr(edges, "device")
 #' mutual <- knnGraph(expr, k = 5, symmetrize = "mutual")
 #' snn <- knnGraph(expr, k = 5, snn = "rank")
+#' # Missing values, correlated over the samples each pair shares:
+#' expr[sample(length(expr), 60)] <- NA
+#' robust <- knnGraph(expr, k = 5, metric = "bicor",
+#'                    use = "pairwise.complete.obs")
 #' if (requireNamespace("igraph", quietly = TRUE)) {
 #'     g <- igraph::graph_from_data_frame(edges,
 #'                                        vertices = attr(edges, "nodes"))
