@@ -176,7 +176,7 @@
     if (is.null(columns) || ncol(m) < 5 * nrow(m)) return(invisible(NULL))
     if (mean(.geneLike(columns)) < 0.5) return(invisible(NULL))
     message(sprintf(paste0(
-        "knngpu: '%s' has %d rows and %d columns named like genes (%s); ",
+        "knngpu: '%s' has %d rows and %d columns named like genes: %s; ",
         "its rows are the nodes, so this is a graph of %d samples. For ",
         "the genes of a samples x genes matrix (WGCNA's datExpr), use ",
         "by = \"columns\"; by = \"rows\" keeps the samples and silences ",
