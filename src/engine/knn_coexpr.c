@@ -11,9 +11,11 @@
  * between blocks of rows sized to take well under a second.
  */
 #include <math.h>
+#include <stdint.h>
 #include <stdlib.h>
 #include <string.h>
 #include "knn_backend.h"
+#include "knn_blas.h"
 #include "knn_coexpr.h"
 #include "knn_exact.h"
 #include "knn_threads.h"
@@ -174,12 +176,39 @@ int knn_bicor_nodes(const double *x, int p, int n, double *out, int *bad,
     return failed ? -1 : found;
 }
 
+/* Where the present values of v (scaled into [0.5, 1), NaN where
+ * missing) are integers below 2^KNN_EXACT_INT_BITS times one power of two,
+ * rewrites them as the smallest such integers and returns the largest
+ * |integer|; else returns 0 and leaves v as it is. Correlations do not
+ * change; over such integers a pair's sums are exact (knn_pw_corr). */
+static double knn_pw_integers(double *v, int p)
+{
+    double amax = knn_max_abs(v, p);
+    if (amax == 0.0) return 0.0;
+    int up = KNN_EXACT_INT_BITS - knn_exponent(amax);
+    unsigned long long bits = 0;
+    for (int f = 0; f < p; f++) {
+        if (isnan(v[f])) continue;
+        double w = ldexp(v[f], up);
+        if (w != floor(w)) return 0.0;
+        bits |= (unsigned long long)fabs(w);
+    }
+    int shift = up - knn_trailing_zeros(bits);
+    for (int f = 0; f < p; f++) {
+        if (!isnan(v[f])) v[f] = ldexp(v[f], shift);
+    }
+    return ldexp(amax, shift);
+}
+
 /* Nodes of a pairwise search: scaled copies, each node's count of present
  * features, and (bicor) each node's own form over them, used for a pair
  * whose shared features are all the node has. */
 typedef struct {
     int n;
-    double *x;     /* p x n, scaled, NaN where missing */
+    double *x;     /* p x n, scaled, NaN where missing; a node of integers
+                      times one power of two holds the smallest such
+                      integers (knn_pw_integers) */
+    double *imax;  /* n: the largest |integer| of such a node, else 0 */
     int *present;  /* n */
     double *prep;  /* bicor: p x n, else NULL */
     char *defined; /* bicor: whether prep is defined, else NULL */
@@ -188,6 +217,7 @@ typedef struct {
 static void knn_pw_free(knn_pw_nodes *nodes)
 {
     free(nodes->x);
+    free(nodes->imax);
     free(nodes->present);
     free(nodes->prep);
     free(nodes->defined);
@@ -200,12 +230,13 @@ static knn_status knn_pw_prepare(knn_pw_nodes *nodes, const double *x, int p,
     memset(nodes, 0, sizeof *nodes);
     nodes->n = n;
     nodes->x = malloc((size_t)p * n * sizeof(double));
+    nodes->imax = malloc((size_t)n * sizeof(double));
     nodes->present = malloc((size_t)n * sizeof(int));
     if (bicor) {
         nodes->prep = malloc((size_t)p * n * sizeof(double));
         nodes->defined = malloc((size_t)n);
     }
-    if (!nodes->x || !nodes->present ||
+    if (!nodes->x || !nodes->imax || !nodes->present ||
         (bicor && (!nodes->prep || !nodes->defined))) {
         knn_pw_free(nodes);
         return KNN_E_NOMEM;
@@ -222,6 +253,7 @@ static knn_status knn_pw_prepare(knn_pw_nodes *nodes, const double *x, int p,
             int count = 0;
             for (int f = 0; f < p; f++) count += !isnan(v[f]);
             nodes->present[j] = count;
+            nodes->imax[j] = bicor ? 0.0 : knn_pw_integers(v, p);
             if (bicor && work) {
                 nodes->defined[j] = (char)knn_bicor_prep(
                     v, NULL, p, nodes->prep + (size_t)j * p, work);
@@ -300,11 +332,41 @@ static void knn_pw_offer(knn_pw_thread *t, int k, double d, int j)
     knn_pw_sift_down(t, 0);
 }
 
+/* Pearson (centred) or cosine of two nodes of integers (largest |values|
+ * ia and ib, knn_pw_integers) over their count shared features, from sums
+ * that are exact: r = sign(S) sqrt(S^2 / (Ca Cb)) with S = n sxy - sx sy
+ * and C = n sxx - sx^2 (cosine: sxy, sxx, syy). Where
+ * p^2 ia ib < 2^26, S^2 and Ca Cb are exact too, so correlations equal in
+ * exact arithmetic are equal bit for bit. NaN where undefined. */
+static double knn_pw_corr_integers(const double *a, const double *b, int p,
+                                   int centred)
+{
+    double n = 0.0, sa = 0.0, sb = 0.0, saa = 0.0, sbb = 0.0, sab = 0.0;
+    for (int f = 0; f < p; f++) {
+        if (isnan(a[f]) || isnan(b[f])) continue;
+        n += 1.0;
+        sa += a[f];
+        sb += b[f];
+        saa += a[f] * a[f];
+        sbb += b[f] * b[f];
+        sab += a[f] * b[f];
+    }
+    double s = centred ? n * sab - sa * sb : sab;
+    double ca = centred ? n * saa - sa * sa : saa;
+    double cb = centred ? n * sbb - sb * sb : sbb;
+    if (ca == 0.0 || cb == 0.0) return NAN;
+    double q = (s * s) / (ca * cb);
+    double r = sqrt(q > 1.0 ? 1.0 : q);
+    return s < 0.0 ? -r : r;
+}
+
 /* Pearson (centred) or cosine of a and b over their shared features: the
  * correlation, or NaN where it is undefined or fewer than min_shared
- * features are shared. */
+ * features are shared. ia, ib: the nodes' imax (knn_pw_nodes); two nodes
+ * of small integers take knn_pw_corr_integers, so that exact ties stay
+ * ties. */
 static double knn_pw_corr(const double *a, const double *b, int p,
-                          int centred, int min_shared)
+                          int centred, int min_shared, double ia, double ib)
 {
     int count = 0;
     double sa = 0.0, sb = 0.0;
@@ -315,6 +377,9 @@ static double knn_pw_corr(const double *a, const double *b, int p,
         sb += b[f];
     }
     if (count < min_shared || count == 0) return NAN;
+    if (ia > 0.0 && ib > 0.0 && (double)p * p * ia * ib < 67108864.0) {
+        return knn_pw_corr_integers(a, b, p, centred);
+    }
     double ma = centred ? sa / count : 0.0, mb = centred ? sb / count : 0.0;
     double sab = 0.0, saa = 0.0, sbb = 0.0;
     for (int f = 0; f < p; f++) {
@@ -361,29 +426,11 @@ static double knn_pw_bicor(const knn_pw_nodes *q, int qi,
     return s > 1.0 ? 1.0 : s < -1.0 ? -1.0 : s;
 }
 
-/* One query row: every reference node's key offered, then the best k
- * written in order. */
-static void knn_pw_row(const knn_pairwise_request *req,
-                       const knn_pw_nodes *q, const knn_pw_nodes *r, int qi,
-                       int self, knn_pw_thread *t, knn_result *out,
-                       int n_query)
+/* Writes the row's best k (the heap, emptied) to query node qi's places
+ * in order; places beyond the heap's size get KNN_NO_NODE. */
+static void knn_pw_write(const knn_pairwise_request *req, knn_pw_thread *t,
+                         int qi, knn_result *out, int n_query)
 {
-    int p = req->p;
-    t->size = 0;
-    for (int rj = 0; rj < r->n; rj++) {
-        if (self && rj == qi) continue;
-        double v;
-        if (req->measure == KNN_PAIRWISE_BICOR) {
-            v = knn_pw_bicor(q, qi, r, rj, p, req->min_shared, t);
-        } else {
-            v = knn_pw_corr(q->x + (size_t)qi * p, r->x + (size_t)rj * p, p,
-                            req->measure != KNN_PAIRWISE_COSINE,
-                            req->min_shared);
-        }
-        if (isnan(v)) continue;
-        if (req->measure == KNN_PAIRWISE_ABSPEARSON) v = fabs(v);
-        knn_pw_offer(t, req->k, 1.0 - v, rj);
-    }
     for (int slot = req->k - 1; slot >= 0; slot--) {
         size_t at = knn_result_at(out, (size_t)n_query, req->k, (size_t)qi,
                                   slot);
@@ -403,6 +450,243 @@ static void knn_pw_row(const knn_pairwise_request *req,
     }
 }
 
+/* One query row of bicor: every reference node's key offered. */
+static void knn_pw_bicor_row(const knn_pairwise_request *req,
+                             const knn_pw_nodes *q, const knn_pw_nodes *r,
+                             int qi, int self, knn_pw_thread *t)
+{
+    t->size = 0;
+    for (int rj = 0; rj < r->n; rj++) {
+        if (self && rj == qi) continue;
+        double v = knn_pw_bicor(q, qi, r, rj, req->p, req->min_shared, t);
+        if (!isnan(v)) knn_pw_offer(t, req->k, 1.0 - v, rj);
+    }
+}
+
+/* The screen of the Pearson-like measures: candidates from one matrix
+ * product, exact keys for the candidates only.
+ *
+ * Each node is held centred by its own mean (cosine: as it is), 0 where
+ * missing: a. Over the features S a pair shares, the sums the correlation
+ * needs follow from the node's own sums less those over the other node's
+ * missing features (few, where few values are missing): A = T_i - sum of
+ * a_i over miss_j, AA = S2_i - the same of a_i^2, and the cross-product
+ * sum over S is the product a_i . a_j, which is 0 off S; one float64
+ * matrix product per tile gives those. Every sum's rounding is at most
+ * g = gamma_(p+8) times the sum of its terms' magnitudes (any order, FMA
+ * or not; the +8 covers the rounding of a's centring and the few
+ * operations after), which bounds the correlation computed from them,
+ * r_fast, against the true r; the canonical key (knn_pw_corr, two passes)
+ * is within its own bound of the true r (its mean's error delta shifts
+ * the sums by n delta_i delta_j, the rest is g again). A pair is a
+ * candidate where its lower bound on the distance is at most the k-th
+ * smallest upper bound of the row, or where its variances cannot be told
+ * from 0 (the key decides); the true best k, ties included, are among
+ * the candidates, and their exact keys rank them. The bounds are doubled
+ * for safety: a wider margin costs only a few more exact keys. */
+typedef struct {
+    double *a;     /* p x n: centred (cosine: scaled) values, 0 if missing */
+    double *t;     /* n: sum of a */
+    double *s2;    /* n: sum of a^2 */
+    double *l1;    /* n: sum of |a| */
+    int *miss_at;  /* n + 1 offsets into miss */
+    int *miss;     /* missing features of each node, ascending */
+    int words;     /* 64-bit words of a node's mask */
+    uint64_t *mask; /* words x n: bit f set where feature f is missing */
+} knn_pw_screen;
+
+static void knn_pw_screen_free(knn_pw_screen *sc)
+{
+    free(sc->a);
+    free(sc->t);
+    free(sc->s2);
+    free(sc->l1);
+    free(sc->miss_at);
+    free(sc->miss);
+    free(sc->mask);
+    memset(sc, 0, sizeof *sc);
+}
+
+static knn_status knn_pw_screen_prepare(knn_pw_screen *sc,
+                                        const knn_pw_nodes *nodes, int p,
+                                        int centred)
+{
+    int n = nodes->n;
+    size_t missing = 0;
+    for (int j = 0; j < n; j++) missing += (size_t)(p - nodes->present[j]);
+    memset(sc, 0, sizeof *sc);
+    sc->a = malloc((size_t)p * n * sizeof(double));
+    sc->t = malloc((size_t)n * sizeof(double));
+    sc->s2 = malloc((size_t)n * sizeof(double));
+    sc->l1 = malloc((size_t)n * sizeof(double));
+    sc->miss_at = malloc(((size_t)n + 1) * sizeof(int));
+    sc->miss = malloc((missing + 1) * sizeof(int));
+    sc->words = (p + 63) / 64;
+    sc->mask = calloc((size_t)sc->words * n, sizeof(uint64_t));
+    if (!sc->a || !sc->t || !sc->s2 || !sc->l1 || !sc->miss_at || !sc->miss ||
+        !sc->mask || missing > (size_t)INT_MAX) {
+        knn_pw_screen_free(sc);
+        return KNN_E_NOMEM;
+    }
+    int at = 0;
+    for (int j = 0; j < n; j++) {
+        const double *v = nodes->x + (size_t)j * p;
+        double *a = sc->a + (size_t)j * p;
+        double sum = 0.0;
+        for (int f = 0; f < p; f++) {
+            if (!isnan(v[f])) sum += v[f];
+        }
+        double mean = centred && nodes->present[j] > 0
+            ? sum / nodes->present[j] : 0.0;
+        double t = 0.0, s2 = 0.0, l1 = 0.0;
+        sc->miss_at[j] = at;
+        for (int f = 0; f < p; f++) {
+            if (isnan(v[f])) {
+                a[f] = 0.0;
+                sc->miss[at++] = f;
+                sc->mask[(size_t)j * sc->words + f / 64] |=
+                    (uint64_t)1 << (f % 64);
+                continue;
+            }
+            a[f] = v[f] - mean;
+            t += a[f];
+            s2 += a[f] * a[f];
+            l1 += fabs(a[f]);
+        }
+        sc->t[j] = t;
+        sc->s2[j] = s2;
+        sc->l1[j] = l1;
+    }
+    sc->miss_at[n] = at;
+    return KNN_OK;
+}
+
+/* Features missing from both i (of q) and j (of r). */
+static int knn_pw_both_missing(const knn_pw_screen *q, int i,
+                               const knn_pw_screen *r, int j)
+{
+    const uint64_t *x = q->mask + (size_t)i * q->words;
+    const uint64_t *y = r->mask + (size_t)j * r->words;
+    int both = 0;
+    for (int w = 0; w < q->words; w++) {
+        both += __builtin_popcountll(x[w] & y[w]);
+    }
+    return both;
+}
+
+/* Sum and sum of squares of node i's a (of sc) over the features
+ * missing from node j (of other). */
+static void knn_pw_missing_sums(const knn_pw_screen *sc, int i,
+                                const knn_pw_screen *other, int j, int p,
+                                double *sum, double *sq)
+{
+    const double *a = sc->a + (size_t)i * p;
+    double s = 0.0, s2 = 0.0;
+    for (int t = other->miss_at[j]; t < other->miss_at[j + 1]; t++) {
+        double v = a[other->miss[t]];
+        s += v;
+        s2 += v * v;
+    }
+    *sum = s;
+    *sq = s2;
+}
+
+/* Bounds [lo, hi] on the distance of query node qi and reference node rj
+ * whose shared features number `shared` and cross-product sum is `ab`:
+ * returns 1 with them set, 0 where the variances cannot be told from 0
+ * (the pair is then a candidate). */
+static int knn_pw_bounds(const knn_pairwise_request *req, double g,
+                         const knn_pw_screen *q, int qi,
+                         const knn_pw_screen *r, int rj, int shared,
+                         double ab, double *lo, double *hi)
+{
+    int p = req->p, centred = req->measure != KNN_PAIRWISE_COSINE;
+    double sa, qa, sb, qb;
+    knn_pw_missing_sums(q, qi, r, rj, p, &sa, &qa);
+    knn_pw_missing_sums(r, rj, q, qi, p, &sb, &qb);
+    double aa = q->s2[qi] - qa, bb = r->s2[rj] - qb;
+    double e_aa = 3.0 * g * q->s2[qi], e_bb = 3.0 * g * r->s2[rj];
+    double e_ab = g * sqrt(q->s2[qi] * r->s2[rj]) * (1.0 + 4.0 * g);
+    double cov = ab, va = aa, vb = bb, e_cov = e_ab, e_va = e_aa,
+           e_vb = e_bb;
+    if (centred) {
+        /* 1 / n rounds once more: the 4u terms cover it. */
+        double inv = 1.0 / shared;
+        double a = q->t[qi] - sa, b = r->t[rj] - sb;
+        double e_a = 2.0 * g * q->l1[qi], e_b = 2.0 * g * r->l1[rj];
+        double prod = a * b * inv, a2 = a * a * inv, b2 = b * b * inv;
+        cov = ab - prod;
+        va = aa - a2;
+        vb = bb - b2;
+        e_cov += (e_a * fabs(b) + fabs(a) * e_b + e_a * e_b) * inv +
+                 4.0 * KNN_U64 * (fabs(ab) + fabs(prod));
+        e_va += (2.0 * fabs(a) * e_a + e_a * e_a) * inv +
+                4.0 * KNN_U64 * (aa + a2);
+        e_vb += (2.0 * fabs(b) * e_b + e_b * e_b) * inv +
+                4.0 * KNN_U64 * (bb + b2);
+    }
+    double lo_a = va - e_va, lo_b = vb - e_vb;
+    if (!(lo_a > 0.0) || !(lo_b > 0.0)) return 0;
+    double s_fast = sqrt(va) * sqrt(vb), s_lo = sqrt(lo_a) * sqrt(lo_b);
+    double rf = cov / s_fast;
+    double m = e_cov / s_lo + fabs(cov) * (1.0 / s_lo - 1.0 / s_fast) +
+               4.0 * KNN_U64 * (1.0 + fabs(rf));
+    /* The canonical key's own distance from the true r. */
+    double canon = 6.0 * g;
+    if (centred) {
+        canon += shared * g * g * (1.0 / s_lo + 1.0 / lo_a + 1.0 / lo_b);
+    }
+    double margin = 2.0 * (m + canon) + 2.0 * KNN_U64;
+    if (req->measure == KNN_PAIRWISE_ABSPEARSON) rf = fabs(rf);
+    double d = 1.0 - rf;
+    *lo = d - margin;
+    *hi = d + margin;
+    return 1;
+}
+
+/* One query row through the screen: c holds the row's products with every
+ * reference node (n_ref); lo, hi and spare are n_ref doubles of scratch. */
+static void knn_pw_screen_row(const knn_pairwise_request *req,
+                              const knn_pw_nodes *q, const knn_pw_screen *qs,
+                              const knn_pw_nodes *r, const knn_pw_screen *rs,
+                              int qi, int self, const double *c,
+                              knn_pw_thread *t, double *lo, double *hi,
+                              double *spare, double *candidates)
+{
+    int p = req->p, certain = 0;
+    int miss_q = p - q->present[qi];
+    double g = (p + 8) * KNN_U64 / (1.0 - (p + 8) * KNN_U64);
+    for (int rj = 0; rj < r->n; rj++) {
+        lo[rj] = NAN;
+        if (self && rj == qi) continue;
+        int shared = p - miss_q - (p - r->present[rj]) +
+                     knn_pw_both_missing(qs, qi, rs, rj);
+        if (shared < req->min_shared || shared == 0) continue;
+        double l, h;
+        if (!knn_pw_bounds(req, g, qs, qi, rs, rj, shared, c[rj], &l,
+                           &h)) {
+            lo[rj] = -INFINITY;
+            continue;
+        }
+        lo[rj] = l;
+        hi[rj] = h;
+        spare[certain++] = h;
+    }
+    double bound = certain >= req->k
+        ? knn_nth(spare, certain, req->k - 1) : INFINITY;
+    t->size = 0;
+    for (int rj = 0; rj < r->n; rj++) {
+        if (!(lo[rj] <= bound)) continue;
+        *candidates += 1.0;
+        double v = knn_pw_corr(q->x + (size_t)qi * p, r->x + (size_t)rj * p,
+                               p, req->measure != KNN_PAIRWISE_COSINE,
+                               req->min_shared, q->imax[qi], r->imax[rj]);
+        if (isnan(v)) continue;
+        if (req->measure == KNN_PAIRWISE_ABSPEARSON) v = fabs(v);
+        knn_pw_offer(t, req->k, 1.0 - v, rj);
+    }
+}
+
 static knn_status knn_pw_fail(knn_report *report, knn_status st,
                               const char *why)
 {
@@ -418,60 +702,125 @@ static int knn_has_infinite(const double *x, size_t len)
     return 0;
 }
 
+/* Query rows per matrix product of the screen. */
+#define KNN_PW_TILE 32
+
+/* One tile of query rows [first, last) through the screen: their products
+ * with every reference node, then each row's candidates and best k. */
+static void knn_pw_screen_tile(const knn_pairwise_request *req,
+                               const knn_pw_nodes *q,
+                               const knn_pw_screen *qs,
+                               const knn_pw_nodes *r,
+                               const knn_pw_screen *rs, int first, int last,
+                               int self, knn_pw_thread *t, double *c,
+                               double *lo, double *hi, double *spare,
+                               double *candidates, knn_result *out,
+                               int n_query)
+{
+    int p = req->p, n_ref = r->n, rows = last - first;
+    knn_gemm_tn(n_ref, rows, p, rs->a, qs->a + (size_t)first * p, c);
+    for (int qi = first; qi < last; qi++) {
+        knn_pw_screen_row(req, q, qs, r, rs, qi, self,
+                          c + (size_t)(qi - first) * n_ref, t, lo, hi, spare,
+                          candidates);
+        knn_pw_write(req, t, qi, out, n_query);
+    }
+}
+
 knn_status knn_pairwise_search(const knn_pairwise_request *req,
                                knn_result *out, knn_report *report)
 {
     memset(report, 0, sizeof *report);
     int self = req->query == NULL;
     int n_query = self ? req->n_ref : req->n_query, p = req->p;
+    int n_ref = req->n_ref;
     int bicor = req->measure == KNN_PAIRWISE_BICOR;
+    int centred = req->measure != KNN_PAIRWISE_COSINE;
     int threads = knn_threads(req->threads);
     double started = knn_seconds();
-    if (req->k < 1 || req->k > req->n_ref - self || p < 1)
+    if (req->k < 1 || req->k > n_ref - self || p < 1)
         return knn_pw_fail(report, KNN_E_INVALID, "k or sizes out of range");
-    if (knn_has_infinite(req->ref, (size_t)p * req->n_ref) ||
+    if (knn_has_infinite(req->ref, (size_t)p * n_ref) ||
         (!self && knn_has_infinite(req->query, (size_t)p * n_query)))
         return knn_pw_fail(report, KNN_E_NONFINITE, "infinite values");
 
     knn_pw_nodes ref, query;
-    knn_status st = knn_pw_prepare(&ref, req->ref, p, req->n_ref, bicor,
+    knn_pw_screen ref_sc, query_sc;
+    memset(&query, 0, sizeof query);
+    memset(&ref_sc, 0, sizeof ref_sc);
+    memset(&query_sc, 0, sizeof query_sc);
+    knn_status st = knn_pw_prepare(&ref, req->ref, p, n_ref, bicor,
                                    threads);
-    if (st == KNN_OK && !self) {
-        st = knn_pw_prepare(&query, req->query, p, n_query, bicor, threads);
-        if (st != KNN_OK) knn_pw_free(&ref);
-    }
     if (st != KNN_OK) return knn_pw_fail(report, st, "out of memory");
+    if (!self) st = knn_pw_prepare(&query, req->query, p, n_query, bicor,
+                                   threads);
+    if (st == KNN_OK && !bicor) {
+        st = knn_pw_screen_prepare(&ref_sc, &ref, p, centred);
+        if (st == KNN_OK && !self)
+            st = knn_pw_screen_prepare(&query_sc, &query, p, centred);
+    }
     const knn_pw_nodes *q = self ? &ref : &query;
+    const knn_pw_screen *qs = self ? &ref_sc : &query_sc;
 
-    /* Each thread's share, rounded to whole doubles. */
-    size_t per = (3 * (size_t)p + (size_t)req->k) * sizeof(double) +
-                 ((size_t)req->k * sizeof(int) + 7) / 8 * 8;
-    char *scratch = malloc((size_t)threads * per);
+    /* Each thread's share, in doubles: bicor's forms and median buffer,
+     * the heap (its indices rounded up to whole doubles), and the
+     * screen's products and bounds. */
+    size_t heap_ints = ((size_t)req->k * sizeof(int) + sizeof(double) - 1) /
+                       sizeof(double);
+    size_t per = 3 * (size_t)p + (size_t)req->k + heap_ints +
+                 (bicor ? 0 : (size_t)(KNN_PW_TILE + 3) * n_ref);
+    double *scratch = st == KNN_OK
+        ? malloc((size_t)threads * per * sizeof(double)) : NULL;
     knn_pw_thread *ts = calloc((size_t)threads, sizeof *ts);
-    st = knn_result_allocate(out, report->message, sizeof report->message);
-    if (st == KNN_OK && (!scratch || !ts)) {
-        st = knn_pw_fail(report, KNN_E_NOMEM, "out of memory");
+    double *found = calloc((size_t)threads, sizeof(double));
+    if (st == KNN_OK && (!scratch || !ts || !found)) st = KNN_E_NOMEM;
+    if (st != KNN_OK) knn_pw_fail(report, st, "out of memory");
+    if (st == KNN_OK) {
+        st = knn_result_allocate(out, report->message,
+                                 sizeof report->message);
     }
     for (int i = 0; st == KNN_OK && i < threads; i++) {
-        char *base = scratch + (size_t)i * per;
-        ts[i].form_a = (double *)base;
-        ts[i].form_b = ts[i].form_a + p;
-        ts[i].work = ts[i].form_b + p;
-        ts[i].heap_d = ts[i].work + p;
+        double *base = scratch + (size_t)i * per;
+        ts[i].form_a = base;
+        ts[i].form_b = base + p;
+        ts[i].work = base + 2 * (size_t)p;
+        ts[i].heap_d = base + 3 * (size_t)p;
         ts[i].heap_j = (int *)(ts[i].heap_d + req->k);
     }
     report->seconds_prepare = knn_seconds() - started;
 
-    /* Rows per block: about 5e7 feature visits per thread between polls. */
-    double visits = (double)req->n_ref * p;
-    int per_thread = visits >= 5e7 ? 1 : (int)(5e7 / visits);
-    int block = per_thread * threads;
+    /* Rows per block between polls: about 5e7 feature visits per thread
+     * for bicor (each pair's forms), or a few tiles of products. */
+    double visits = (double)n_ref * p;
+    int unit = bicor ? 1 : KNN_PW_TILE;
+    double budget = bicor ? 5e7 : 2e8;
+    int per_thread = visits * unit >= budget ? 1
+                   : (int)(budget / (visits * unit));
+    int block = per_thread * threads * unit;
+    int blas_before = bicor ? 0 : knn_blas_hold_one_thread();
     for (int first = 0; st == KNN_OK && first < n_query; first += block) {
         int last = first + block < n_query ? first + block : n_query;
-        #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
-        for (int qi = first; qi < last; qi++) {
-            knn_pw_row(req, q, &ref, qi, self, &ts[knn_thread_number()],
-                       out, n_query);
+        if (bicor) {
+            #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+            for (int qi = first; qi < last; qi++) {
+                knn_pw_thread *t = &ts[knn_thread_number()];
+                knn_pw_bicor_row(req, q, &ref, qi, self, t);
+                knn_pw_write(req, t, qi, out, n_query);
+            }
+        } else {
+            int tiles = (last - first + KNN_PW_TILE - 1) / KNN_PW_TILE;
+            #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
+            for (int tile = 0; tile < tiles; tile++) {
+                int id = knn_thread_number();
+                knn_pw_thread *t = &ts[id];
+                double *c = t->heap_d + req->k + heap_ints;
+                double *lo = c + (size_t)KNN_PW_TILE * n_ref;
+                int a = first + tile * KNN_PW_TILE;
+                int b = a + KNN_PW_TILE < last ? a + KNN_PW_TILE : last;
+                knn_pw_screen_tile(req, q, qs, &ref, &ref_sc, a, b, self, t,
+                                   c, lo, lo + n_ref, lo + 2 * (size_t)n_ref,
+                                   &found[id], out, n_query);
+            }
         }
         if (req->cb.interrupted && req->cb.interrupted(req->cb.ctx)) {
             st = knn_pw_fail(report, KNN_E_INTERRUPTED,
@@ -480,18 +829,25 @@ knn_status knn_pairwise_search(const knn_pairwise_request *req,
             req->cb.progress(req->cb.ctx, last, n_query);
         }
     }
+    knn_blas_release(blas_before);
     report->seconds_search = knn_seconds() - started -
                              report->seconds_prepare;
     snprintf(report->device, sizeof report->device, "cpu (%d threads)",
              threads);
-    snprintf(report->precision, sizeof report->precision,
-             "fp64 pairwise-complete");
-    report->candidates = req->n_ref - self;
+    snprintf(report->precision, sizeof report->precision, "%s",
+             bicor ? "fp64 pairwise-complete"
+                   : "fp64 products + fp64 pairwise-complete re-rank");
+    double candidates = 0.0;
+    for (int i = 0; found && i < threads; i++) candidates += found[i];
+    report->candidates = bicor ? n_ref - self : candidates / n_query;
     report->row_tile = block;
-    report->col_tile = req->n_ref;
+    report->col_tile = n_ref;
     free(scratch);
     free(ts);
+    free(found);
+    knn_pw_screen_free(&ref_sc);
+    knn_pw_screen_free(&query_sc);
     knn_pw_free(&ref);
-    if (!self) knn_pw_free(&query);
+    knn_pw_free(&query);
     return st;
 }

@@ -4,13 +4,13 @@
 
 ## Neighbours of each row by the n x n similarity matrix s (NA: no pair),
 ## as knnSearch() returns them: n x k index and distance, NA-filled.
-refFromSimilarity <- function(s, k, self = TRUE) {
+refFromSimilarity <- function(s, k, self = TRUE, digits = 10) {
     d <- 1 - s
     dimnames(d) <- NULL
     if (self) diag(d) <- NA
     index <- t(apply(d, 1, function(row) {
         ok <- which(!is.na(row))
-        picked <- ok[order(round(row[ok], 10), ok)]
+        picked <- ok[order(round(row[ok], digits), ok)]
         c(picked, rep(NA_integer_, k))[seq_len(k)]
     }))
     distance <- matrix(d[cbind(rep(seq_len(nrow(d)), k), as.vector(index))],
@@ -96,6 +96,40 @@ test_that("pairwise-complete correlations equal cor() and WGCNA's bicor()", {
                       device = "cpu")
     cross <- stats::cor(t(q), t(y), use = "pairwise.complete.obs")
     expectNeighbours(near, refFromSimilarity(cross, 4, self = FALSE))
+})
+
+test_that("the screen keeps every neighbour of tied and hard data", {
+    ## Small integers tie everywhere (duplicated rows too); levels and
+    ## near-duplicates crowd every node's k-th place: the candidates from
+    ## the products must still hold the exact best k, ties included. The
+    ## reference rounds distances where exact ties must tie (their keys
+    ## are exact: knn_pw_corr_integers); near-duplicates differ by 1e-14,
+    ## where cor()'s long double and knngpu's float64 order them each
+    ## their own way, so there each node's k best distances are compared.
+    cases <- list(tied = tiedMatrix(250, 14, 68),
+                  levels = hardMatrix("levels", 250, 69),
+                  neardup = hardMatrix("neardup", 250, 70))
+    digits <- c(tied = 10, levels = 15, neardup = 15)
+    for (name in names(cases)) {
+        x <- cases[[name]]
+        set.seed(71)
+        x[sample(length(x), round(0.08 * length(x)))] <- NA
+        for (metric in c("pearson", "abspearson")) {
+            r <- stats::cor(t(x), use = "pairwise.complete.obs")
+            if (metric == "abspearson") r <- abs(r)
+            found <- knnSearch(x, k = 7, metric = metric, device = "cpu",
+                               use = "pairwise.complete.obs", min.shared = 1)
+            reference <- refFromSimilarity(r, 7, digits = digits[[name]])
+            if (name == "neardup") {
+                expect_equal(found$distance, reference$distance,
+                             tolerance = 1e-13, scale = 1,
+                             label = paste(name, metric))
+            } else {
+                expect_identical(found$index, reference$index,
+                                 label = paste(name, metric))
+            }
+        }
+    }
 })
 
 test_that("pairs sharing fewer than min.shared features are no neighbours", {
