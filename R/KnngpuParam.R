@@ -235,7 +235,7 @@ assign(".packageName", "knngpu", envir = .bnEnv)
 .bnRunner <- function(index, q) {
     p <- index@param
     use <- list(use = p@use, min.shared = p@min.shared)
-    way <- .searchUse(use, .layoutSource(.bnNodes(index)), q)
+    way <- .searchUse(use, p@device, .layoutSource(.bnNodes(index)), q)
     .engineRunner(.bnMetric(index@distance), p@device, p@threads,
                   if (length(p@devices)) p@devices else NULL, p@precision,
                   way, p@min.shared)

@@ -40,12 +40,21 @@
 ## sources (.nodeSource(), NULL for none): "pairwise" where missing values
 ## are asked for pairwise and some source holds one, else "everything". The
 ## whole search takes one way, decided here once, so that any split into
-## blocks gives the same bits.
-.searchUse <- function(use, ...) {
+## blocks gives the same bits. A pairwise-complete search runs on the CPU
+## only, which device = "gpu" cannot change: an error says so here, before
+## any block is handed out.
+.searchUse <- function(use, device, ...) {
     if (use$use == "everything") return("everything")
     sources <- Filter(Negate(is.null), list(...))
     missing <- vapply(sources, function(s) anyNA(s$matrix), logical(1))
-    if (any(missing)) return("pairwise")
+    if (any(missing)) {
+        if (identical(device, "gpu")) {
+            stop("use = \"pairwise.complete.obs\" on data with missing ",
+                 "values runs on the CPU only; use device = \"auto\" or ",
+                 "\"cpu\"", call. = FALSE)
+        }
+        return("pairwise")
+    }
     p <- sources[[1L]]$p
     if (p < use$min.shared) {
         stop(sprintf(paste("'min.shared' (%d) is more than the %d features",
@@ -75,16 +84,11 @@
     nodes
 }
 
-## The pairwise-complete search of .runEngine(): on the CPU, which
-## device = "gpu" cannot change (an error says so), with what the engine
-## reports completed for .reportRun().
-.runPairwise <- function(ref, query, k, metric, device, threads, progress,
-                         edges, min.shared) {
-    if (device == "gpu") {
-        stop("use = \"pairwise.complete.obs\" on data with missing values ",
-             "runs on the CPU only; use device = \"auto\" or \"cpu\"",
-             call. = FALSE)
-    }
+## The pairwise-complete search of .runEngine(), on the CPU
+## (.searchUse()), with what the engine reports completed for
+## .reportRun().
+.runPairwise <- function(ref, query, k, threads, progress, edges,
+                         metric, min.shared) {
     res <- .Call(C_knn_pairwise, ref$values, query$values, as.integer(k),
                  match(metric, .pairwiseMetrics) - 1L, min.shared, threads,
                  progress)

@@ -9,7 +9,7 @@
                        verbose, devices, edges = FALSE, precision = "auto",
                        use = "everything", min.shared = 1L) {
     if (use == "pairwise") {
-        return(.runPairwiseReported(ref, query, k, metric, device, threads,
+        return(.runPairwiseReported(ref, query, k, metric, threads,
                                     progress, verbose, edges, min.shared))
     }
     backend <- .resolveDevice(device)
@@ -41,15 +41,14 @@
 
 ## A pairwise-complete search (.runPairwise()) timed and described as
 ## .runEngine() describes its own.
-.runPairwiseReported <- function(ref, query, k, metric, device, threads,
-                                 progress, verbose, edges, min.shared) {
-    device <- .checkChoice(device, c("auto", "cpu", "gpu"), "device")
+.runPairwiseReported <- function(ref, query, k, metric, threads, progress,
+                                 verbose, edges, min.shared) {
     threads <- .checkThreads(threads)
     progress <- .checkFlag(progress, "progress")
     verbose <- .checkFlag(verbose, "verbose")
     start <- .wallSeconds()
-    res <- .runPairwise(ref, query, k, metric, device, threads, progress,
-                        edges, min.shared)
+    res <- .runPairwise(ref, query, k, threads, progress, edges, metric,
+                        min.shared)
     .describeRun(res, start, "cpu", metric, k, ref, verbose)
 }
 

@@ -99,7 +99,7 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
     }
     k <- .checkK(k, source$n - 1L)
     BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM)
-    way <- .searchUse(use, source)
+    way <- .searchUse(use, device[1L], source)
     res <- if (is.null(BPPARAM)) {
         .runEngine(.readNodes(source), NULL, k, metric, device[1L], threads,
                    progress, verbose, devices, edges = is.null(snn),

@@ -227,7 +227,7 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
     }
     k <- .checkK(k, available)
     BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM)
-    way <- .searchUse(use, ref, q)
+    way <- .searchUse(use, device[1L], ref, q)
     res <- if (is.null(BPPARAM)) {
         .runEngine(.readNodes(ref), if (!is.null(q)) .readNodes(q), k,
                    metric, device[1L], threads, progress, verbose, devices,

@@ -115,15 +115,16 @@ test_that("the screen keeps every neighbour of tied and hard data", {
         set.seed(71)
         x[sample(length(x), round(0.08 * length(x)))] <- NA
         for (metric in c("pearson", "abspearson")) {
-            r <- stats::cor(t(x), use = "pairwise.complete.obs")
+            ## A few pairs are constant on their shared samples: NA.
+            r <- suppressWarnings(stats::cor(t(x),
+                                             use = "pairwise.complete.obs"))
             if (metric == "abspearson") r <- abs(r)
             found <- knnSearch(x, k = 7, metric = metric, device = "cpu",
                                use = "pairwise.complete.obs", min.shared = 1)
             reference <- refFromSimilarity(r, 7, digits = digits[[name]])
             if (name == "neardup") {
-                expect_equal(found$distance, reference$distance,
-                             tolerance = 1e-13, scale = 1,
-                             label = paste(name, metric))
+                expect_lt(max(abs(found$distance - reference$distance)),
+                          1e-13, label = paste(name, metric))
             } else {
                 expect_identical(found$index, reference$index,
                                  label = paste(name, metric))

@@ -91,10 +91,9 @@ test_that("the nodes' annotation reaches the node table and igraph", {
     dimnames(x) <- list(paste0("g", 1:40), paste0("s", 1:6))
     se <- SummarizedExperiment::SummarizedExperiment(
         list(exprs = x),
-        rowData = S4Vectors::DataFrame(symbol = paste0("SYM", 1:40),
-                                       name = 1:40,
-                                       list = I(as.list(1:40))),
-        colData = S4Vectors::DataFrame(group = rep(c("a", "b"), 3)))
+        rowData = data.frame(symbol = paste0("SYM", 1:40), name = 1:40,
+                             list = I(as.list(1:40))),
+        colData = data.frame(group = rep(c("a", "b"), 3)))
     nodes <- attr(knnGraph(se, k = 3, device = "cpu"), "nodes")
     expect_identical(names(nodes), c("name", "symbol", "name.1"))
     expect_identical(nodes$symbol, paste0("SYM", 1:40))
