@@ -164,9 +164,11 @@
 #'   search is the one of \code{"everything"}, on any device. Where they
 #'   do, each pair's correlation is computed in float64 over the features
 #'   both nodes have (for bicor, the medians and deviations too, as
-#'   \code{WGCNA::bicor(use = "p")} does), on the CPU: \code{device =
+#'   \code{WGCNA::bicor(use = "p")} does), on the CPU (for the Pearson
+#'   metrics and cosine, only for the candidates that one float64 matrix
+#'   product with a proven error bound leaves): \code{device =
 #'   "auto"} runs there and says so in the \code{precision} attribute
-#'   ("fp64 pairwise-complete (CPU only)") and with \code{verbose};
+#'   (which ends "(CPU only)") and with \code{verbose};
 #'   \code{device = "gpu"} is an error. Ties go to the smaller index as
 #'   always. A pair that shares fewer than \code{min.shared} features, or
 #'   on whose shared features a node is constant, is no pair of

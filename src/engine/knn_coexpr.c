@@ -7,8 +7,10 @@
  * neither overflow nor underflow. A pair's key then takes two passes over
  * the features both nodes have, in feature order: the means (bicor: the
  * medians and deviations, knn_bicor_prep), then the centred products.
- * Threads split the query rows; the caller's thread polls the interrupt
- * between blocks of rows sized to take well under a second.
+ * Pearson, |Pearson| and cosine keys are computed for a row's candidates
+ * only (the screen, below). Threads split the query rows (tiles of them
+ * for the screen); the caller's thread polls the interrupt between blocks
+ * of rows sized to take well under a second.
  */
 #include <math.h>
 #include <stdint.h>
@@ -489,10 +491,15 @@ typedef struct {
     double *t;     /* n: sum of a */
     double *s2;    /* n: sum of a^2 */
     double *l1;    /* n: sum of |a| */
+    double *rs2;   /* n: sqrt of s2 */
     int *miss_at;  /* n + 1 offsets into miss */
     int *miss;     /* missing features of each node, ascending */
     int words;     /* 64-bit words of a node's mask */
     uint64_t *mask; /* words x n: bit f set where feature f is missing */
+    double *at;    /* n x p, feature f's values of every node contiguous:
+                      a row's sums over its own missing features, for
+                      every reference node at once (reference nodes only,
+                      else NULL) */
 } knn_pw_screen;
 
 static void knn_pw_screen_free(knn_pw_screen *sc)
@@ -501,15 +508,17 @@ static void knn_pw_screen_free(knn_pw_screen *sc)
     free(sc->t);
     free(sc->s2);
     free(sc->l1);
+    free(sc->rs2);
     free(sc->miss_at);
     free(sc->miss);
     free(sc->mask);
+    free(sc->at);
     memset(sc, 0, sizeof *sc);
 }
 
 static knn_status knn_pw_screen_prepare(knn_pw_screen *sc,
                                         const knn_pw_nodes *nodes, int p,
-                                        int centred)
+                                        int centred, int is_ref)
 {
     int n = nodes->n;
     size_t missing = 0;
@@ -519,12 +528,15 @@ static knn_status knn_pw_screen_prepare(knn_pw_screen *sc,
     sc->t = malloc((size_t)n * sizeof(double));
     sc->s2 = malloc((size_t)n * sizeof(double));
     sc->l1 = malloc((size_t)n * sizeof(double));
+    sc->rs2 = malloc((size_t)n * sizeof(double));
     sc->miss_at = malloc(((size_t)n + 1) * sizeof(int));
     sc->miss = malloc((missing + 1) * sizeof(int));
     sc->words = (p + 63) / 64;
     sc->mask = calloc((size_t)sc->words * n, sizeof(uint64_t));
-    if (!sc->a || !sc->t || !sc->s2 || !sc->l1 || !sc->miss_at || !sc->miss ||
-        !sc->mask || missing > (size_t)INT_MAX) {
+    if (is_ref) sc->at = malloc((size_t)p * n * sizeof(double));
+    if (!sc->a || !sc->t || !sc->s2 || !sc->l1 || !sc->rs2 || !sc->miss_at ||
+        !sc->miss ||
+        !sc->mask || (is_ref && !sc->at) || missing > (size_t)INT_MAX) {
         knn_pw_screen_free(sc);
         return KNN_E_NOMEM;
     }
@@ -556,127 +568,143 @@ static knn_status knn_pw_screen_prepare(knn_pw_screen *sc,
         sc->t[j] = t;
         sc->s2[j] = s2;
         sc->l1[j] = l1;
+        sc->rs2[j] = sqrt(s2);
     }
     sc->miss_at[n] = at;
+    for (int j = 0; is_ref && j < n; j++) {
+        for (int f = 0; f < p; f++) {
+            sc->at[(size_t)f * n + j] = sc->a[(size_t)j * p + f];
+        }
+    }
     return KNN_OK;
 }
 
-/* Features missing from both i (of q) and j (of r). */
-static int knn_pw_both_missing(const knn_pw_screen *q, int i,
-                               const knn_pw_screen *r, int j)
+/* For query node i (of q): the sums of every reference node's a, and of
+ * its squares, over the features i lacks, into sum and sq (n_ref each). */
+static void knn_pw_row_missing_sums(const knn_pw_screen *q, int i,
+                                    const knn_pw_screen *r, int n_ref,
+                                    double *sum, double *sq)
 {
-    const uint64_t *x = q->mask + (size_t)i * q->words;
-    const uint64_t *y = r->mask + (size_t)j * r->words;
-    int both = 0;
-    for (int w = 0; w < q->words; w++) {
-        both += __builtin_popcountll(x[w] & y[w]);
+    for (int j = 0; j < n_ref; j++) {
+        sum[j] = 0.0;
+        sq[j] = 0.0;
     }
-    return both;
+    for (int t = q->miss_at[i]; t < q->miss_at[i + 1]; t++) {
+        const double *v = r->at + (size_t)q->miss[t] * n_ref;
+        /* Each j's sums keep their order: lanes hold different j. */
+        #pragma omp simd
+        for (int j = 0; j < n_ref; j++) {
+            sum[j] += v[j];
+            sq[j] += v[j] * v[j];
+        }
+    }
 }
 
-/* Sum and sum of squares of node i's a (of sc) over the features
- * missing from node j (of other). */
-static void knn_pw_missing_sums(const knn_pw_screen *sc, int i,
-                                const knn_pw_screen *other, int j, int p,
-                                double *sum, double *sq)
-{
-    const double *a = sc->a + (size_t)i * p;
-    double s = 0.0, s2 = 0.0;
-    for (int t = other->miss_at[j]; t < other->miss_at[j + 1]; t++) {
-        double v = a[other->miss[t]];
-        s += v;
-        s2 += v * v;
-    }
-    *sum = s;
-    *sq = s2;
-}
+/* The scratch of one query row of the screen, n_ref doubles each. */
+typedef struct {
+    double *shared; /* features shared with each reference node; 0 where
+                       the pair is no pair (too few, or the node itself) */
+    double *sa, *qa; /* the row's a over each node's missing features:
+                        sum, sum of squares */
+    double *sb, *qb; /* each node's a over the row's missing features */
+    double *lo, *hi; /* distance bounds: lo NaN for no pair, -Inf where
+                        the variances cannot be told from 0 (hi NaN) */
+    double *spare;
+} knn_pw_rowbuf;
 
-/* Bounds [lo, hi] on the distance of query node qi and reference node rj
- * whose shared features number `shared` and cross-product sum is `ab`:
- * returns 1 with them set, 0 where the variances cannot be told from 0
- * (the pair is then a candidate). */
-static int knn_pw_bounds(const knn_pairwise_request *req, double g,
-                         const knn_pw_screen *q, int qi,
-                         const knn_pw_screen *r, int rj, int shared,
-                         double ab, double *lo, double *hi)
+/* Bounds [lo, hi] on the distance of query node qi to every reference
+ * node, from the products c and buf's sums; see the screen's note. */
+static void knn_pw_bounds(const knn_pairwise_request *req,
+                          const knn_pw_screen *q, int qi,
+                          const knn_pw_screen *r, int n_ref, const double *c,
+                          knn_pw_rowbuf *buf)
 {
     int p = req->p, centred = req->measure != KNN_PAIRWISE_COSINE;
-    double sa, qa, sb, qb;
-    knn_pw_missing_sums(q, qi, r, rj, p, &sa, &qa);
-    knn_pw_missing_sums(r, rj, q, qi, p, &sb, &qb);
-    double aa = q->s2[qi] - qa, bb = r->s2[rj] - qb;
-    double e_aa = 3.0 * g * q->s2[qi], e_bb = 3.0 * g * r->s2[rj];
-    double e_ab = g * sqrt(q->s2[qi] * r->s2[rj]) * (1.0 + 4.0 * g);
-    double cov = ab, va = aa, vb = bb, e_cov = e_ab, e_va = e_aa,
-           e_vb = e_bb;
-    if (centred) {
-        /* 1 / n rounds once more: the 4u terms cover it. */
-        double inv = 1.0 / shared;
-        double a = q->t[qi] - sa, b = r->t[rj] - sb;
-        double e_a = 2.0 * g * q->l1[qi], e_b = 2.0 * g * r->l1[rj];
+    int absolute = req->measure == KNN_PAIRWISE_ABSPEARSON;
+    const double g = (p + 8) * KNN_U64 / (1.0 - (p + 8) * KNN_U64);
+    const double u4 = 4.0 * KNN_U64;
+    const double ti = q->t[qi], s2i = q->s2[qi], rsi = q->rs2[qi];
+    const double e_ai = centred ? 2.0 * g * q->l1[qi] : 0.0;
+    const double *t = r->t, *s2 = r->s2, *rs = r->rs2, *l1 = r->l1;
+    const double *shared = buf->shared, *sa = buf->sa, *qa = buf->qa,
+                 *sb = buf->sb, *qb = buf->qb;
+    double *lo = buf->lo, *hi = buf->hi;
+    for (int j = 0; j < n_ref; j++) {
+        double n = shared[j];
+        double ab = c[j];
+        double aa = s2i - qa[j], bb = s2[j] - qb[j];
+        double e_ab = g * rsi * rs[j] * (1.0 + 4.0 * g);
+        double inv = centred ? 1.0 / (n > 0.0 ? n : 1.0) : 0.0;
+        double a = centred ? ti - sa[j] : 0.0;
+        double b = centred ? t[j] - sb[j] : 0.0;
+        double e_b = centred ? 2.0 * g * l1[j] : 0.0;
         double prod = a * b * inv, a2 = a * a * inv, b2 = b * b * inv;
-        cov = ab - prod;
-        va = aa - a2;
-        vb = bb - b2;
-        e_cov += (e_a * fabs(b) + fabs(a) * e_b + e_a * e_b) * inv +
-                 4.0 * KNN_U64 * (fabs(ab) + fabs(prod));
-        e_va += (2.0 * fabs(a) * e_a + e_a * e_a) * inv +
-                4.0 * KNN_U64 * (aa + a2);
-        e_vb += (2.0 * fabs(b) * e_b + e_b * e_b) * inv +
-                4.0 * KNN_U64 * (bb + b2);
+        double cov = ab - prod, va = aa - a2, vb = bb - b2;
+        double e_cov = e_ab + (e_ai * fabs(b) + fabs(a) * e_b + e_ai * e_b) *
+                       inv + u4 * (fabs(ab) + fabs(prod));
+        double e_va = 3.0 * g * s2i + (2.0 * fabs(a) * e_ai + e_ai * e_ai) *
+                      inv + u4 * (aa + a2);
+        double e_vb = 3.0 * g * s2[j] + (2.0 * fabs(b) * e_b + e_b * e_b) *
+                      inv + u4 * (bb + b2);
+        double lo_a = va - e_va, lo_b = vb - e_vb;
+        int known = lo_a > 0.0 && lo_b > 0.0;
+        double sva = sqrt(known ? va : 1.0), svb = sqrt(known ? vb : 1.0);
+        double sla = sqrt(known ? lo_a : 1.0), slb = sqrt(known ? lo_b : 1.0);
+        double s_fast = sva * svb, s_lo = sla * slb;
+        double rf = cov / s_fast;
+        double m = e_cov / s_lo + fabs(cov) * (1.0 / s_lo - 1.0 / s_fast) +
+                   u4 * (1.0 + fabs(rf));
+        /* The canonical key's own distance from the true r. */
+        double canon = 6.0 * g + (centred ? n * g * g * (1.0 / s_lo +
+                                  1.0 / sla / sla + 1.0 / slb / slb) : 0.0);
+        double margin = 2.0 * (m + canon) + 2.0 * KNN_U64;
+        double d = 1.0 - (absolute ? fabs(rf) : rf);
+        double l = known ? d - margin : -INFINITY;
+        lo[j] = n > 0.0 ? l : NAN;
+        hi[j] = n > 0.0 && known ? d + margin : NAN;
     }
-    double lo_a = va - e_va, lo_b = vb - e_vb;
-    if (!(lo_a > 0.0) || !(lo_b > 0.0)) return 0;
-    double s_fast = sqrt(va) * sqrt(vb), s_lo = sqrt(lo_a) * sqrt(lo_b);
-    double rf = cov / s_fast;
-    double m = e_cov / s_lo + fabs(cov) * (1.0 / s_lo - 1.0 / s_fast) +
-               4.0 * KNN_U64 * (1.0 + fabs(rf));
-    /* The canonical key's own distance from the true r. */
-    double canon = 6.0 * g;
-    if (centred) {
-        canon += shared * g * g * (1.0 / s_lo + 1.0 / lo_a + 1.0 / lo_b);
-    }
-    double margin = 2.0 * (m + canon) + 2.0 * KNN_U64;
-    if (req->measure == KNN_PAIRWISE_ABSPEARSON) rf = fabs(rf);
-    double d = 1.0 - rf;
-    *lo = d - margin;
-    *hi = d + margin;
-    return 1;
 }
 
 /* One query row through the screen: c holds the row's products with every
- * reference node (n_ref); lo, hi and spare are n_ref doubles of scratch. */
+ * reference node (n_ref). */
 static void knn_pw_screen_row(const knn_pairwise_request *req,
                               const knn_pw_nodes *q, const knn_pw_screen *qs,
                               const knn_pw_nodes *r, const knn_pw_screen *rs,
                               int qi, int self, const double *c,
-                              knn_pw_thread *t, double *lo, double *hi,
-                              double *spare, double *candidates)
+                              knn_pw_thread *t, knn_pw_rowbuf *buf,
+                              double *candidates)
 {
-    int p = req->p, certain = 0;
+    int p = req->p, n_ref = r->n, certain = 0;
     int miss_q = p - q->present[qi];
-    double g = (p + 8) * KNN_U64 / (1.0 - (p + 8) * KNN_U64);
-    for (int rj = 0; rj < r->n; rj++) {
-        lo[rj] = NAN;
-        if (self && rj == qi) continue;
-        int shared = p - miss_q - (p - r->present[rj]) +
-                     knn_pw_both_missing(qs, qi, rs, rj);
-        if (shared < req->min_shared || shared == 0) continue;
-        double l, h;
-        if (!knn_pw_bounds(req, g, qs, qi, rs, rj, shared, c[rj], &l,
-                           &h)) {
-            lo[rj] = -INFINITY;
-            continue;
+    knn_pw_row_missing_sums(qs, qi, rs, n_ref, buf->sb, buf->qb);
+    const double *a = qs->a + (size_t)qi * p;
+    const uint64_t *mask = qs->mask + (size_t)qi * qs->words;
+    for (int rj = 0; rj < n_ref; rj++) {
+        double s = 0.0, s2 = 0.0;
+        int both = 0;
+        for (int at = rs->miss_at[rj]; at < rs->miss_at[rj + 1]; at++) {
+            int f = rs->miss[at];
+            double v = a[f];
+            s += v;
+            s2 += v * v;
+            both += (int)((mask[f / 64] >> (f % 64)) & 1u);
         }
-        lo[rj] = l;
-        hi[rj] = h;
-        spare[certain++] = h;
+        int shared = p - miss_q - (p - r->present[rj]) + both;
+        int pair = shared >= req->min_shared && shared > 0 &&
+                   !(self && rj == qi);
+        buf->shared[rj] = pair ? shared : 0.0;
+        buf->sa[rj] = s;
+        buf->qa[rj] = s2;
+    }
+    knn_pw_bounds(req, qs, qi, rs, n_ref, c, buf);
+    for (int rj = 0; rj < n_ref; rj++) {
+        if (!isnan(buf->hi[rj])) buf->spare[certain++] = buf->hi[rj];
     }
     double bound = certain >= req->k
-        ? knn_nth(spare, certain, req->k - 1) : INFINITY;
+        ? knn_nth(buf->spare, certain, req->k - 1) : INFINITY;
     t->size = 0;
-    for (int rj = 0; rj < r->n; rj++) {
-        if (!(lo[rj] <= bound)) continue;
+    for (int rj = 0; rj < n_ref; rj++) {
+        if (!(buf->lo[rj] <= bound)) continue;
         *candidates += 1.0;
         double v = knn_pw_corr(q->x + (size_t)qi * p, r->x + (size_t)rj * p,
                                p, req->measure != KNN_PAIRWISE_COSINE,
@@ -702,8 +730,10 @@ static int knn_has_infinite(const double *x, size_t len)
     return 0;
 }
 
-/* Query rows per matrix product of the screen. */
+/* Query rows per matrix product of the screen, and the arrays of
+ * knn_pw_rowbuf. */
 #define KNN_PW_TILE 32
+#define KNN_PW_ROWBUF 8
 
 /* One tile of query rows [first, last) through the screen: their products
  * with every reference node, then each row's candidates and best k. */
@@ -713,15 +743,20 @@ static void knn_pw_screen_tile(const knn_pairwise_request *req,
                                const knn_pw_nodes *r,
                                const knn_pw_screen *rs, int first, int last,
                                int self, knn_pw_thread *t, double *c,
-                               double *lo, double *hi, double *spare,
-                               double *candidates, knn_result *out,
-                               int n_query)
+                               double *scratch, double *candidates,
+                               knn_result *out, int n_query)
 {
     int p = req->p, n_ref = r->n, rows = last - first;
     knn_gemm_tn(n_ref, rows, p, rs->a, qs->a + (size_t)first * p, c);
+    knn_pw_rowbuf buf;
+    double **field[] = {&buf.shared, &buf.sa, &buf.qa, &buf.sb, &buf.qb,
+                        &buf.lo, &buf.hi, &buf.spare};
+    for (int f = 0; f < KNN_PW_ROWBUF; f++) {
+        *field[f] = scratch + (size_t)f * n_ref;
+    }
     for (int qi = first; qi < last; qi++) {
         knn_pw_screen_row(req, q, qs, r, rs, qi, self,
-                          c + (size_t)(qi - first) * n_ref, t, lo, hi, spare,
+                          c + (size_t)(qi - first) * n_ref, t, &buf,
                           candidates);
         knn_pw_write(req, t, qi, out, n_query);
     }
@@ -755,9 +790,9 @@ knn_status knn_pairwise_search(const knn_pairwise_request *req,
     if (!self) st = knn_pw_prepare(&query, req->query, p, n_query, bicor,
                                    threads);
     if (st == KNN_OK && !bicor) {
-        st = knn_pw_screen_prepare(&ref_sc, &ref, p, centred);
+        st = knn_pw_screen_prepare(&ref_sc, &ref, p, centred, 1);
         if (st == KNN_OK && !self)
-            st = knn_pw_screen_prepare(&query_sc, &query, p, centred);
+            st = knn_pw_screen_prepare(&query_sc, &query, p, centred, 0);
     }
     const knn_pw_nodes *q = self ? &ref : &query;
     const knn_pw_screen *qs = self ? &ref_sc : &query_sc;
@@ -768,7 +803,8 @@ knn_status knn_pairwise_search(const knn_pairwise_request *req,
     size_t heap_ints = ((size_t)req->k * sizeof(int) + sizeof(double) - 1) /
                        sizeof(double);
     size_t per = 3 * (size_t)p + (size_t)req->k + heap_ints +
-                 (bicor ? 0 : (size_t)(KNN_PW_TILE + 3) * n_ref);
+                 (bicor ? 0
+                        : (size_t)(KNN_PW_TILE + KNN_PW_ROWBUF) * n_ref);
     double *scratch = st == KNN_OK
         ? malloc((size_t)threads * per * sizeof(double)) : NULL;
     knn_pw_thread *ts = calloc((size_t)threads, sizeof *ts);
@@ -818,8 +854,7 @@ knn_status knn_pairwise_search(const knn_pairwise_request *req,
                 int a = first + tile * KNN_PW_TILE;
                 int b = a + KNN_PW_TILE < last ? a + KNN_PW_TILE : last;
                 knn_pw_screen_tile(req, q, qs, &ref, &ref_sc, a, b, self, t,
-                                   c, lo, lo + n_ref, lo + 2 * (size_t)n_ref,
-                                   &found[id], out, n_query);
+                                   c, lo, &found[id], out, n_query);
             }
         }
         if (req->cb.interrupted && req->cb.interrupted(req->cb.ctx)) {

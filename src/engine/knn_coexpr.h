@@ -15,8 +15,12 @@
  * bicor(use = "p") define it: Pearson, |Pearson| and cosine of the two
  * nodes restricted to their shared features; bicor of them, its medians
  * and deviations taken over the shared features. knn_pairwise_search()
- * computes every key in float64 directly (two passes over the shared
- * features), with no faster candidate arithmetic, on the CPU.
+ * runs on the CPU. Its keys are float64, two passes over the shared
+ * features (exact sums for nodes of small integers, so that exact ties
+ * stay ties). For Pearson, |Pearson| and cosine, candidates come first
+ * from one float64 matrix product per tile of rows with a proven bound
+ * (knn_coexpr.c), and only they get keys; bicor computes every pair's
+ * key.
  *
  * Layout as in knn.h: p x n, column-major, node-contiguous.
  */
