@@ -8,7 +8,12 @@
 ## list(from, to, weight, distance, rank, info); info is extended with the
 ## metric, sizes and elapsed seconds.
 .runEngine <- function(ref, query, k, metric, device, threads, progress,
-                       verbose, devices, edges = FALSE, precision = "auto") {
+                       verbose, devices, edges = FALSE, precision = "auto",
+                       use = "everything", min.shared = 1L) {
+    if (use == "pairwise") {
+        return(.runPairwiseReported(ref, query, k, metric, threads,
+                                    progress, verbose, edges, min.shared))
+    }
     backend <- .resolveDevice(device)
     precision <- .checkRung(precision, backend)
     devices <- .checkDevices(devices, backend)
@@ -18,14 +23,39 @@
     algorithm <- .checkChoice(getOption("knngpu.algorithm", "auto"),
                               .algorithms, "knngpu.algorithm")
     start <- .wallSeconds()
-    res <- .engineSearch(ref$values, query$values, k, metric,
+    if (metric == "bicor") {
+        ref <- .bicorNodes(ref, threads)
+        query <- .bicorNodes(query, threads)
+    }
+    res <- .engineSearch(ref$values, query$values, k, .engineMetric(metric),
                          gpu = backend == "gpu", threads = threads,
                          memory = .memoryBudget(backend), devices = devices,
                          progress = progress, edges = edges,
                          algorithm = algorithm, precision = precision,
                          select = .envChoice("KNNGPU_SELECT", .gpuSelects),
                          block = .blockNodes())
-    if (!is.null(res$problem)) .stopProblem(res$problem, ref, query, metric)
+    if (!is.null(res$problem)) {
+        .stopProblem(res$problem, ref, query, .engineMetric(metric))
+    }
+    .describeRun(res, start, backend, metric, k, ref, verbose)
+}
+
+## A pairwise-complete search (.runPairwise()) timed and described as
+## .runEngine() describes its own.
+.runPairwiseReported <- function(ref, query, k, metric, threads, progress,
+                                 verbose, edges, min.shared) {
+    threads <- .checkThreads(threads)
+    progress <- .checkFlag(progress, "progress")
+    verbose <- .checkFlag(verbose, "verbose")
+    start <- .wallSeconds()
+    res <- .runPairwise(ref, query, k, threads, progress, edges, metric,
+                        min.shared)
+    .describeRun(res, start, "cpu", metric, k, ref, verbose)
+}
+
+## res with its info completed: elapsed seconds since start, backend,
+## metric, k and sizes; printed when verbose.
+.describeRun <- function(res, start, backend, metric, k, ref, verbose) {
     res$info$elapsed <- .wallSeconds() - start
     res$info$backend <- backend
     res$info$metric <- metric

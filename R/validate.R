@@ -19,7 +19,7 @@
 }
 
 .checkMetric <- function(metric) {
-    .checkChoice(metric, .metricNames(), "metric")
+    .checkChoice(metric, c(.metricNames(), "bicor"), "metric")
 }
 
 .isWholeNumber <- function(x) {
