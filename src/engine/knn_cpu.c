@@ -322,8 +322,7 @@ static double knn_cpu_key(const knn_cpu *cpu, int qi, int rj)
 static double knn_cpu_order_value(const void *ctx, int qi, int rj)
 {
     const knn_cpu *cpu = ctx;
-    return knn_key_distance(cpu->space.metric, knn_cpu_key(cpu, qi, rj),
-                            cpu->space.scale_exp);
+    return knn_key_distance(cpu->space.metric, knn_cpu_key(cpu, qi, rj));
 }
 
 static void knn_cpu_reset_pool(const knn_cpu *cpu, knn_pool *pool, int qi)
@@ -914,11 +913,9 @@ static void knn_cpu_order_ties(const knn_space *sp, knn_cand *items, int n,
                                int k)
 {
     for (int a = 0; a < k && a < n;) {
-        double d = knn_key_distance(sp->metric, items[a].score,
-                                    sp->scale_exp);
+        double d = knn_key_distance(sp->metric, items[a].score);
         int b = a + 1;
-        while (b < n && knn_key_distance(sp->metric, items[b].score,
-                                         sp->scale_exp) == d)
+        while (b < n && knn_key_distance(sp->metric, items[b].score) == d)
             b++;
         for (int i = a + 1; i < b; i++)
             for (int j = i; j > a && items[j].index < items[j - 1].index;
@@ -952,8 +949,8 @@ static void knn_cpu_finish(const knn_cpu *cpu, knn_pool *pool, int qi,
     for (int r = 0; r < k; r++) {
         size_t at = knn_result_at(out, (size_t)nq, k, (size_t)qi, r);
         out->index[at] = pool->items[r].index + out->index_base;
-        knn_key_output(sp->metric, pool->items[r].score, sp->scale_exp,
-                       &out->distance[at], &out->weight[at]);
+        knn_key_output(sp->metric, pool->items[r].score, &out->distance[at],
+                       &out->weight[at]);
     }
 }
 

@@ -5,7 +5,7 @@
  * reference nodes visits O(k + log n) leaves per query instead.
  *
  * Exactness: every distance is the canonical key of knn_exact.h computed
- * from the same scaled nodes as the product path (knn_nodes_key), and each
+ * from the nodes as given, as the product path does (knn_nodes_key), and each
  * query keeps its k best by (reported distance, index) in a heap, so the
  * answer is the same bits as the product path's. A subtree is skipped only
  * when a lower bound on every key inside it, shrunk by the bound's own
@@ -53,7 +53,7 @@ typedef struct {
     double *box;       /* per tree node: p lower then p upper bounds */
     int n_points;      /* distinct points */
     int *order;        /* tree position -> the point's smallest node */
-    double *points;    /* canonical points in tree order, p x n_points */
+    double *points;    /* the points in tree order, p x n_points */
     int *first, *count; /* tree position -> its nodes in `members` */
     int *members;      /* reference nodes by point in tree order, each
                           point's ascending */
@@ -117,7 +117,7 @@ static knn_status knn_kd_group(knn_kd_tree *t, const knn_nodes *ref,
         return KNN_E_NOMEM;
     }
     for (int i = 0; i < n; i++) {
-        rows[i].x = ref->canon + (size_t)i * p;
+        rows[i].x = ref->raw + (size_t)i * p;
         rows[i].p = p;
         rows[i].index = i;
     }
@@ -248,7 +248,7 @@ static knn_status knn_kd_build(knn_kd_tree *t, const knn_nodes *ref, int p)
     int *grouped = st == KNN_OK ? malloc((size_t)n * sizeof(int)) : NULL;
     if (st == KNN_OK && !grouped) st = KNN_E_NOMEM;
     if (st == KNN_OK) {
-        knn_kd_build_node(t, ref->canon, 0, d);
+        knn_kd_build_node(t, ref->raw, 0, d);
         /* Points and their nodes in tree order: a leaf's scan then reads
          * both in sequence (in the grouping's order, each accepted point
          * cost a cache miss: 1.7 times the search time at 200000 x 3). */
@@ -256,7 +256,7 @@ static knn_status knn_kd_build(knn_kd_tree *t, const knn_nodes *ref, int p)
         for (int i = 0; i < d; i++) {
             int g = group_at[t->order[i]];
             memcpy(t->points + (size_t)i * p,
-                   ref->canon + (size_t)t->order[i] * p, p * sizeof(double));
+                   ref->raw + (size_t)t->order[i] * p, p * sizeof(double));
             t->first[i] = at;
             t->count[i] = starts[g + 1] - starts[g];
             memcpy(grouped + at, t->members + starts[g],
@@ -273,18 +273,15 @@ static knn_status knn_kd_build(knn_kd_tree *t, const knn_nodes *ref, int p)
 }
 
 /* A query's k best so far: a max-heap by (distance, index), worst on top.
- * `reject` is the largest key that can still tie the worst entry's
- * distance (knn_key_tie_top), so most points are turned away by their key
- * alone, before their distance (a square root and a scaling) is computed. */
+ * A distance metric's key is the distance it reports (knn_key_dist). */
 typedef struct {
-    double key, dist;
+    double dist;
     int index;
 } knn_kd_item;
 
 typedef struct {
     knn_kd_item *items;
     int size, k;
-    double reject;
 } knn_kd_heap;
 
 static int knn_kd_worse(const knn_kd_item *a, const knn_kd_item *b)
@@ -312,75 +309,72 @@ static void knn_kd_heap_replace_top(knn_kd_heap *h, const knn_kd_item *x)
     h->items[c] = *x;
 }
 
-/* Offers node j at (key, dist); returns whether the heap took it. */
-static int knn_kd_heap_offer(knn_kd_heap *h, const knn_space *sp,
-                             double key, double dist, int j)
+/* Offers node j at distance dist; returns whether the heap took it. */
+static int knn_kd_heap_offer(knn_kd_heap *h, double dist, int j)
 {
-    knn_kd_item x = {key, dist, j};
+    knn_kd_item x = {dist, j};
     if (h->size == h->k) {
         if (!knn_kd_worse(&h->items[0], &x)) return 0;
         knn_kd_heap_replace_top(h, &x);
-    } else {
-        int c = h->size++;
-        while (c > 0) {
-            int up = (c - 1) / 2;
-            if (knn_kd_worse(&h->items[up], &x)) break;
-            h->items[c] = h->items[up];
-            c = up;
-        }
-        h->items[c] = x;
-        if (h->size < h->k) return 1;
+        return 1;
     }
-    h->reject = knn_key_tie_top(sp->metric, h->items[0].key, sp->scale_exp);
+    int c = h->size++;
+    while (c > 0) {
+        int up = (c - 1) / 2;
+        if (knn_kd_worse(&h->items[up], &x)) break;
+        h->items[c] = h->items[up];
+        c = up;
+    }
+    h->items[c] = x;
     return 1;
 }
 
-/* Offers the nodes of tree position i, at `key` from the query, in
+/* Offers the nodes of tree position i, at `dist` from the query, in
  * ascending index: once one is turned away, the rest (same distance,
  * larger index) would be too. */
-static void knn_kd_offer_point(const knn_kd_tree *t, const knn_space *sp,
-                               int i, double key, int itself,
-                               knn_kd_heap *h)
+static void knn_kd_offer_point(const knn_kd_tree *t, int i, double dist,
+                               int itself, knn_kd_heap *h)
 {
-    double dist = knn_key_distance(sp->metric, key, sp->scale_exp);
     const int *nodes = t->members + t->first[i];
     for (int m = 0; m < t->count[i]; m++) {
         if (nodes[m] == itself) continue;
-        if (!knn_kd_heap_offer(h, sp, key, dist, nodes[m])) return;
+        if (!knn_kd_heap_offer(h, dist, nodes[m])) return;
     }
 }
 
-/* A lower bound on the key of any point in the box from q: the box's own
- * key bound, shrunk by its rounding (relative 2(p + 2) units for the bound
- * and as much for a point's key, plus as many of the smallest subnormal
- * where terms underflow). */
+/* A lower bound on the distance of any point in the box from q: the
+ * distance to the box's nearest point, in the arithmetic of the keys
+ * (whose terms and sums only grow with the differences), shrunk by its
+ * rounding (relative 2(p + 2) units for the bound and as much for a
+ * point's key, plus as many of the smallest subnormal where the result
+ * underflows). */
 static double knn_kd_box_key(const knn_space *sp, const double *q,
                              const double *box)
 {
     int p = sp->p;
-    double s = 0.0;
+    knn_dist_sum acc;
+    knn_dist_sum_init(&acc);
     for (int f = 0; f < p; f++) {
-        double g = q[f] < box[f] ? box[f] - q[f]
-                 : q[f] > box[p + f] ? q[f] - box[p + f] : 0.0;
-        s += sp->metric == KNN_MANHATTAN ? g : g * g;
+        double c = q[f] < box[f] ? box[f]
+                 : q[f] > box[p + f] ? box[p + f] : q[f];
+        knn_dist_sum_add(&acc, sp->metric, c, q[f]);
     }
     double slack = 4.0 * (p + 4.0);
+    double s = knn_dist_sum_value(sp->metric, &acc);
     s = s * (1.0 - slack * KNN_U64) - slack * DBL_TRUE_MIN;
     return s > 0.0 ? s : 0.0;
 }
 
-/* Whether a subtree whose keys are at least `bound` can hold a node that
- * beats the heap's worst entry: a smaller distance, or the same one with
- * a smaller index. Keys past h->reject report a larger distance, so the
- * distance itself is needed only for subtrees that could tie. */
-static int knn_kd_may_improve(const knn_kd_heap *h, const knn_space *sp,
-                              double bound, int min_index)
+/* Whether a subtree whose distances are at least `bound` can hold a node
+ * that beats the heap's worst entry: a smaller distance, or the same one
+ * with a smaller index. */
+static int knn_kd_may_improve(const knn_kd_heap *h, double bound,
+                              int min_index)
 {
     if (h->size < h->k) return 1;
-    if (bound > h->reject) return 0;
+    if (bound > h->items[0].dist) return 0;
     if (min_index < h->items[0].index) return 1;
-    return knn_key_distance(sp->metric, bound, sp->scale_exp) <
-           h->items[0].dist;
+    return bound < h->items[0].dist;
 }
 
 /* The k nearest reference nodes of query node qi (skipping `itself`). */
@@ -389,25 +383,24 @@ static void knn_kd_query(const knn_kd_tree *t, const knn_space *sp,
                          knn_kd_heap *h)
 {
     int p = sp->p;
-    const double *q = query->canon + (size_t)qi * p;
+    const double *q = query->raw + (size_t)qi * p;
     int stack[KNN_KD_STACK];
     double bounds[KNN_KD_STACK];
     int top = 0;
     stack[top] = 0;
     bounds[top++] = 0.0;
     h->size = 0;
-    h->reject = INFINITY;
     while (top > 0) {
         top--;
         const knn_kd_node *nd = &t->nodes[stack[top]];
-        if (!knn_kd_may_improve(h, sp, bounds[top], nd->min_index))
+        if (!knn_kd_may_improve(h, bounds[top], nd->min_index))
             continue;
         if (nd->left < 0) {
             for (int i = nd->lo; i < nd->hi; i++) {
-                double key = knn_key_dist(sp->metric, q,
-                                          t->points + (size_t)i * p, p);
-                if (key <= h->reject)
-                    knn_kd_offer_point(t, sp, i, key, itself, h);
+                double dist = knn_key_dist(sp->metric, q,
+                                           t->points + (size_t)i * p, p);
+                if (h->size < h->k || dist <= h->items[0].dist)
+                    knn_kd_offer_point(t, i, dist, itself, h);
             }
             continue;
         }
@@ -440,7 +433,7 @@ static void knn_kd_emit(knn_kd_heap *h, const knn_space *sp, int qi, int nq,
         const knn_kd_item *x = &h->items[r];
         size_t at = knn_result_at(out, (size_t)nq, k, (size_t)qi, r);
         out->index[at] = x->index + out->index_base;
-        knn_key_output(sp->metric, x->key, sp->scale_exp, &out->distance[at],
+        knn_key_output(sp->metric, x->dist, &out->distance[at],
                        &out->weight[at]);
     }
 }
@@ -456,8 +449,7 @@ static knn_status knn_kd_query_range(const knn_kd_tree *t,
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
-        knn_kd_heap h = {malloc((size_t)k * sizeof(knn_kd_item)), 0, k,
-                         INFINITY};
+        knn_kd_heap h = {malloc((size_t)k * sizeof(knn_kd_item)), 0, k};
         if (!h.items) failed = 1;
         #pragma omp for schedule(dynamic, 256)
         for (int qi = q0; qi < q1; qi++) {

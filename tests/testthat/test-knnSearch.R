@@ -439,3 +439,82 @@ test_that("'precision' takes one choice, checked before the data is read", {
                      auto[c("index", "distance")])
     expect_identical(attr(default, "precision"), attr(auto, "precision"))
 })
+
+## v * 2^e rounded once (as C's ldexp), for 2^e beyond the doubles too.
+ldexpR <- function(v, e) {
+    while (e > 1000) {
+        v <- v * 2^1000
+        e <- e - 1000
+    }
+    while (e < -2000) {
+        v <- v * 2^-1000
+        e <- e + 1000
+    }
+    if (e < -1000) return(v * 2^-1000 * 2^(e + 1000))
+    v * 2^e
+}
+
+## A pair's distance as knngpu defines it for every finite input: the
+## differences scaled by a power of two of the largest, summed in feature
+## order in float64, scaled back (dist()'s bits where dist() neither
+## overflows nor underflows).
+scaledDistance <- function(a, b, metric) {
+    d <- a - b
+    top <- max(abs(d))
+    if (top == 0) return(0)
+    e <- floor(log2(top))
+    s <- 0
+    for (f in seq_along(d)) {
+        v <- ldexpR(d[f], -e)
+        s <- s + if (metric == "manhattan") abs(v) else v^2
+    }
+    switch(metric, euclidean = ldexpR(sqrt(s), e),
+           sqeuclidean = ldexpR(s, 2 * e), manhattan = ldexpR(s, e))
+}
+
+scaledKnn <- function(x, k, metric) {
+    n <- nrow(x)
+    d <- matrix(Inf, n, n)
+    for (i in seq_len(n)) for (j in seq_len(n)) if (i != j)
+        d[i, j] <- scaledDistance(x[i, ], x[j, ], metric)
+    index <- t(apply(d, 1, function(row) order(row, seq_len(n))[seq_len(k)]))
+    list(index = index,
+         distance = matrix(d[cbind(rep(seq_len(n), k), as.vector(index))], n))
+}
+
+test_that("no row's magnitude changes another row's distances", {
+    set.seed(421)
+    x <- rbind(matrix(rnorm(60 * 8), 60), rep(1e200, 8) * c(1, -1))
+    want <- as.matrix(dist(x))[1:60, 1:60]
+    diag(want) <- Inf
+    for (metric in c("euclidean", "manhattan", "sqeuclidean")) {
+        got <- knnSearch(x, k = 3, metric = metric, device = "cpu")
+        ref <- switch(metric, euclidean = want, sqeuclidean = want^2,
+                      manhattan = {
+                          m <- as.matrix(dist(x, "manhattan"))[1:60, 1:60]
+                          diag(m) <- Inf
+                          m
+                      })
+        top <- unname(t(apply(ref, 1, order))[, 1:3])
+        expect_identical(got$index[1:60, ], top, label = metric)
+        expect_equal(got$distance[1:60, ],
+                     matrix(ref[cbind(rep(1:60, 3), as.vector(top))], 60),
+                     tolerance = 1e-14, label = metric)
+    }
+    ## Rows from 1e-300 to 1e300, with neighbours at their own level, by
+    ## every search path: the scaled exact values, bit for bit.
+    level <- 10^rep(seq(-300, 300, by = 50), each = 6)
+    span <- matrix(rnorm(length(level) * 3), ncol = 3) * level
+    span <- rbind(span, span[1:12, ] * (1 + 1e-9))
+    for (metric in c("euclidean", "manhattan", "sqeuclidean")) {
+        ref <- scaledKnn(span, 4, metric)
+        for (algorithm in c("products", "tree")) {
+            got <- withOptions(list(knngpu.algorithm = algorithm),
+                               knnSearch(span, k = 4, metric = metric,
+                                         device = "cpu"))
+            label <- paste(metric, algorithm)
+            expect_identical(got$index, ref$index, label = label)
+            expect_identical(got$distance, ref$distance, label = label)
+        }
+    }
+})
