@@ -86,9 +86,9 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
     k <- .checkK(k, source$n - 1L)
     BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM)
     res <- if (is.null(BPPARAM)) {
-        .runEngine(.readNodes(source), NULL, k, metric, device[1L], threads,
-                   progress, verbose, devices, edges = is.null(snn),
-                   precision = precision)
+        .runEngine(.readNodes(source, threads = threads), NULL, k, metric,
+                   device[1L], threads, progress, verbose, devices,
+                   edges = is.null(snn), precision = precision)
     } else {
         .edgeList(.searchInBlocks(source, NULL, k, metric, device[1L],
                                   threads, progress, verbose, devices,

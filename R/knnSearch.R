@@ -179,7 +179,8 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
     k <- .checkK(k, available)
     BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM)
     res <- if (is.null(BPPARAM)) {
-        .runEngine(.readNodes(ref), if (!is.null(q)) .readNodes(q), k,
+        .runEngine(.readNodes(ref, threads = threads),
+                   if (!is.null(q)) .readNodes(q, threads = threads), k,
                    metric, device[1L], threads, progress, verbose, devices,
                    precision = precision)
     } else {

@@ -225,17 +225,19 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
     return res;
 }
 
-/* x: numeric matrix (double or integer). Returns the nodes in the engine's
- * p x n layout, a double matrix; one whose columns are the nodes is already
- * in that layout and is returned as it is. */
-SEXP C_knn_nodes(SEXP x, SEXP by_rows)
+/* x: numeric matrix (double or integer); threads: as a search's.
+ * Returns the nodes in the engine's p x n layout, a double matrix; one
+ * whose columns are the nodes is already in that layout and is returned as
+ * it is. */
+SEXP C_knn_nodes(SEXP x, SEXP by_rows, SEXP threads)
 {
     int nrow = nrows(x), ncol = ncols(x), rows = asLogical(by_rows) == TRUE;
     if (!rows && TYPEOF(x) == REALSXP) return x;
     SEXP dbl = PROTECT(coerceVector(x, REALSXP));
     SEXP values = PROTECT(allocMatrix(REALSXP, rows ? ncol : nrow,
                                       rows ? nrow : ncol));
-    knn_layout_nodes(REAL(dbl), nrow, ncol, rows, REAL(values));
+    knn_layout_nodes(REAL(dbl), nrow, ncol, rows, REAL(values),
+                     asInteger(threads));
     UNPROTECT(2);
     return values;
 }
@@ -253,23 +255,25 @@ static SEXP knn_bad_nodes(const int *bad, int found, int cap)
 }
 
 /* x: p x n double matrix. Returns the nodes holding NA, NaN or Inf (at most
- * max_bad of them, in order; knn_bad_nodes). */
+ * max_bad of them, in order; knn_bad_nodes). On one thread: it runs once,
+ * on the way to an error. */
 SEXP C_knn_nonfinite(SEXP x, SEXP max_bad)
 {
     int cap = asInteger(max_bad);
     int *bad = (int *)R_alloc((size_t)cap, sizeof(int));
-    int found = knn_nonfinite_nodes(REAL(x), nrows(x), ncols(x), bad, cap);
+    int found = knn_nonfinite_nodes(REAL(x), nrows(x), ncols(x), bad, cap,
+                                    1);
     return knn_bad_nodes(bad, found, cap);
 }
 
 /* x: p x n double matrix. Returns the degenerate nodes (at most max_rows of
- * them, in order; knn_bad_nodes). */
+ * them, in order; knn_bad_nodes), on one thread as C_knn_nonfinite. */
 SEXP C_knn_degenerate(SEXP x, SEXP metric, SEXP max_rows)
 {
     int cap = asInteger(max_rows);
     int *rows = (int *)R_alloc((size_t)cap, sizeof(int));
     int found = knn_degenerate_nodes((knn_metric)asInteger(metric), REAL(x),
-                                     nrows(x), ncols(x), rows, cap);
+                                     nrows(x), ncols(x), rows, cap, 1);
     return knn_bad_nodes(rows, found, cap);
 }
 

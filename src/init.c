@@ -9,7 +9,7 @@
 
 SEXP C_knn_search(SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP,
                   SEXP, SEXP);
-SEXP C_knn_nodes(SEXP, SEXP);
+SEXP C_knn_nodes(SEXP, SEXP, SEXP);
 SEXP C_knn_nonfinite(SEXP, SEXP);
 SEXP C_knn_degenerate(SEXP, SEXP, SEXP);
 SEXP C_knn_snn(SEXP, SEXP);
@@ -19,7 +19,7 @@ SEXP C_knn_metric_table(void);
 
 static const R_CallMethodDef knn_call_methods[] = {
     {"C_knn_search", (DL_FUNC)&C_knn_search, 11},
-    {"C_knn_nodes", (DL_FUNC)&C_knn_nodes, 2},
+    {"C_knn_nodes", (DL_FUNC)&C_knn_nodes, 3},
     {"C_knn_nonfinite", (DL_FUNC)&C_knn_nonfinite, 2},
     {"C_knn_degenerate", (DL_FUNC)&C_knn_degenerate, 3},
     {"C_knn_snn", (DL_FUNC)&C_knn_snn, 2},

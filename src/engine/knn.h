@@ -220,24 +220,25 @@ knn_status knn_search(const knn_request *req, knn_backend backend,
 
 /* Copies the nodes of a column-major nrow x ncol matrix into `out` in the
  * engine's layout (p x n, node-contiguous): the rows are the nodes when
- * by_rows (a transpose), else the columns (a copy). x is left untouched;
- * never fails. */
+ * by_rows (a transpose), else the columns (a copy). Uses up to `threads`
+ * threads (knn_threads). x is left untouched; never fails. */
 void knn_layout_nodes(const double *x, int nrow, int ncol, int by_rows,
-                      double *out);
+                      double *out, int threads);
 
 /* Writes into `bad` (capacity max_bad) the 0-based nodes of the p x n
  * matrix x that hold NA, NaN or Inf; returns how many there are in all.
- * Never fails. */
+ * Uses up to `threads` threads; never fails. */
 int knn_nonfinite_nodes(const double *x, int p, int n, int *bad,
-                        int max_bad);
+                        int max_bad, int threads);
 
 /* Writes into `rows` (capacity max_rows) the 0-based nodes of the p x n matrix
  * x that the metric cannot use: constant nodes for the correlation metrics,
  * all-zero nodes for cosine; none for distance metrics, and none holding a
  * non-finite value (those are knn_nonfinite_nodes' to report). Returns how many
- * there are in all (which may exceed max_rows). Never fails. */
+ * there are in all (which may exceed max_rows). Uses up to `threads`
+ * threads; never fails. */
 int knn_degenerate_nodes(knn_metric metric, const double *x, int p, int n,
-                         int *rows, int max_rows);
+                         int *rows, int max_rows, int threads);
 
 /* Fills the ends of a directed edge list of n nodes x k neighbours in edge
  * order (row-major, see knn_result): from[e] = i + base and rank[e] = r + 1

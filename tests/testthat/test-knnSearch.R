@@ -518,3 +518,40 @@ test_that("no row's magnitude changes another row's distances", {
         }
     }
 })
+
+## What a fresh Rscript running `code` (R source text, after the package
+## loads) prints, with environment variables `env` ("NAME=value").
+rscriptOutput <- function(code, env = character()) {
+    script <- tempfile("knngpu-child", fileext = ".R")
+    on.exit(unlink(script))
+    writeLines(c("suppressPackageStartupMessages(library(knngpu))", code),
+               script)
+    suppressWarnings(system2(
+        file.path(R.home("bin"), "Rscript"), script, stdout = TRUE,
+        stderr = TRUE,
+        env = c(paste0("R_LIBS=", paste(.libPaths(), collapse = ":")), env)))
+}
+
+test_that("the threads asked for are the threads used, whatever OpenMP says", {
+    skip_if_not(file.exists("/proc/self/status"))
+    ## The layout's transpose and the input checks run in parallel at this
+    ## size; with threads = 1 no thread may start, OMP_NUM_THREADS or not.
+    ## An absurd OMP_NUM_THREADS neither starts threads nor ends R.
+    code <- c(
+        "threads <- function() sub('Threads:\\\\s*', '',",
+        "    grep('^Threads:', readLines('/proc/self/status'), value = TRUE))",
+        "x <- matrix(rnorm(3000 * 60), 3000)",
+        "before <- threads()",
+        "r <- knnSearch(x, k = 3, threads = 1, progress = FALSE)",
+        "one <- threads()",
+        "r <- knnSearch(x, k = 3, threads = 2, progress = FALSE)",
+        "cat('THREADS', before, one, threads(), '\\n')")
+    for (env in c("OMP_NUM_THREADS=8", "OMP_NUM_THREADS=3000")) {
+        out <- rscriptOutput(code, env)
+        line <- grep("^THREADS", out, value = TRUE)
+        expect_length(line, 1L)
+        counts <- as.integer(strsplit(line, " ")[[1L]][-1L])
+        expect_identical(counts[2L], counts[1L], label = env)
+        expect_lte(counts[3L], counts[1L] + 1L)
+    }
+})
