@@ -11,6 +11,10 @@
 #include "callbacks.h"
 #include "knn.h"
 
+/* The most rows an R data frame holds (R_xlen_t vectors may be longer,
+ * but row names and most of R's data frame code stop at int). */
+#define KNN_MAX_EDGES 2147483647
+
 static const char *knn_status_name(knn_status st)
 {
     switch (st) {
@@ -277,33 +281,99 @@ SEXP C_knn_degenerate(SEXP x, SEXP metric, SEXP max_rows)
     return knn_bad_nodes(rows, found, cap);
 }
 
-/* index: n x k 1-based integer matrix of a self search. Returns
- * list(from, to, weight) with 1-based from < to. */
-SEXP C_knn_snn(SEXP index, SEXP type)
-{
-    int n = nrows(index), k = ncols(index);
+/* The SNN graph's arrays on their way into R: the engine's malloc'd
+ * arrays, freed whether or not R's allocations succeed. */
+typedef struct {
     int *from, *to;
-    double *w;
+    double *weight;
     size_t m;
-    knn_status st = knn_snn_graph(INTEGER(index), n, k, 1,
-                                  (knn_snn_type)asInteger(type), &from, &to,
-                                  &w, &m);
-    if (st != KNN_OK) error("knngpu: out of memory building the SNN graph");
+} knn_snn_arrays;
 
+static SEXP knn_snn_to_r(void *data)
+{
+    const knn_snn_arrays *g = data;
     const char *names[] = {"from", "to", "weight"};
     SEXP res = PROTECT(knn_named_list(3, names));
-    SEXP rf = allocVector(INTSXP, (R_xlen_t)m);
+    SEXP rf = allocVector(INTSXP, (R_xlen_t)g->m);
     SET_VECTOR_ELT(res, 0, rf);
-    SEXP rt = allocVector(INTSXP, (R_xlen_t)m);
+    SEXP rt = allocVector(INTSXP, (R_xlen_t)g->m);
     SET_VECTOR_ELT(res, 1, rt);
-    SEXP rw = allocVector(REALSXP, (R_xlen_t)m);
+    SEXP rw = allocVector(REALSXP, (R_xlen_t)g->m);
     SET_VECTOR_ELT(res, 2, rw);
-    memcpy(INTEGER(rf), from, m * sizeof(int));
-    memcpy(INTEGER(rt), to, m * sizeof(int));
-    memcpy(REAL(rw), w, m * sizeof(double));
-    free(from);
-    free(to);
-    free(w);
+    memcpy(INTEGER(rf), g->from, g->m * sizeof(int));
+    memcpy(INTEGER(rt), g->to, g->m * sizeof(int));
+    memcpy(REAL(rw), g->weight, g->m * sizeof(double));
+    UNPROTECT(1);
+    return res;
+}
+
+static void knn_snn_release(void *data, Rboolean jump)
+{
+    knn_snn_arrays *g = data;
+    (void)jump;
+    free(g->from);
+    free(g->to);
+    free(g->weight);
+    g->from = g->to = NULL;
+    g->weight = NULL;
+}
+
+/* Stops with an R error unless index is an n x k integer matrix of node
+ * numbers 1..n (no NA) and type a knn_snn_type: the engine trusts both. */
+static void knn_snn_check(SEXP index, SEXP type)
+{
+    if (TYPEOF(index) != INTSXP || !isMatrix(index) || nrows(index) < 1 ||
+        ncols(index) < 1)
+        error("knngpu: the SNN graph needs a non-empty integer matrix of "
+              "neighbours");
+    int t = asInteger(type);
+    if (t < KNN_SNN_RANK || t > KNN_SNN_JACCARD)
+        error("knngpu: unknown SNN weighting %d", t);
+    R_xlen_t len = XLENGTH(index);
+    int n = nrows(index);
+    const int *v = INTEGER(index);
+    for (R_xlen_t i = 0; i < len; i++)
+        if (v[i] < 1 || v[i] > n)
+            error("knngpu: the SNN graph's neighbours must be node numbers "
+                  "from 1 to %d; entry %.0f is %s", n, (double)i + 1,
+                  v[i] == NA_INTEGER ? "NA" : "out of range");
+}
+
+/* index: n x k 1-based integer matrix of a self search. Returns
+ * list(from, to, weight) with 1-based from < to. Polls for interrupts,
+ * which it raises again once every array is freed. */
+SEXP C_knn_snn(SEXP index, SEXP type)
+{
+    knn_snn_check(index, type);
+    int n = nrows(index), k = ncols(index);
+    knn_r_session session;
+    knn_callbacks cb;
+    knn_r_callbacks(&session, 0, n, &cb);
+    PROTECT(session.bar);
+    PROTECT(session.caught);
+    knn_snn_arrays g = {NULL, NULL, NULL, 0};
+    knn_status st = knn_snn_graph(INTEGER(index), n, k, 1,
+                                  (knn_snn_type)asInteger(type), &cb,
+                                  &g.from, &g.to, &g.weight, &g.m);
+    if (st == KNN_E_INTERRUPTED) {
+        knn_r_raise(VECTOR_ELT(session.caught, 0));
+        UNPROTECT(2);
+        return R_NilValue;
+    }
+    UNPROTECT(2);
+    if (st != KNN_OK)
+        error("knngpu: out of memory building the SNN graph of %d nodes "
+              "with k = %d: lower k, or build it on a machine with more "
+              "memory", n, k);
+    if (g.m > (size_t)KNN_MAX_EDGES) {
+        size_t m = g.m;
+        knn_snn_release(&g, FALSE);
+        error("knngpu: the SNN graph has %.0f edges, more than a data frame "
+              "holds (%d rows): lower k, or use knnSearch() for the "
+              "neighbour matrices", (double)m, KNN_MAX_EDGES);
+    }
+    SEXP cont = PROTECT(R_MakeUnwindCont());
+    SEXP res = R_UnwindProtect(knn_snn_to_r, &g, knn_snn_release, &g, cont);
     UNPROTECT(1);
     return res;
 }

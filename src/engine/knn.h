@@ -265,13 +265,16 @@ static inline void knn_edge_ends_range(int *from, int *rank, size_t a,
 typedef enum { KNN_SNN_RANK = 0, KNN_SNN_NUMBER, KNN_SNN_JACCARD } knn_snn_type;
 
 /* Builds the undirected SNN graph of a self-search result: `index` is n x k,
- * column-major, its nodes counted from `base` (0, or R's 1). Allocates
- * *from, *to (counted from base too, from < to) and *weight with malloc;
- * the caller frees them. Returns KNN_E_NOMEM (outputs NULL) when memory
- * runs out. */
+ * column-major, its nodes counted from `base` (0, or R's 1), every one in
+ * [base, base + n) (the caller checks). Allocates *from, *to (counted from
+ * base too, from < to) and *weight with malloc; the caller frees them.
+ * Polls cb's interrupt callback (cb may be NULL). Returns KNN_E_NOMEM when
+ * memory runs out, KNN_E_INTERRUPTED when the callback asks to stop; the
+ * outputs are then NULL and everything is freed. */
 knn_status knn_snn_graph(const int *index, int n, int k, int base,
-                         knn_snn_type type, int **from, int **to,
-                         double **weight, size_t *n_edges);
+                         knn_snn_type type, const knn_callbacks *cb,
+                         int **from, int **to, double **weight,
+                         size_t *n_edges);
 
 /* What the GPU backend sees. */
 typedef struct {
