@@ -52,8 +52,19 @@
  * spends twice as long scanning as multiplying). */
 #define KNN_CPU_PRODUCT_WORK 4e9
 #define KNN_CPU_SCAN_WORK 64.0
+/* An offer a pool takes (a heap update and its cache misses) costs about
+ * as much as this many products: with large k, most of a row's first
+ * offers are taken, and a tile of k = 5000 planned by its products alone
+ * ran for a second between polls. */
+#define KNN_CPU_TAKE_WORK 4000.0
 /* Features from which a self search shares products (knn_cpu_plan). */
 #define KNN_CPU_SHARE_MIN_FEATURES 16
+/* A row tile's re-rank runs in parts of about this much work per thread
+ * (a candidate costs its key, p steps, and its share of the sort), some
+ * 20 ms, between which Ctrl-C is polled: with large k one tile's re-rank
+ * took seconds. */
+#define KNN_CPU_RERANK_WORK 2e7
+#define KNN_CPU_RERANK_SORT 16.0
 #define KNN_CPU_DIRECT_WORK 5e7
 
 /* Fast vectors of a block of nodes, formed when a tile needs them
@@ -158,9 +169,12 @@ static void knn_cpu_plan(knn_cpu *cpu)
                             cpu->streamed ? bytes / (16.0 * p) : INFINITY));
     cols = fmax(cols, fmin(req->n_ref, 64.0));
     double per_score = product ? req->p + KNN_CPU_SCAN_WORK : req->p;
+    /* Offers a row's pool takes from a tile: the k first, then about k / i
+     * of the i-th (random order). */
+    double taken = fmin(cols, req->k * (1.0 + log(fmax(1.0, cols / req->k))));
     double rows = fmin((bytes - 8.0 * cols * p) /
                            (8.0 * ((cpu->streamed ? 0.0 : cols) + p)),
-                       work / (cols * per_score));
+                       work / (cols * per_score + taken * KNN_CPU_TAKE_WORK));
     if (cpu->symmetric && cpu->streamed)
         rows = fmin(rows, knn_cpu_shared_rows(cpu));
     rows = fmin(fmax(rows, 64.0), KNN_CPU_MAX_ROW_TILE);
@@ -237,10 +251,10 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
     knn_status st = knn_space_init(&cpu->space, req);
     if (st == KNN_OK)
         st = knn_nodes_prepare(&cpu->ref, &cpu->space, req->ref, req->n_ref,
-                               1, 1, cpu->threads);
+                               1, 1, cpu->threads, &req->cb);
     if (st == KNN_OK && !cpu->self)
         st = knn_nodes_prepare(&cpu->query_nodes, &cpu->space, req->query,
-                               req->n_query, 0, 1, cpu->threads);
+                               req->n_query, 0, 1, cpu->threads, &req->cb);
     if (st == KNN_OK) st = knn_cpu_halves(cpu);
     if (st != KNN_OK) return st;
     cpu->query = cpu->self ? &cpu->ref : &cpu->query_nodes;
@@ -993,12 +1007,23 @@ static knn_status knn_cpu_row_tile(knn_cpu *cpu, int q0, int nr,
     }
 
     double sizes = 0.0, t0 = knn_seconds();
-    #pragma omp parallel for num_threads(cpu->threads) schedule(dynamic, 8) \
-        reduction(+ : sizes)
-    for (int i = 0; i < nr; i++) {
-        knn_pool *pool = knn_cpu_pool(cpu, q0 + i, q0);
-        knn_cpu_finish(cpu, pool, q0 + i, out);
-        sizes += pool->size + pool->compacted;
+    for (int i0 = 0, i1; i0 < nr; i0 = i1) {
+        double work = 0.0;
+        for (i1 = i0; i1 < nr && work < KNN_CPU_RERANK_WORK * cpu->threads;
+             i1++)
+            work += knn_cpu_pool(cpu, q0 + i1, q0)->size *
+                    (req->p + KNN_CPU_RERANK_SORT);
+        #pragma omp parallel for num_threads(cpu->threads) \
+            schedule(dynamic, 8) reduction(+ : sizes)
+        for (int i = i0; i < i1; i++) {
+            knn_pool *pool = knn_cpu_pool(cpu, q0 + i, q0);
+            knn_cpu_finish(cpu, pool, q0 + i, out);
+            sizes += pool->size + pool->compacted;
+        }
+        if (i1 < nr && knn_cpu_interrupted(req)) {
+            cpu->seconds_rerank += knn_seconds() - t0;
+            return KNN_E_INTERRUPTED;
+        }
     }
     cpu->seconds_rerank += knn_seconds() - t0;
     *pooled += sizes;

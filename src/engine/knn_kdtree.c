@@ -19,7 +19,8 @@
  * in tree order (p values each, contiguous), with their tight bounding box
  * and smallest node index.
  * Queries run in parallel in chunks; the interrupt callback is polled and
- * progress reported between chunks. Memory is O(n p + n k).
+ * progress reported between chunks, and polled while the tree is built.
+ * Memory is O(n p + n k).
  */
 #include <float.h>
 #include <math.h>
@@ -37,6 +38,11 @@
 #define KNN_KD_LEAF 24
 /* Queries between two interrupt polls: about 10 ms of work at p = 3. */
 #define KNN_KD_CHUNK 16384
+/* The build polls too (a 3e6 x 3 tree took seconds): its sort, in runs
+ * of this many rows merged a pass at a time, and its recursion, every
+ * this many points placed (a few milliseconds each). */
+#define KNN_KD_SORT_RUN 65536
+#define KNN_KD_BUILD_POLL 1e6
 /* Deepest tree: log2(2^31 / KNN_KD_LEAF) levels, with room to spare. */
 #define KNN_KD_STACK 96
 
@@ -57,7 +63,23 @@ typedef struct {
     int *first, *count; /* tree position -> its nodes in `members` */
     int *members;      /* reference nodes by point in tree order, each
                           point's ascending */
+    const knn_callbacks *cb; /* polled while building */
+    double unpolled;   /* points placed since the last poll */
+    int stopped;       /* the callback asked to stop the build */
 } knn_kd_tree;
+
+/* Whether the build is to stop: polls cb after KNN_KD_BUILD_POLL points
+ * (`placed` more now). */
+static int knn_kd_stop(knn_kd_tree *t, double placed)
+{
+    if (t->stopped) return 1;
+    t->unpolled += placed;
+    if (t->unpolled < KNN_KD_BUILD_POLL) return 0;
+    t->unpolled = 0.0;
+    if (t->cb && t->cb->interrupted && t->cb->interrupted(t->cb->ctx))
+        t->stopped = 1;
+    return t->stopped;
+}
 
 int knn_kdtree_suits(const knn_request *req)
 {
@@ -95,6 +117,45 @@ static int knn_kd_row_cmp(const void *a, const void *b)
     return (r->index > s->index) - (r->index < s->index);
 }
 
+/* Sorts rows[0..n) by knn_kd_row_cmp: runs of KNN_KD_SORT_RUN rows by
+ * qsort, then passes that merge pairs of runs (a stable merge of a total
+ * order, so the result is qsort's), polling between them. Returns
+ * KNN_E_NOMEM or KNN_E_INTERRUPTED (rows then in some order). */
+static knn_status knn_kd_sort_rows(knn_kd_tree *t, knn_kd_row *rows, int n)
+{
+    for (int a = 0; a < n; a += KNN_KD_SORT_RUN) {
+        int m = n - a < KNN_KD_SORT_RUN ? n - a : KNN_KD_SORT_RUN;
+        qsort(rows + a, (size_t)m, sizeof *rows, knn_kd_row_cmp);
+        if (knn_kd_stop(t, 16.0 * m)) return KNN_E_INTERRUPTED;
+    }
+    if (n <= KNN_KD_SORT_RUN) return KNN_OK;
+    knn_kd_row *tmp = malloc((size_t)n * sizeof *tmp);
+    if (!tmp) return KNN_E_NOMEM;
+    knn_kd_row *src = rows, *dst = tmp;
+    for (size_t run = KNN_KD_SORT_RUN; run < (size_t)n; run *= 2) {
+        for (size_t a = 0; a < (size_t)n; a += 2 * run) {
+            size_t mid = a + run < (size_t)n ? a + run : (size_t)n;
+            size_t end = a + 2 * run < (size_t)n ? a + 2 * run : (size_t)n;
+            size_t i = a, j = mid, o = a;
+            while (i < mid && j < end)
+                dst[o++] = knn_kd_row_cmp(&src[j], &src[i]) < 0 ? src[j++]
+                                                                : src[i++];
+            while (i < mid) dst[o++] = src[i++];
+            while (j < end) dst[o++] = src[j++];
+            if (knn_kd_stop(t, 2.0 * (end - a))) {
+                free(tmp);
+                return KNN_E_INTERRUPTED;
+            }
+        }
+        knn_kd_row *swap = src;
+        src = dst;
+        dst = swap;
+    }
+    if (src != rows) memcpy(rows, src, (size_t)n * sizeof *rows);
+    free(tmp);
+    return KNN_OK;
+}
+
 static int knn_kd_same_point(const knn_kd_row *r, const knn_kd_row *s)
 {
     for (int f = 0; f < r->p; f++)
@@ -105,7 +166,8 @@ static int knn_kd_same_point(const knn_kd_row *r, const knn_kd_row *s)
 /* Groups the n reference nodes by point: fills t->members (grouped,
  * ascending within a group), t->order with each point's smallest node,
  * and group_at[node] = its group for those nodes, *starts (n_points + 1
- * offsets into members, allocated here). Returns KNN_E_NOMEM. */
+ * offsets into members, allocated here). Returns KNN_E_NOMEM or
+ * KNN_E_INTERRUPTED. */
 static knn_status knn_kd_group(knn_kd_tree *t, const knn_nodes *ref,
                                int *group_at, int **starts)
 {
@@ -121,7 +183,11 @@ static knn_status knn_kd_group(knn_kd_tree *t, const knn_nodes *ref,
         rows[i].p = p;
         rows[i].index = i;
     }
-    qsort(rows, (size_t)n, sizeof *rows, knn_kd_row_cmp);
+    knn_status st = knn_kd_sort_rows(t, rows, n);
+    if (st != KNN_OK) {
+        free(rows);
+        return st;
+    }
     int g = 0;
     for (int i = 0; i < n; i++) {
         t->members[i] = rows[i].index;
@@ -190,11 +256,13 @@ static void knn_kd_select(int *order, const double *canon, int p, int f,
     }
 }
 
-/* Builds the subtree of points order[lo..hi); returns its node number. */
+/* Builds the subtree of points order[lo..hi); returns its node number.
+ * Once the build is to stop (knn_kd_stop) it leaves subtrees unbuilt. */
 static int knn_kd_build_node(knn_kd_tree *t, const double *canon, int lo,
                              int hi)
 {
     int p = t->p, id = t->n_nodes++;
+    knn_kd_stop(t, hi - lo);
     knn_kd_node *nd = &t->nodes[id];
     double *box = t->box + (size_t)id * 2 * p;
     knn_kd_fit_box(t, canon, lo, hi, box);
@@ -204,7 +272,7 @@ static int knn_kd_build_node(knn_kd_tree *t, const double *canon, int lo,
     int widest = 0;
     for (int f = 1; f < p; f++)
         if (box[p + f] - box[f] > box[p + widest] - box[widest]) widest = f;
-    if (hi - lo <= KNN_KD_LEAF) {
+    if (hi - lo <= KNN_KD_LEAF || t->stopped) {
         nd->min_index = t->order[lo];
         for (int i = lo + 1; i < hi; i++)
             if (t->order[i] < nd->min_index) nd->min_index = t->order[i];
@@ -224,11 +292,13 @@ static int knn_kd_build_node(knn_kd_tree *t, const double *canon, int lo,
     return id;
 }
 
-static knn_status knn_kd_build(knn_kd_tree *t, const knn_nodes *ref, int p)
+static knn_status knn_kd_build(knn_kd_tree *t, const knn_nodes *ref, int p,
+                               const knn_callbacks *cb)
 {
     int n = ref->n;
     memset(t, 0, sizeof *t);
     t->p = p;
+    t->cb = cb;
     int cap = 2 * (n / (KNN_KD_LEAF / 2) + 1);
     int *group_at = malloc((size_t)n * sizeof(int)), *starts = NULL;
     t->nodes = malloc((size_t)cap * sizeof *t->nodes);
@@ -249,6 +319,9 @@ static knn_status knn_kd_build(knn_kd_tree *t, const knn_nodes *ref, int p)
     if (st == KNN_OK && !grouped) st = KNN_E_NOMEM;
     if (st == KNN_OK) {
         knn_kd_build_node(t, ref->raw, 0, d);
+        if (t->stopped) st = KNN_E_INTERRUPTED;
+    }
+    if (st == KNN_OK) {
         /* Points and their nodes in tree order: a leaf's scan then reads
          * both in sequence (in the grouping's order, each accepted point
          * cost a cache miss: 1.7 times the search time at 200000 x 3). */
@@ -268,7 +341,10 @@ static knn_status knn_kd_build(knn_kd_tree *t, const knn_nodes *ref, int p)
     }
     free(group_at);
     free(starts);
-    if (st != KNN_OK) knn_kd_free(t);
+    if (st != KNN_OK) {
+        free(grouped);
+        knn_kd_free(t);
+    }
     return st;
 }
 
@@ -479,11 +555,11 @@ knn_status knn_kdtree_search(const knn_request *req, knn_result *out,
     knn_status st = knn_space_init(&space, req);
     if (st == KNN_OK)
         st = knn_nodes_prepare(&ref, &space, req->ref, req->n_ref, 1, 0,
-                               threads);
+                               threads, &req->cb);
     if (st == KNN_OK && !self)
         st = knn_nodes_prepare(&query_nodes, &space, req->query,
-                               req->n_query, 0, 0, threads);
-    if (st == KNN_OK) st = knn_kd_build(&tree, &ref, req->p);
+                               req->n_query, 0, 0, threads, &req->cb);
+    if (st == KNN_OK) st = knn_kd_build(&tree, &ref, req->p, &req->cb);
     const knn_nodes *query = self ? &ref : &query_nodes;
     double t1 = knn_seconds();
     for (int q0 = 0; st == KNN_OK && q0 < nq; q0 += KNN_KD_CHUNK) {
@@ -510,7 +586,7 @@ knn_status knn_kdtree_search(const knn_request *req, knn_result *out,
                  req->n_ref);
     } else if (st == KNN_E_INTERRUPTED) {
         snprintf(report->message, sizeof report->message,
-                 "stopped between query chunks; all memory released");
+                 "stopped by the user; all memory released");
     }
     knn_kd_free(&tree);
     knn_nodes_free(&ref);

@@ -49,10 +49,11 @@ void knn_space_free(knn_space *space);
  * references when is_ref). `products`: the search multiplies fast vectors
  * (distance metrics then keep the fast vectors' norms); a search that
  * does not (the k-d tree, Manhattan) keeps nothing for distance nodes.
- * Returns KNN_E_NOMEM (nodes left empty). */
+ * Polls cb's interrupt callback (cb may be NULL). Returns KNN_E_NOMEM or
+ * KNN_E_INTERRUPTED (nodes left empty). */
 knn_status knn_nodes_prepare(knn_nodes *nodes, knn_space *space,
                              const double *x, int n, int is_ref, int products,
-                             int threads);
+                             int threads, const knn_callbacks *cb);
 void knn_nodes_free(knn_nodes *nodes);
 
 /* Fast vectors of nodes [first, first + count) into out (p x count), as

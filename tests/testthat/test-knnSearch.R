@@ -555,3 +555,33 @@ test_that("the threads asked for are the threads used, whatever OpenMP says", {
         expect_lte(counts[3L], counts[1L] + 1L)
     }
 })
+
+test_that("an interrupt reaches R within a second in every long step", {
+    skip_on_os("windows")
+    ## Each step below ran for seconds without a poll: ranking the values
+    ## of Spearman's nodes, building a k-d tree, re-ranking a large k.
+    ## The interrupt comes 0.5 s after the call, inside that step.
+    cases <- list(
+        spearman = c(
+            "set.seed(1); x <- matrix(rnorm(20000 * 1000), 20000)",
+            paste("knnSearch(x, k = 3, metric = 'spearman', by = 'columns',",
+                  "device = 'cpu', threads = 1, progress = FALSE)")),
+        tree = c(
+            paste("set.seed(2); x <- matrix(rnorm(3e6 * 3), ncol = 3);",
+                  "options(knngpu.algorithm = 'tree')"),
+            paste("knnSearch(x, k = 1, metric = 'euclidean', device = 'cpu',",
+                  "progress = FALSE)")),
+        rerank = c(
+            paste("set.seed(3); x <- matrix(rnorm(20000 * 10), ncol = 10);",
+                  "q <- x[1:2000, ] + 0.01"),
+            paste("knnSearch(x, q, k = 5000, metric = 'euclidean',",
+                  "device = 'cpu',",
+                  "progress = FALSE)")))
+    for (name in names(cases)) {
+        got <- rscriptInterrupted(setup = cases[[name]][1L],
+                                  code = cases[[name]][2L])
+        expect_identical(got$lines, "interrupt", label = name)
+        if (nzchar(Sys.getenv("KNNGPU_SANITIZED"))) next
+        expect_lt(got$took, 1, label = name)
+    }
+})
