@@ -37,6 +37,13 @@
 #include "knn_threads.h"
 
 #define KNN_CPU_DEFAULT_BYTES (64.0 * 1024 * 1024)
+/* Each thread that calls the BLAS takes a buffer of its own from it:
+ * OpenBLAS maps 128 MB of address space per thread, and where a limit
+ * (ulimit -v) refuses the mapping it retries for ever. Under a limit the
+ * threads are as many as half of the address space left holds buffers
+ * for; one thread leaves the BLAS its own threads, which share one. */
+#define KNN_BLAS_BUFFER (128.0 * 1024 * 1024)
+#define KNN_BLAS_SHARE 0.5
 /* Share of the budget the pools of a shared search may take: the rest
  * holds fast vectors, a column block at a time. */
 #define KNN_CPU_SHARE_POOLS 0.75
@@ -139,12 +146,17 @@ static double knn_cpu_shared_rows(const knn_cpu *cpu)
  * reference columns as leave room for a useful row tile, then as many rows
  * as memory and the work bound allow. A streamed search has no tile, so
  * the budget goes to the fast vectors alone. */
+/* Bytes the request's tiles may take. */
+static double knn_cpu_budget(const knn_request *req)
+{
+    return req->memory_bytes > 0 ? req->memory_bytes : KNN_CPU_DEFAULT_BYTES;
+}
+
 static void knn_cpu_plan(knn_cpu *cpu)
 {
     const knn_request *req = cpu->req;
     int product = knn_uses_product(req->metric);
-    double bytes = req->memory_bytes > 0 ? req->memory_bytes
-                                         : KNN_CPU_DEFAULT_BYTES;
+    double bytes = knn_cpu_budget(req);
     double pool_bytes = (double)req->n_ref *
                         (KNN_POOL_FIRST_CAP(req->k) * sizeof(knn_cand) +
                          req->k * sizeof(double));
@@ -246,6 +258,9 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
     cpu->self = req->query == NULL;
     cpu->n_query = cpu->self ? req->n_ref : req->n_query;
     cpu->threads = knn_threads(req->threads);
+    if (knn_uses_product(req->metric))
+        cpu->threads = knn_threads_fitting(cpu->threads, KNN_BLAS_BUFFER,
+                                           KNN_BLAS_SHARE);
     cpu->score = knn_score_of(req->metric);
     knn_cpu_choose_rung(cpu, req->precision);
     knn_status st = knn_space_init(&cpu->space, req);
@@ -1065,8 +1080,9 @@ static void knn_cpu_describe_failure(const knn_cpu *cpu, knn_status st,
 {
     if (st == KNN_E_NOMEM)
         snprintf(report->message, sizeof report->message,
-                 "out of memory on the CPU (tile %d x %d)", cpu->row_tile,
-                 cpu->col_tile);
+                 "out of memory on the CPU with %d threads and %.0f MB for "
+                 "tiles: lower 'threads' or options(knngpu.cpu.memory)",
+                 cpu->threads, knn_cpu_budget(cpu->req) / 1048576.0);
     else if (st == KNN_E_INTERRUPTED)
         snprintf(report->message, sizeof report->message,
                  "stopped between tiles; all memory released");

@@ -582,8 +582,9 @@ knn_status knn_kdtree_search(const knn_request *req, knn_result *out,
         report->col_tile = tree.n_points;
     } else if (st == KNN_E_NOMEM) {
         snprintf(report->message, sizeof report->message,
-                 "out of memory on the CPU building a k-d tree of %d nodes",
-                 req->n_ref);
+                 "out of memory on the CPU building a k-d tree of %d nodes "
+                 "with %d threads: lower 'threads', or search fewer nodes "
+                 "at a time", req->n_ref, threads);
     } else if (st == KNN_E_INTERRUPTED) {
         snprintf(report->message, sizeof report->message,
                  "stopped by the user; all memory released");

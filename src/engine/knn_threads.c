@@ -21,10 +21,12 @@
  * more threads than there are cores that other runnable processes leave,
  * at least one; the bits do not depend on the count.
  */
+#include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <sys/resource.h>
+#include <unistd.h>
 #include "knn_threads.h"
 
 #ifdef _OPENMP
@@ -79,15 +81,28 @@ void knn_threads_init(void)
                                                    : (double)rl.rlim_cur;
 }
 
-/* The most threads whose stacks fit in the address-space limit. */
-static int knn_threads_in_address_space(void)
+double knn_address_space_left(void)
 {
     struct rlimit rl;
-    if (knn_stack_bytes <= 0.0 || getrlimit(RLIMIT_AS, &rl) != 0 ||
-        rl.rlim_cur == RLIM_INFINITY)
-        return KNN_MAX_THREADS;
-    double fit = KNN_STACK_SHARE * (double)rl.rlim_cur / knn_stack_bytes;
-    return fit < 1.0 ? 1 : fit < KNN_MAX_THREADS ? (int)fit : KNN_MAX_THREADS;
+    if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return INFINITY;
+    double used = 0.0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        unsigned long pages = 0;
+        if (fscanf(f, "%lu", &pages) == 1)
+            used = (double)pages * (double)sysconf(_SC_PAGESIZE);
+        fclose(f);
+    }
+    double left = (double)rl.rlim_cur - used;
+    return left > 0.0 ? left : 0.0;
+}
+
+int knn_threads_fitting(int threads, double bytes_each, double share)
+{
+    double fit = share * knn_address_space_left() / bytes_each;
+    if (!(fit < threads)) return threads;
+    return fit < 1.0 ? 1 : (int)fit;
 }
 
 /* Processors that other runnable threads leave to this one: procs less
@@ -118,8 +133,8 @@ int knn_threads(int requested)
     int n = requested > 0 ? requested : procs;
     int cap = procs < KNN_MAX_THREADS / KNN_THREADS_PER_PROC
         ? procs * KNN_THREADS_PER_PROC : KNN_MAX_THREADS;
-    int fit = knn_threads_in_address_space();
-    if (fit < cap) cap = fit;
+    if (knn_stack_bytes > 0.0)
+        cap = knn_threads_fitting(cap, knn_stack_bytes, KNN_STACK_SHARE);
     if (n > cap) n = cap;
     if (n > 1) {
         int left = knn_procs_left(procs);

@@ -20,6 +20,14 @@ void knn_threads_init(void);
  * process forked after knn_threads_init() (see knn_threads.c). */
 int knn_threads(int requested);
 
+/* Bytes of address space the limit (ulimit -v) leaves this process;
+ * INFINITY without a limit. Never fails. */
+double knn_address_space_left(void);
+
+/* The most of `threads` threads (at least 1) that each reserve
+ * bytes_each within `share` of the address space left. */
+int knn_threads_fitting(int threads, double bytes_each, double share);
+
 /* This thread's number in the enclosing parallel region (0 outside one,
  * or without OpenMP). */
 int knn_thread_number(void);
