@@ -84,6 +84,7 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
         stop("'x' needs at least 2 nodes to build a graph", call. = FALSE)
     }
     k <- .checkK(k, source$n - 1L)
+    if (is.null(snn)) .checkEdgeCount(source$n, k)
     BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM)
     res <- if (is.null(BPPARAM)) {
         .runEngine(.readNodes(source, threads = threads), NULL, k, metric,

@@ -33,7 +33,11 @@
             stop(sprintf("'%s' has non-numeric columns: %s", arg,
                          .nameNodes(names(x)[!numeric])), call. = FALSE)
         }
-        return(as.matrix(x))
+        m <- as.matrix(x)
+        ## No columns or no rows: as.matrix() gives logical(0); the empty
+        ## input is then refused as such (.nodeSource).
+        if (!is.numeric(m)) storage.mode(m) <- "double"
+        return(m)
     }
     x
 }
@@ -116,6 +120,7 @@
                            "SummarizedExperiment or an ExpressionSet"), arg),
              call. = FALSE)
     }
+    if (kind == "sparse") .checkSparse(m, arg)
     what <- if (by == "rows") "rows" else "columns"
     shape <- if (by == "rows") dim(m) else rev(dim(m))  # nodes, features
     if (shape[1L] < 1L) {

@@ -173,10 +173,38 @@ static SEXP knn_problem(knn_status st, const knn_report *report,
  * list(from, to, weight, distance, rank, info) with one element per edge,
  * grouped by `from`, ranks ascending. Nodes are 1-based.
  * An interrupt or refused nodes give knn_problem()'s list. */
+/* Stops with an R error unless C_knn_search's arguments have the types
+ * and shapes the engine trusts (the engine checks the values it is given:
+ * k, the metric, sizes); before anything is allocated. */
+static void knn_search_check(SEXP ref, SEXP query, SEXP devices,
+                             SEXP edges, SEXP controls, int k)
+{
+    if (TYPEOF(ref) != REALSXP || !isMatrix(ref))
+        error("knngpu: 'ref' must be a double matrix (features x nodes)");
+    if (!isNull(query) && (TYPEOF(query) != REALSXP || !isMatrix(query) ||
+                           nrows(query) != nrows(ref)))
+        error("knngpu: 'query' must be a double matrix with the %d "
+              "features of 'ref'", nrows(ref));
+    if (TYPEOF(devices) != INTSXP)
+        error("knngpu: 'devices' must be an integer vector");
+    if (TYPEOF(controls) != INTSXP || XLENGTH(controls) != 4)
+        error("knngpu: 'controls' must be 4 integers");
+    const int *c = INTEGER(controls);
+    if (c[0] < KNN_ALGO_AUTO || c[0] > KNN_ALGO_TREE ||
+        c[1] < KNN_SELECT_CHOOSE || c[1] > KNN_SELECT_FORCE_FUSED_ROWS ||
+        c[2] < KNN_PRECISION_AUTO || c[2] > KNN_PRECISION_TF32X3 || c[3] < 0)
+        error("knngpu: 'controls' holds an unknown code");
+    if (asLogical(edges) == TRUE && isNull(query) &&
+        (double)ncols(ref) * k > KNN_MAX_EDGES)
+        error("knngpu: %d nodes with k = %d give more edges than a data "
+              "frame holds (%d rows)", ncols(ref), k, KNN_MAX_EDGES);
+}
+
 SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
                   SEXP threads, SEXP memory, SEXP devices, SEXP progress,
                   SEXP edges, SEXP controls)
 {
+    knn_search_check(ref, query, devices, edges, controls, asInteger(k));
     int nprot = 0;
     knn_request req;
     memset(&req, 0, sizeof req);
