@@ -6,6 +6,7 @@
  */
 #include <R.h>
 #include <Rinternals.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include "callbacks.h"
@@ -403,6 +404,99 @@ SEXP C_knn_snn(SEXP index, SEXP type)
     SEXP cont = PROTECT(R_MakeUnwindCont());
     SEXP res = R_UnwindProtect(knn_snn_to_r, &g, knn_snn_release, &g, cont);
     UNPROTECT(1);
+    return res;
+}
+
+/* What C_knn_symmetrize keeps across R's allocations: the reverse lists
+ * and the pairs' edges, freed whether or not those succeed. */
+typedef struct {
+    knn_symmetry sym;
+    size_t *edge;
+    SEXP to, weight, distance;
+    int n, k, mutual;
+    size_t m;
+} knn_sym_job;
+
+static SEXP knn_sym_to_r(void *data)
+{
+    knn_sym_job *j = data;
+    const char *names[] = {"from", "to", "weight", "distance", "rank"};
+    SEXP res = PROTECT(knn_named_list(5, names));
+    SEXPTYPE types[] = {INTSXP, INTSXP, REALSXP, REALSXP, INTSXP};
+    for (int c = 0; c < 5; c++)
+        SET_VECTOR_ELT(res, c, allocVector(types[c], (R_xlen_t)j->m));
+    j->edge = malloc((j->m ? j->m : 1) * sizeof(size_t));
+    if (!j->edge)
+        error("knngpu: out of memory symmetrising %.0f edges: lower k",
+              (double)j->m);
+    size_t m;
+    int *from = INTEGER(VECTOR_ELT(res, 0)), *to = INTEGER(VECTOR_ELT(res, 1));
+    knn_symmetry_pairs(&j->sym, INTEGER(j->to), j->n, j->k, 1, j->mutual,
+                       NULL, from, to, j->edge, &m);
+    double *w = REAL(VECTOR_ELT(res, 2)), *d = REAL(VECTOR_ELT(res, 3));
+    int *rank = INTEGER(VECTOR_ELT(res, 4));
+    for (size_t x = 0; x < m; x++) {
+        size_t e = j->edge[x];
+        w[x] = REAL(j->weight)[e];
+        d[x] = REAL(j->distance)[e];
+        rank[x] = (int)(e % (size_t)j->k) + 1;
+    }
+    UNPROTECT(1);
+    return res;
+}
+
+static void knn_sym_release(void *data, Rboolean jump)
+{
+    knn_sym_job *j = data;
+    (void)jump;
+    knn_symmetry_free(&j->sym);
+    free(j->edge);
+    j->edge = NULL;
+}
+
+/* to, weight, distance: a self search's directed edge list of n nodes x k
+ * in edge order (knnGraph's), to 1-based; mutual: TRUE keeps the pairs
+ * both ends chose. Returns list(from, to, weight, distance, rank), each
+ * pair once, from < to, in (from, to) order (knn_symmetry_pairs). Polls
+ * for interrupts, which it raises again once its memory is freed. */
+SEXP C_knn_symmetrize(SEXP to, SEXP weight, SEXP distance, SEXP k,
+                      SEXP mutual)
+{
+    int kk = asInteger(k);
+    if (TYPEOF(to) != INTSXP || TYPEOF(weight) != REALSXP ||
+        TYPEOF(distance) != REALSXP || kk < 1 || XLENGTH(to) % kk != 0 ||
+        XLENGTH(weight) != XLENGTH(to) || XLENGTH(distance) != XLENGTH(to) ||
+        XLENGTH(to) / kk > INT_MAX)
+        error("knngpu: a directed edge list of n x k integer targets and "
+              "double weights and distances is needed");
+    knn_sym_job j = {{NULL, NULL}, NULL, to, weight, distance,
+                     (int)(XLENGTH(to) / kk), kk, asLogical(mutual) == TRUE,
+                     0};
+    const int *t = INTEGER(to);
+    for (R_xlen_t e = 0; e < XLENGTH(to); e++)
+        if (t[e] < 1 || t[e] > j.n)
+            error("knngpu: edge %.0f's target is not a node from 1 to %d",
+                  (double)e + 1, j.n);
+    if (knn_symmetry_build(&j.sym, t, j.n, kk, 1) != KNN_OK)
+        error("knngpu: out of memory symmetrising %d nodes x %d edges: "
+              "lower k", j.n, kk);
+    knn_r_session session;
+    knn_callbacks cb;
+    knn_r_callbacks(&session, 0, j.n, &cb);
+    PROTECT(session.bar);
+    PROTECT(session.caught);
+    knn_status st = knn_symmetry_pairs(&j.sym, t, j.n, kk, 1, j.mutual, &cb,
+                                       NULL, NULL, NULL, &j.m);
+    if (st != KNN_OK) {
+        knn_symmetry_free(&j.sym);
+        if (st == KNN_E_INTERRUPTED)
+            knn_r_raise(VECTOR_ELT(session.caught, 0));
+        error("knngpu: out of memory symmetrising %d nodes x %d edges: "
+              "lower k", j.n, kk);
+    }
+    SEXP cont = PROTECT(R_MakeUnwindCont());
+    SEXP res = R_UnwindProtect(knn_sym_to_r, &j, knn_sym_release, &j, cont);
+    UNPROTECT(3);
     return res;
 }
 

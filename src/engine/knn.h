@@ -276,6 +276,31 @@ knn_status knn_snn_graph(const int *index, int n, int k, int base,
                          int **from, int **to, double **weight,
                          size_t *n_edges);
 
+/* The undirected graph of a self search's directed edge list: `to` holds
+ * n x k targets in edge order (edge e = i k + r joins node i to to[e] at
+ * rank r + 1), counted from `base`, every one in [base, base + n) (the
+ * caller checks). Each pair of nodes once, lo < hi, with the edge of the
+ * better rank (the lo -> hi edge on a tie), every pair or (mutual) those
+ * both ends chose, in (lo, hi) order. */
+typedef struct {
+    size_t *start; /* n + 1 offsets into edge */
+    size_t *edge;  /* edges from larger nodes, by target, in edge order */
+} knn_symmetry;
+
+/* Builds the reverse lists (O(n k) memory). Returns KNN_E_NOMEM (s left
+ * empty). */
+knn_status knn_symmetry_build(knn_symmetry *s, const int *to, int n, int k,
+                              int base);
+void knn_symmetry_free(knn_symmetry *s);
+
+/* Counts the pairs into *count and, where lo_out is not NULL, writes each
+ * pair's nodes (from base) and its edge. Polls cb (may be NULL). Returns
+ * KNN_E_NOMEM or KNN_E_INTERRUPTED (outputs unspecified). */
+knn_status knn_symmetry_pairs(const knn_symmetry *s, const int *to, int n,
+                              int k, int base, int mutual,
+                              const knn_callbacks *cb, int *lo_out,
+                              int *hi_out, size_t *edge_out, size_t *count);
+
 /* What the GPU backend sees. */
 typedef struct {
     char name[128];

@@ -131,3 +131,22 @@ test_that("SNN weights refuse malformed neighbour lists", {
     expect_error(.Call(knngpu:::C_knn_snn, index * 1.0, 0L), "integer matrix")
     expect_error(.Call(knngpu:::C_knn_snn, index, 7L), "unknown SNN")
 })
+
+test_that("symmetrising holds no more than the edges in R's memory", {
+    ## The pairs are found in C, in the memory of the edge list itself;
+    ## R holds the result, at most as large as the directed edges.
+    set.seed(43)
+    x <- matrix(rnorm(5000 * 5), ncol = 5)
+    edges <- knnGraph(x, k = 200, metric = "euclidean", device = "cpu",
+                      progress = FALSE)
+    directed <- list2DF(unclass(edges)[c("from", "to", "weight", "distance",
+                                         "rank")])
+    size <- as.numeric(object.size(directed)) / 2^20
+    invisible(gc(reset = TRUE))
+    base <- sum(gc()[, 2L])
+    union <- knngpu:::.symmetrize(directed, "union", 5000)
+    peak <- sum(gc()[, 6L]) - base
+    expect_lt(peak, 1.2 * size)
+    expect_true(all(union$from < union$to))
+    expect_false(anyDuplicated(paste(union$from, union$to)) > 0)
+})
