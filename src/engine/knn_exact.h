@@ -22,11 +22,13 @@
  * correlations are tied bit for bit, also between nodes that differ by a
  * power-of-two scale (knn_exact_integers). Distance metrics rank by the
  * reported distance itself, the sum of squared (or absolute) differences
- * of the nodes as given, each pair's terms scaled by the power of two of
- * its largest difference (knn_dist_sum): dist()'s bits wherever dist()
- * neither overflows nor underflows, and the scaled exact value where it
- * would. Their fast scores live in a frame scaled by one power of two for
- * all nodes (scale_exp), which only the candidate bounds see.
+ * of the nodes as given, summed as dist() sums them, or, where that sum
+ * overflows or is small enough for underflowing terms to matter, with
+ * each pair's terms scaled by the power of two of its largest difference
+ * (knn_key_dist): dist()'s bits wherever dist() neither overflows nor
+ * underflows, and the scaled exact value where it would. Their fast
+ * scores live in a frame scaled by one power of two for all nodes
+ * (scale_exp), which only the candidate bounds see.
  *
  * Fast candidate arithmetic (float32 or float64 products) is tied to these
  * keys by the margins at the end of this file: a node whose fast score lies
@@ -348,25 +350,73 @@ KNN_HD static inline double knn_dist_sum_value(knn_metric m,
     return ldexp(acc->s, acc->e);
 }
 
-/* The distance sum continued over features a[0..n), b[0..n): a key
- * computed in pieces, in feature order, has the bits of one computed
- * whole. */
-KNN_HD static inline void knn_key_dist_more(knn_metric m, const double *a,
-                                            const double *b, int n,
-                                            knn_dist_sum *acc)
-{
-    for (int f = 0; f < n; f++) knn_dist_sum_add(acc, m, a[f], b[f]);
-}
-
-/* Canonical key of a pair of distance-metric nodes, as given (unscaled):
- * the distance reported for the pair. */
-KNN_HD static inline double knn_key_dist(knn_metric m, const double *a,
-                                         const double *b, int p)
+/* A pair's distance key, scaled exactly: the sum of knn_dist_sum over
+ * every feature. */
+KNN_HD static inline double knn_key_dist_scaled(knn_metric m, const double *a,
+                                                const double *b, int p)
 {
     knn_dist_sum acc;
     knn_dist_sum_init(&acc);
-    knn_key_dist_more(m, a, b, p, &acc);
+    for (int f = 0; f < p; f++) knn_dist_sum_add(&acc, m, a[f], b[f]);
     return knn_dist_sum_value(m, &acc);
+}
+
+/* The plain sum of a pair's terms as it runs: dist()'s arithmetic. */
+typedef struct {
+    double s;
+} knn_dist_acc;
+
+/* The smallest plain sum that is a key: a term below the normal doubles
+ * (a difference below 2^-511 squared, or a subnormal one) is lost from
+ * the plain sum by at most 2^-1074, and p of them, at least 2^-900 below
+ * the sum, lie far under its rounding. */
+#define KNN_PLAIN_MIN 0x1p-900
+
+/* The plain sum continued over features a[0..n), b[0..n): computed in
+ * pieces, in feature order, it has the bits of one computed whole. */
+KNN_HD static inline void knn_key_dist_more(knn_metric m, const double *a,
+                                            const double *b, int n,
+                                            knn_dist_acc *acc)
+{
+    double s = acc->s;
+    if (m == KNN_MANHATTAN) {
+        for (int f = 0; f < n; f++) s = KNN_ADD(s, fabs(KNN_SUB(a[f], b[f])));
+    } else {
+        for (int f = 0; f < n; f++) s = knn_sqdiff_term(s, a[f], b[f]);
+    }
+    acc->s = s;
+}
+
+/* Whether a finished plain sum is the key: from KNN_PLAIN_MIN to the
+ * largest double. */
+KNN_HD static inline int knn_key_dist_plain(double s)
+{
+    return s >= KNN_PLAIN_MIN && s <= DBL_MAX;
+}
+
+/* The key from a finished plain sum s of the whole of a and b: s where
+ * knn_key_dist_plain, else the exactly scaled sum. */
+KNN_HD static inline double knn_key_dist_finish(knn_metric m, double s,
+                                                const double *a,
+                                                const double *b, int p)
+{
+    if (!knn_key_dist_plain(s)) return knn_key_dist_scaled(m, a, b, p);
+    return m == KNN_EUCLIDEAN ? sqrt(s) : s;
+}
+
+/* Canonical key of a pair of distance-metric nodes, as given: the
+ * distance reported for the pair. Where the plain sum (dist()'s own
+ * arithmetic, in feature order) is from KNN_PLAIN_MIN to the largest
+ * double, that sum; elsewhere (it overflowed, or is tiny enough that
+ * underflowing terms could matter) each term scaled by the power of two
+ * of the pair's largest difference (knn_dist_sum). No other node changes
+ * either. */
+KNN_HD static inline double knn_key_dist(knn_metric m, const double *a,
+                                         const double *b, int p)
+{
+    knn_dist_acc acc = {0.0};
+    knn_key_dist_more(m, a, b, p, &acc);
+    return knn_key_dist_finish(m, acc.s, a, b, p);
 }
 
 /* Distance reported for a key: 1 - r for correlations; a distance

@@ -418,25 +418,39 @@ static void knn_kd_offer_point(const knn_kd_tree *t, int i, double dist,
     }
 }
 
-/* A lower bound on the distance of any point in the box from q: the
- * distance to the box's nearest point, in the arithmetic of the keys
- * (whose terms and sums only grow with the differences), shrunk by its
- * rounding (relative 2(p + 2) units for the bound and as much for a
- * point's key, plus as many of the smallest subnormal where the result
- * underflows). */
+/* The point of [lo, hi] nearest to v. */
+static inline double knn_kd_clamp(double v, double lo, double hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* A lower bound on the distance of any point in the box from q: the key
+ * of the box's nearest point (knn_key_dist, whose plain and scaled sums
+ * each grow with the differences and lie within relative (p + 2) units of
+ * the exact distance), shrunk by that rounding (relative 2(p + 2) units
+ * for the bound and as much for a point's key, plus as many of the
+ * smallest subnormal where the result underflows). */
 static double knn_kd_box_key(const knn_space *sp, const double *q,
                              const double *box)
 {
     int p = sp->p;
-    knn_dist_sum acc;
-    knn_dist_sum_init(&acc);
+    knn_dist_acc plain = {0.0};
     for (int f = 0; f < p; f++) {
-        double c = q[f] < box[f] ? box[f]
-                 : q[f] > box[p + f] ? box[p + f] : q[f];
-        knn_dist_sum_add(&acc, sp->metric, c, q[f]);
+        double c = knn_kd_clamp(q[f], box[f], box[p + f]);
+        knn_key_dist_more(sp->metric, &c, q + f, 1, &plain);
+    }
+    double s = plain.s;
+    if (knn_key_dist_plain(s)) {
+        if (sp->metric == KNN_EUCLIDEAN) s = sqrt(s);
+    } else {
+        knn_dist_sum acc;
+        knn_dist_sum_init(&acc);
+        for (int f = 0; f < p; f++)
+            knn_dist_sum_add(&acc, sp->metric,
+                             knn_kd_clamp(q[f], box[f], box[p + f]), q[f]);
+        s = knn_dist_sum_value(sp->metric, &acc);
     }
     double slack = 4.0 * (p + 4.0);
-    double s = knn_dist_sum_value(sp->metric, &acc);
     s = s * (1.0 - slack * KNN_U64) - slack * DBL_TRUE_MIN;
     return s > 0.0 ? s : 0.0;
 }

@@ -351,13 +351,40 @@ static void knn_canonical_sums(const double *a, const double *const *b,
     sums[3] = s3;
 }
 
+/* The squared-distance keys of node a with nodes b[0..KNN_KEYS): their
+ * plain sums (knn_key_dist_more's, named to stay in registers), each
+ * finished by knn_key_dist_finish. */
+static void knn_squares_keys(knn_metric m, const double *a,
+                             const double *const *b, int p, double *keys)
+{
+    const double *b0 = b[0], *b1 = b[1], *b2 = b[2], *b3 = b[3];
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    for (int f = 0; f < p; f++) {
+        s0 = knn_sqdiff_term(s0, a[f], b0[f]);
+        s1 = knn_sqdiff_term(s1, a[f], b1[f]);
+        s2 = knn_sqdiff_term(s2, a[f], b2[f]);
+        s3 = knn_sqdiff_term(s3, a[f], b3[f]);
+    }
+    double sums[KNN_KEYS] = {s0, s1, s2, s3};
+    for (int q = 0; q < KNN_KEYS; q++)
+        keys[q] = knn_key_dist_finish(m, sums[q], a, b[q], p);
+}
+
 void knn_nodes_keys(const knn_space *space, const knn_nodes *query, int qi,
                     const knn_nodes *ref, const int *rj, double *keys)
 {
     int p = space->p, correlation = knn_is_correlation(space->metric);
     if (!correlation) {
+        if (space->metric == KNN_MANHATTAN) {
+            for (int q = 0; q < KNN_KEYS; q++)
+                keys[q] = knn_nodes_key(space, query, qi, ref, rj[q]);
+            return;
+        }
+        const double *b[KNN_KEYS];
         for (int q = 0; q < KNN_KEYS; q++)
-            keys[q] = knn_nodes_key(space, query, qi, ref, rj[q]);
+            b[q] = ref->raw + (size_t)rj[q] * p;
+        knn_squares_keys(space->metric, query->raw + (size_t)qi * p, b, p,
+                         keys);
         return;
     }
     const double *b[KNN_KEYS];

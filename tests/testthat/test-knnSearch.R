@@ -454,20 +454,24 @@ ldexpR <- function(v, e) {
     v * 2^e
 }
 
-## A pair's distance as knngpu defines it for every finite input: the
-## differences scaled by a power of two of the largest, summed in feature
-## order in float64, scaled back (dist()'s bits where dist() neither
-## overflows nor underflows).
+## A pair's distance as knngpu defines it for every finite input: dist()'s
+## plain sum in feature order where that is from 2^-900 to the largest
+## double; else the differences scaled by a power of two of the largest,
+## summed so, scaled back. The bits of dist() where dist() neither
+## overflows nor underflows.
 scaledDistance <- function(a, b, metric) {
     d <- a - b
+    term <- function(v) if (metric == "manhattan") abs(v) else v^2
+    s <- 0
+    for (v in d) s <- s + term(v)
+    if (s >= 2^-900 && s <= .Machine$double.xmax) {
+        return(if (metric == "euclidean") sqrt(s) else s)
+    }
     top <- max(abs(d))
     if (top == 0) return(0)
     e <- floor(log2(top))
     s <- 0
-    for (f in seq_along(d)) {
-        v <- ldexpR(d[f], -e)
-        s <- s + if (metric == "manhattan") abs(v) else v^2
-    }
+    for (f in seq_along(d)) s <- s + term(ldexpR(d[f], -e))
     switch(metric, euclidean = ldexpR(sqrt(s), e),
            sqeuclidean = ldexpR(s, 2 * e), manhattan = ldexpR(s, e))
 }
