@@ -61,15 +61,15 @@
 #define KNN_CPU_SCAN_WORK 64.0
 /* An offer a pool takes (a heap update and its cache misses) costs about
  * as much as this many products: with large k, most of a row's first
- * offers are taken, and a tile of k = 5000 planned by its products alone
- * ran for a second between polls. */
+ * offers are taken, and a tile planned by its products alone runs far
+ * longer between polls than KNN_CPU_PRODUCT_WORK says. */
 #define KNN_CPU_TAKE_WORK 4000.0
 /* Features from which a self search shares products (knn_cpu_plan). */
 #define KNN_CPU_SHARE_MIN_FEATURES 16
 /* A row tile's re-rank runs in parts of about this much work per thread
- * (a candidate costs its key, p steps, and its share of the sort), some
- * 20 ms, between which Ctrl-C is polled: with large k one tile's re-rank
- * took seconds. */
+ * (a candidate costs its key, p steps, and its share of the sort),
+ * between which Ctrl-C is polled: with large k, one tile's re-rank is
+ * long (the interrupt tests of test-knnSearch.R hold it to a second). */
 #define KNN_CPU_RERANK_WORK 2e7
 #define KNN_CPU_RERANK_SORT 16.0
 #define KNN_CPU_DIRECT_WORK 5e7

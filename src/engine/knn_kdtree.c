@@ -38,7 +38,7 @@
 #define KNN_KD_LEAF 24
 /* Queries between two interrupt polls: about 10 ms of work at p = 3. */
 #define KNN_KD_CHUNK 16384
-/* The build polls too (a 3e6 x 3 tree took seconds): its sort, in runs
+/* The build polls too (millions of points take long): its sort, in runs
  * of this many rows merged a pass at a time, and its recursion, every
  * this many points placed (a few milliseconds each). */
 #define KNN_KD_SORT_RUN 65536

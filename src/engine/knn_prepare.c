@@ -250,9 +250,8 @@ static double knn_prepare_dist(knn_nodes *nodes, const knn_space *space,
 }
 
 /* Nodes are prepared in parts of about this much work per thread (a
- * value costs one step, a Spearman rank log2(p) more), some 20 ms,
- * between which Ctrl-C is polled: ranking 4000 nodes of 20000 values
- * took seconds. */
+ * value costs one step, a Spearman rank log2(p) more), between which
+ * Ctrl-C is polled: ranking thousands of nodes of 20000 values is long. */
 #define KNN_PREPARE_WORK 2e7
 
 static int knn_prepare_interrupted(const knn_callbacks *cb)

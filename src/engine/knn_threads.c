@@ -16,8 +16,8 @@
  * Waiting threads spin (libgomp's barriers, before they sleep; R starts
  * libgomp, so OMP_WAIT_POLICY is read before the package can set it): on
  * a machine whose cores other processes keep busy, a thread the scheduler
- * parks holds every other one at each barrier, and two threads took nine
- * times as long as one (inst/bench/shared_load.R). So a search takes no
+ * parks holds every other one at each barrier, and two threads can take
+ * many times as long as one (inst/bench/shared_load.R). So a search takes no
  * more threads than there are cores that other runnable processes leave,
  * at least one; the bits do not depend on the count.
  */
