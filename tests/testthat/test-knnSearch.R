@@ -589,3 +589,20 @@ test_that("an interrupt reaches R within a second in every long step", {
         expect_lt(got$took, 1, label = name)
     }
 })
+
+test_that("a k-d tree of more points than one sorted run gives the scan's bits", {
+    ## Past 65536 points the tree's sort merges runs (knn_kd_sort_rows);
+    ## duplicates group into one point as before.
+    set.seed(48)
+    x <- matrix(sample(0:300, 70000 * 2, TRUE), ncol = 2) / 7
+    q <- x[1:500, ] + 0.01
+    run <- function(algorithm) {
+        withOptions(list(knngpu.algorithm = algorithm),
+                    knnSearch(x, q, k = 6, metric = "euclidean",
+                              device = "cpu", progress = FALSE))
+    }
+    tree <- run("tree")
+    scan <- run("products")
+    expect_identical(tree$index, scan$index)
+    expect_identical(tree$distance, scan$distance)
+})
