@@ -114,8 +114,10 @@ test_that("an interrupt stops SNN weights within a second, freeing them", {
         code = ".Call(knngpu:::C_knn_snn, index, 0L)",
         report = "format(rss() - before)", after = 1)
     expect_identical(got$lines[1L], "interrupt")
-    expect_lt(as.numeric(got$lines[2L]), 64 * 2^20)
+    ## Not under tools/sanitize.sh, whose instrumented build runs several
+    ## times slower and holds freed memory in quarantine.
     skip_if(nzchar(Sys.getenv("KNNGPU_SANITIZED")), "sanitizer build")
+    expect_lt(as.numeric(got$lines[2L]), 64 * 2^20)
     expect_lt(got$took, 1)
 })
 
