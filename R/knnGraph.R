@@ -156,8 +156,41 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
 ## in memory of the order of the edges themselves.
 .symmetrize <- function(edges, symmetrize, n) {
     if (symmetrize == "none") return(edges)
+    k <- nrow(edges) %/% n
+    if (!.isFullEdgeList(edges, n, k)) {
+        return(.symmetrizeAny(edges, symmetrize, n))
+    }
     list2DF(.Call(C_knn_symmetrize, edges$to, edges$weight, edges$distance,
-                  as.integer(nrow(edges) %/% n), symmetrize == "mutual"))
+                  as.integer(k), symmetrize == "mutual"))
+}
+
+## Whether edges are a search's whole directed list, k per node in node
+## order with weights and distances, which the engine symmetrises in
+## bounded memory (C_knn_symmetrize).
+.isFullEdgeList <- function(edges, n, k) {
+    k >= 1L && nrow(edges) == as.double(n) * k &&
+        is.double(edges$weight) && is.double(edges$distance) &&
+        is.integer(edges$to) &&
+        identical(as.integer(edges$from), rep.int(seq_len(n), rep.int(k, n)))
+}
+
+## Any other directed edge list (fewer than k partners for some nodes, as
+## a pairwise-complete search leaves, or other columns, as toAdjacency()
+## passes): each pair once, from < to, with the columns of its edge of the
+## smaller rank, in (from, to) order, as C_knn_symmetrize gives them.
+.symmetrizeAny <- function(edges, symmetrize, n) {
+    lo <- pmin(edges$from, edges$to)
+    hi <- pmax(edges$from, edges$to)
+    edges$from <- lo
+    edges$to <- hi
+    edges <- edges[order(lo, hi, edges$rank), , drop = FALSE]
+    pair <- (edges$from - 1) * as.double(n) + edges$to
+    repeated <- duplicated(pair)
+    keep <- !repeated
+    if (symmetrize == "mutual") keep <- keep & pair %in% pair[repeated]
+    edges <- edges[keep, , drop = FALSE]
+    rownames(edges) <- NULL
+    edges
 }
 
 .snnEdges <- function(index, snn) {

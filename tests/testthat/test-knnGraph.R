@@ -152,3 +152,21 @@ test_that("symmetrising holds no more than the edges in R's memory", {
     expect_true(all(union$from < union$to))
     expect_false(anyDuplicated(paste(union$from, union$to)) > 0)
 })
+
+test_that("symmetrising in C gives what the general path gives", {
+    x <- matrix(rnorm(300 * 6), 300)
+    x[7, ] <- x[3, ]
+    edges <- knnGraph(x, k = 6, metric = "euclidean", device = "cpu")
+    plain <- data.frame(from = edges$from, to = edges$to,
+                        weight = edges$weight, distance = edges$distance,
+                        rank = edges$rank)
+    for (how in c("union", "mutual")) {
+        viaC <- knngpu:::.symmetrize(plain, how, 300L)
+        general <- knngpu:::.symmetrizeAny(plain, how, 300L)
+        expect_identical(as.list(viaC), as.list(general))
+    }
+    ## A list with a node short of k partners takes the general path.
+    short <- plain[-2L, ]
+    expect_identical(knngpu:::.symmetrize(short, "union", 300L),
+                     knngpu:::.symmetrizeAny(short, "union", 300L))
+})
