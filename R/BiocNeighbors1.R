@@ -47,9 +47,9 @@
                      last = k, BPPARAM = NULL, subset = NULL,
                      transposed = FALSE, warn.ties = TRUE,
                      raw.index = FALSE, ...) {
-    .bnCheckArgs1(last, get.index, get.distance)
     rows <- .bnRows(subset, ncol(index@data), index@NAMES)
     k <- .bnK(k, rows, ncol(index@data) - 1L, self = TRUE)
+    .bnCheckArgs1(last, get.index, get.distance)
     res <- .bnSearch(index, NULL, rows, k, NULL, BPPARAM)
     .bnResult1(res, k, last, get.index, get.distance)
 }
@@ -59,9 +59,9 @@
                       subset = NULL, warn.ties = TRUE, raw.index = FALSE,
                       ...) {
     q <- .bnQuerySource(index, query, transposed)
-    .bnCheckArgs1(last, get.index, get.distance)
     rows <- .bnRows(subset, q$n, if (is.character(q$labels)) q$labels)
     k <- .bnK(k, rows, ncol(index@data), self = FALSE)
+    .bnCheckArgs1(last, get.index, get.distance)
     res <- .bnSearch(index, q, rows, k, NULL, BPPARAM)
     .bnResult1(res, k, last, get.index, get.distance)
 }
