@@ -31,6 +31,8 @@
 #'   of every node, so isolated nodes survive
 #'   \code{graph_from_data_frame(edges, vertices = attr(edges, "nodes"))}),
 #'   \code{metric}, \code{k}, \code{by}, \code{symmetrize}, \code{snn},
+#'   \code{assay} or \code{reducedDim} (for a \code{SummarizedExperiment}:
+#'   the assay or reduced dimensions searched),
 #'   \code{backend} (\code{"cpu"} or \code{"gpu"}), \code{device} (its
 #'   description, e.g. the GPU's name), \code{precision}, \code{elapsed}
 #'   (seconds) and \code{timings} (the engine's phases in seconds, what
@@ -59,16 +61,16 @@
 #'     igraph::vcount(g)
 #' }
 #' @export
-knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
+knnGraph <- function(x, k = 10, metric = NULL, by = c("rows", "columns"),
                      symmetrize = c("none", "union", "mutual"), snn = NULL,
                      device = c("auto", "cpu", "gpu"), threads = NULL,
-                     progress = interactive(), verbose = FALSE, assay = 1L,
+                     progress = interactive(), verbose = FALSE, assay = NULL,
                      devices = NULL,
                      precision = c("auto", "tf32", "fp32", "fp64", "tf32x3"),
                      use.dimred = NULL,
                      BPPARAM = BiocParallel::SerialParam()) {
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
-    metric <- .checkMetric(metric)
+    metric <- .checkMetric(.defaultMetric(metric, use.dimred))
     precision <- .checkPrecision(precision)
     symmetrize <- .checkChoice(symmetrize[1L], c("none", "union", "mutual"),
                                "symmetrize")
@@ -99,11 +101,11 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
     } else {
         .snnEdges(res$index, snn)
     }
-    .labelEdges(edges, source$labels, list(
+    .labelEdges(edges, source$labels, c(list(
         metric = metric, k = k, by = by, symmetrize = symmetrize, snn = snn,
         backend = res$info$backend, device = res$info$device,
         precision = res$info$precision, elapsed = res$info$elapsed,
-        timings = res$info))
+        timings = res$info), source$input))
 }
 
 ## One row per (node, neighbour), grouped by node, ranks ascending: the

@@ -23,7 +23,9 @@
 #' @param metric One of \code{"pearson"}, \code{"cosine"},
 #'   \code{"euclidean"}, \code{"spearman"} (Pearson of ranks),
 #'   \code{"abspearson"} (\eqn{|r|}, unsigned co-expression),
-#'   \code{"manhattan"} or \code{"sqeuclidean"}.
+#'   \code{"manhattan"} or \code{"sqeuclidean"}. \code{NULL}, the default,
+#'   is \code{"pearson"}, or \code{"euclidean"} with \code{use.dimred}
+#'   (scran's and bluster's choice on principal components).
 #' @param by \code{"rows"} (the default) makes rows the nodes, e.g. genes of
 #'   an expression matrix; \code{"columns"} makes columns (samples) the nodes.
 #' @param device \code{"auto"} uses the GPU when the package was built with
@@ -35,7 +37,9 @@
 #'   set by the BLAS library.
 #' @param progress Show a progress bar on long runs.
 #' @param verbose Print the device, precision, tiling and timings.
-#' @param assay For a \code{SummarizedExperiment}, which assay to use.
+#' @param assay For a \code{SummarizedExperiment}, which assay to use (a
+#'   name or number); \code{NULL}, the default, takes \code{"logcounts"}
+#'   where there is one (scater's convention), else the first.
 #' @param use.dimred For a \code{SingleCellExperiment}, the name (or number)
 #'   of a \code{reducedDim()} (e.g. \code{"PCA"}) to search instead of an
 #'   assay: the cells are then the nodes (rows of the reduced dimensions,
@@ -80,6 +84,8 @@
 #'   \code{distance}, each an n-by-\code{k} matrix whose row i holds node
 #'   i's neighbours, closest first. For correlation metrics the distance is
 #'   \eqn{1 - r} (\eqn{1 - |r|} for \code{"abspearson"}). Attributes
+#'   \code{assay} or \code{reducedDim} (for a \code{SummarizedExperiment}:
+#'   the assay or reduced dimensions searched),
 #'   \code{backend} (\code{"cpu"} or \code{"gpu"}), \code{device} (its
 #'   description), \code{precision} and \code{elapsed} say how it was
 #'   computed; \code{timings} holds the engine's phases in seconds (what
@@ -151,15 +157,15 @@
 #' q <- matrix(rnorm(3 * 20), nrow = 3)
 #' knnSearch(x, q, k = 2, metric = "euclidean")$distance
 #' @export
-knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
+knnSearch <- function(x, query = NULL, k = 10, metric = NULL,
                       by = c("rows", "columns"), device = c("auto", "cpu",
                       "gpu"), threads = NULL, progress = interactive(),
-                      verbose = FALSE, assay = 1L, devices = NULL,
+                      verbose = FALSE, assay = NULL, devices = NULL,
                       precision = c("auto", "tf32", "fp32", "fp64", "tf32x3"),
                       use.dimred = NULL,
                       BPPARAM = BiocParallel::SerialParam()) {
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
-    metric <- .checkMetric(metric)
+    metric <- .checkMetric(.defaultMetric(metric, use.dimred))
     precision <- .checkPrecision(precision)
     ref <- .nodeSource(x, by, assay, "x", use.dimred)
     q <- NULL
@@ -187,6 +193,7 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
                         verbose, devices, BPPARAM, precision)
     }
     out <- list(index = res$index, distance = res$distance)
+    for (field in names(ref$input)) attr(out, field) <- ref$input[[field]]
     attr(out, "backend") <- res$info$backend
     attr(out, "device") <- res$info$device
     attr(out, "precision") <- res$info$precision

@@ -18,7 +18,8 @@
                          arg), "SummarizedExperiment is not installed",
                  call. = FALSE)
         }
-        return(SummarizedExperiment::assay(x, assay, withDimnames = TRUE))
+        return(SummarizedExperiment::assay(x, .chooseAssay(x, assay),
+                                           withDimnames = TRUE))
     }
     if (methods::is(x, "ExpressionSet")) {
         if (!requireNamespace("Biobase", quietly = TRUE)) {
@@ -126,7 +127,8 @@
              call. = FALSE)
     }
     list(matrix = m, kind = kind, by = by, labels = .nodeLabels(m, by, arg),
-         what = what, arg = arg, n = shape[1L], p = shape[2L])
+         what = what, arg = arg, n = shape[1L], p = shape[2L],
+         input = .nodeInput(x, assay, use.dimred))
 }
 
 ## The nodes `rows` (all when NULL) of a source in the engine's layout, as
