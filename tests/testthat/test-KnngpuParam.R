@@ -101,6 +101,10 @@ test_that("BiocNeighbors' arguments are honoured", {
     expectSameKnn(r$got, r$ref, label = "transposed query")
     r <- both(BiocNeighbors::findKNN, t(x), k = 4, transposed = TRUE)
     expectSameKnn(r$got, r$ref, label = "transposed")
+    ## Anything knnSearch() takes, such as a data.frame, is searched too.
+    expect_identical(BiocNeighbors::findKNN(as.data.frame(x), k = 4,
+                                            BNPARAM = mine),
+                     BiocNeighbors::findKNN(x, k = 4, BNPARAM = mine))
     ## Two workers, blocks of rows: the same bits as one process.
     skip_on_os("windows")
     whole <- BiocNeighbors::findKNN(x, k = 6, BNPARAM = mine)
