@@ -170,6 +170,8 @@ assign(".packageName", "knngpu", envir = .bnEnv)
             try(methods::removeMethod(.bnGeneric(m[[1L]]), m[[2L]],
                                       where = .bnEnv), silent = TRUE)
         }
+        try(methods::removeMethod("show", "KnngpuParam", where = .bnEnv),
+            silent = TRUE)
         for (name in c("KnngpuIndex", "KnngpuParam")) {
             if (methods::isClass(name, where = .bnEnv)) {
                 methods::removeClass(name, where = .bnEnv)
