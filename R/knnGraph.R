@@ -36,6 +36,8 @@
 #'   ExpressionSet, columns of plain values),
 #'   \code{metric}, \code{k}, \code{by}, \code{symmetrize}, \code{snn},
 #'   \code{use}, \code{min.shared},
+#'   \code{assay} or \code{reducedDim} (for a \code{SummarizedExperiment}:
+#'   the assay or reduced dimensions searched),
 #'   \code{backend} (\code{"cpu"} or \code{"gpu"}), \code{device} (its
 #'   description, e.g. the GPU's name), \code{precision}, \code{elapsed}
 #'   (seconds) and \code{timings} (the engine's phases in seconds, what
@@ -69,10 +71,10 @@
 #'     igraph::vcount(g)
 #' }
 #' @export
-knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
+knnGraph <- function(x, k = 10, metric = NULL, by = c("rows", "columns"),
                      symmetrize = c("none", "union", "mutual"), snn = NULL,
                      device = c("auto", "cpu", "gpu"), threads = NULL,
-                     progress = interactive(), verbose = FALSE, assay = 1L,
+                     progress = interactive(), verbose = FALSE, assay = NULL,
                      devices = NULL,
                      precision = c("auto", "tf32", "fp32", "fp64", "tf32x3"),
                      use.dimred = NULL,
@@ -82,7 +84,7 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
                      min.shared = 4L) {
     hint <- missing(by)
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
-    metric <- .checkMetric(metric)
+    metric <- .checkMetric(.defaultMetric(metric, use.dimred))
     use <- .checkUse(use, metric, min.shared)
     precision <- .checkPrecision(precision)
     symmetrize <- .checkChoice(symmetrize[1L], c("none", "union", "mutual"),
@@ -119,12 +121,12 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
     } else {
         .snnEdges(res$index, snn)
     }
-    .labelEdges(edges, source$labels, list(
+    .labelEdges(edges, source$labels, c(list(
         metric = metric, k = k, by = by, symmetrize = symmetrize, snn = snn,
         use = use$use, min.shared = use$min.shared,
         backend = res$info$backend, device = res$info$device,
         precision = res$info$precision, elapsed = res$info$elapsed,
-        timings = res$info), source$annotation)
+        timings = res$info), source$input), source$annotation)
 }
 
 ## One row per (node, neighbour), grouped by node, ranks ascending: the

@@ -24,7 +24,10 @@
 #'   \code{"euclidean"}, \code{"spearman"} (Pearson of ranks),
 #'   \code{"abspearson"} (\eqn{|r|}, unsigned co-expression),
 #'   \code{"manhattan"}, \code{"sqeuclidean"} or \code{"bicor"}
-#'   (WGCNA's biweight midcorrelation, see Details).
+#'   (WGCNA's biweight midcorrelation, see Details). \code{NULL}, the
+#'   default, is \code{"pearson"}, or \code{"euclidean"} with
+#'   \code{use.dimred} (scran's and bluster's choice on principal
+#'   components).
 #' @param by \code{"rows"} (the default) makes rows the nodes, e.g. genes of
 #'   an expression matrix; \code{"columns"} makes columns (samples) the nodes.
 #' @param device \code{"auto"} uses the GPU when the package was built with
@@ -36,7 +39,9 @@
 #'   set by the BLAS library.
 #' @param progress Show a progress bar on long runs.
 #' @param verbose Print the device, precision, tiling and timings.
-#' @param assay For a \code{SummarizedExperiment}, which assay to use.
+#' @param assay For a \code{SummarizedExperiment}, which assay to use (a
+#'   name or number); \code{NULL}, the default, takes \code{"logcounts"}
+#'   where there is one (scater's convention), else the first.
 #' @param use.dimred For a \code{SingleCellExperiment}, the name (or number)
 #'   of a \code{reducedDim()} (e.g. \code{"PCA"}) to search instead of an
 #'   assay: the cells are then the nodes (rows of the reduced dimensions,
@@ -93,6 +98,8 @@
 #'   with \code{filepath}) whose row i holds node i's neighbours, closest
 #'   first. For correlation metrics the distance is
 #'   \eqn{1 - r} (\eqn{1 - |r|} for \code{"abspearson"}). Attributes
+#'   \code{assay} or \code{reducedDim} (for a \code{SummarizedExperiment}:
+#'   the assay or reduced dimensions searched),
 #'   \code{backend} (\code{"cpu"} or \code{"gpu"}), \code{device} (its
 #'   description), \code{precision} and \code{elapsed} say how it was
 #'   computed; \code{timings} holds the engine's phases in seconds (what
@@ -206,10 +213,10 @@
 #' q <- matrix(rnorm(3 * 20), nrow = 3)
 #' knnSearch(x, q, k = 2, metric = "euclidean")$distance
 #' @export
-knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
+knnSearch <- function(x, query = NULL, k = 10, metric = NULL,
                       by = c("rows", "columns"), device = c("auto", "cpu",
                       "gpu"), threads = NULL, progress = interactive(),
-                      verbose = FALSE, assay = 1L, devices = NULL,
+                      verbose = FALSE, assay = NULL, devices = NULL,
                       precision = c("auto", "tf32", "fp32", "fp64", "tf32x3"),
                       use.dimred = NULL,
                       BPPARAM = BiocParallel::SerialParam(),
@@ -218,7 +225,7 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
                       min.shared = 4L) {
     hint <- missing(by)
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
-    metric <- .checkMetric(metric)
+    metric <- .checkMetric(.defaultMetric(metric, use.dimred))
     use <- .checkUse(use, metric, min.shared)
     precision <- .checkPrecision(precision)
     ref <- .nodeSource(x, by, assay, "x", use.dimred, hint)
@@ -253,6 +260,7 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
                         filepath, use = way, min.shared = use$min.shared)
     }
     out <- list(index = res$index, distance = res$distance)
+    for (field in names(ref$input)) attr(out, field) <- ref$input[[field]]
     attr(out, "backend") <- res$info$backend
     attr(out, "device") <- res$info$device
     attr(out, "precision") <- res$info$precision

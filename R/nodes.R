@@ -18,7 +18,8 @@
                          arg), "SummarizedExperiment is not installed",
                  call. = FALSE)
         }
-        return(SummarizedExperiment::assay(x, assay, withDimnames = TRUE))
+        return(SummarizedExperiment::assay(x, .chooseAssay(x, assay),
+                                           withDimnames = TRUE))
     }
     if (methods::is(x, "ExpressionSet")) {
         if (!requireNamespace("Biobase", quietly = TRUE)) {
@@ -141,7 +142,8 @@
     }
     list(matrix = m, kind = kind, by = by, labels = .nodeLabels(m, by, arg),
          annotation = .nodeAnnotation(x, by, use.dimred, shape[1L]),
-         what = what, arg = arg, n = shape[1L], p = shape[2L])
+         what = what, arg = arg, n = shape[1L], p = shape[2L],
+         input = .nodeInput(x, assay, use.dimred))
 }
 
 ## The nodes' own annotation as a data.frame with one row per node, for

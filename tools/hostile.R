@@ -247,9 +247,9 @@ errorCase("use.dimred without a SingleCellExperiment",
           "'use.dimred' needs 'x' to be a SingleCellExperiment")
 
 ## Through BiocNeighbors: the same errors.
-errorCase("findKNN: k too large", paste(
-    "BiocNeighbors::findKNN(base(), k = 60, BNPARAM = KnngpuParam(device =",
-    "dev))"), "'k' must be a whole number from 1 to 59")
+errorCase("findKNN: k not whole", paste(
+    "BiocNeighbors::findKNN(base(), k = 2.5, BNPARAM = KnngpuParam(device =",
+    "dev))"), "'k' must be a whole number of at least 1")
 errorCase("findKNN: NA", paste(
     "x <- base(); x[2, 2] <- NA; BiocNeighbors::findKNN(x, k = 3,",
     "BNPARAM = KnngpuParam(device = dev))"),

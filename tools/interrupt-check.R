@@ -44,7 +44,11 @@ writeLines(c(
     "after <- c(rss(), gpuFree())",
     sprintf("writeLines(c(res, stopped, before, after), '%s')", files[2])),
     files[3])
-system2(file.path(R.home("bin"), "Rscript"), files[3], wait = FALSE)
+## Since R 4.4 a child of system2(wait = FALSE) starts with SIGINT ignored
+## (as a shell's background job does), which exec keeps: env (coreutils
+## 8.31 on) gives it the default disposition back, so the signal arrives.
+system2("env", c("--default-signal=INT", file.path(R.home("bin"), "Rscript"),
+                 files[3]), wait = FALSE)
 waitFor <- function(path, seconds) {
     limit <- Sys.time() + seconds
     while (!file.exists(path) && Sys.time() < limit) Sys.sleep(0.01)

@@ -46,7 +46,13 @@ rscriptInterrupted <- function(setup, code, report = "", after = 0.5) {
         sprintf("writeLines(c(res, %s), '%s')",
                 if (nzchar(report)) report else "character()", out_file)),
         script)
-    system2(file.path(R.home("bin"), "Rscript"), script, wait = FALSE,
+    ## Since R 4.4 a child of system2(wait = FALSE) starts with SIGINT
+    ## ignored, as a shell's background job does, and an ignored signal
+    ## stays ignored across exec: the child would never see ours. env
+    ## (coreutils 8.31 on) gives it the default disposition back first.
+    system2("env", c("--default-signal=INT",
+                     file.path(R.home("bin"), "Rscript"), script),
+            wait = FALSE,
             env = paste0("R_LIBS=", paste(.libPaths(), collapse = ":")))
     waitFor <- function(path, seconds) {
         limit <- proc.time()[["elapsed"]] + seconds
