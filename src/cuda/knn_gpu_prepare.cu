@@ -258,13 +258,15 @@ __global__ static void knn_half_kernel(const float *fast, int ldf, int p,
 
 /* One warp per node: the fp64 rung's vector, the float64 value of each
  * fast value before its rounding to float32 (the same operations as
- * knn_canon_kernel and knn_dist_fast_kernel), and, for distances
- * (centre), its squared norm. */
+ * knn_canon_kernel and knn_dist_fast_kernel: distance nodes read into the
+ * fast vectors' frame, fr), and, for distances (centre), its squared
+ * norm. */
 __global__ static void knn_fp64_kernel(knn_metric m, const double *x, int p,
                                        int n, const double *sum,
                                        const double *css,
-                                       const double *centre, double *fast64,
-                                       int ldf, double *sqnorm64)
+                                       const double *centre, knn_frame fr,
+                                       double *fast64, int ldf,
+                                       double *sqnorm64)
 {
     int g = (int)(((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     int lane = threadIdx.x & 31;
@@ -274,7 +276,8 @@ __global__ static void knn_fp64_kernel(knn_metric m, const double *x, int p,
     double mean = 0.0, scale = 1.0, ss = 0.0;
     if (!centre) knn_fast_corr_form(m, p, sum[g], css[g], &mean, &scale);
     for (int f = lane; f < p; f += 32) {
-        double v = centre ? xg[f] - centre[f] : (xg[f] - mean) * scale;
+        double v = centre ? knn_in_frame(fr, xg[f]) - centre[f]
+                          : (xg[f] - mean) * scale;
         fg[f] = v;
         ss += v * v;
     }
@@ -517,10 +520,11 @@ knn_status knn_nodes_fp64(knn_metric metric, knn_gpu_nodes *nodes,
     /* Zero padding adds nothing to the products. */
     KNN_CUDA_TRY(message, cudaMemsetAsync(nodes->fast64, 0,
                                           n_vals * sizeof(double), stream));
+    knn_frame fr = {nodes->scale_exp, knn_ldexp_factor(-nodes->scale_exp)};
     knn_fp64_kernel<<<knn_blocks(n * 32), KNN_PREP_THREADS, 0, stream>>>(
         metric, nodes->exact, nodes->p, nodes->n_nodes, nodes->sum,
-        nodes->css, dist ? nodes->centre : NULL, nodes->fast64, nodes->ldf,
-        nodes->sqnorm64);
+        nodes->css, dist ? nodes->centre : NULL, fr, nodes->fast64,
+        nodes->ldf, nodes->sqnorm64);
     KNN_LAUNCH_TRY(message, "knn_fp64_kernel");
     return KNN_OK;
 }

@@ -540,15 +540,18 @@ test_that("the threads asked for are the threads used, whatever OpenMP says", {
     skip_if_not(file.exists("/proc/self/status"))
     ## The layout's transpose and the input checks run in parallel at this
     ## size; with threads = 1 no thread may start, OMP_NUM_THREADS or not.
-    ## An absurd OMP_NUM_THREADS neither starts threads nor ends R.
+    ## An absurd OMP_NUM_THREADS neither starts threads nor ends R. On the
+    ## CPU: a GPU's runtime starts threads of its own.
     code <- c(
         "threads <- function() sub('Threads:\\\\s*', '',",
         "    grep('^Threads:', readLines('/proc/self/status'), value = TRUE))",
         "x <- matrix(rnorm(3000 * 60), 3000)",
         "before <- threads()",
-        "r <- knnSearch(x, k = 3, threads = 1, progress = FALSE)",
+        "r <- knnSearch(x, k = 3, threads = 1, device = 'cpu',",
+        "               progress = FALSE)",
         "one <- threads()",
-        "r <- knnSearch(x, k = 3, threads = 2, progress = FALSE)",
+        "r <- knnSearch(x, k = 3, threads = 2, device = 'cpu',",
+        "               progress = FALSE)",
         "cat('THREADS', before, one, threads(), '\\n')")
     for (env in c("OMP_NUM_THREADS=8", "OMP_NUM_THREADS=3000")) {
         out <- rscriptOutput(code, env)
@@ -577,10 +580,9 @@ test_that("an interrupt reaches R within a second in every long step", {
                   "progress = FALSE)")),
         rerank = c(
             paste("set.seed(3); x <- matrix(rnorm(20000 * 10), ncol = 10);",
-                  "q <- x[1:2000, ] + 0.01"),
+                  "q <- x[1:4000, ] + 0.01"),
             paste("knnSearch(x, q, k = 5000, metric = 'euclidean',",
-                  "device = 'cpu',",
-                  "progress = FALSE)")))
+                  "device = 'cpu', threads = 1, progress = FALSE)")))
     for (name in names(cases)) {
         got <- rscriptInterrupted(setup = cases[[name]][1L],
                                   code = cases[[name]][2L])
