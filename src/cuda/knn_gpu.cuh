@@ -172,8 +172,9 @@ typedef struct {
     double *norm_max; /* largest over the ref nodes: the margins' inputs */
     double *kappa_max; /* correlations: the largest cancellation (>= 1),
                           the margins' input */
-    int scale_exp;    /* distances with products: the fast vectors' frame
-                         divides nodes by 2^scale_exp; else 0 */
+    int scale_exp;    /* distances: the frame of the fast vectors (and of
+                         Manhattan's panel) divides nodes by 2^scale_exp;
+                         else 0 */
 } knn_gpu_nodes;
 
 /* One row tile's arguments to the selection kernels. The panel holds, for
@@ -429,8 +430,9 @@ knn_status knn_panel_gemm(cublasHandle_t blas, const knn_gpu_nodes *nodes,
                           knn_gemm_mode mode, int node0, int rows,
                           void *panel, size_t ld, char *message);
 knn_status knn_panel_manhattan(const double *x_rows, const double *x_ref,
-                               int p, int rows, int n_ref, float *panel,
-                               size_t ld, char *message, cudaStream_t stream);
+                               int p, int rows, int n_ref, int scale_exp,
+                               float *panel, size_t ld, char *message,
+                               cudaStream_t stream);
 
 /* Leading dimension of a panel row: n_ref rounded up to 4 (aligned rows). */
 static inline size_t knn_panel_ld(int n_ref)

@@ -165,6 +165,7 @@ static knn_status knn_tile_candidates(knn_gpu_dev *d,
     else
         KNN_TRY(knn_panel_manhattan(nd->exact + (size_t)node0 * req->p,
                                     nd->exact, req->p, sa->rows, req->n_ref,
+                                    nd->scale_exp,
                                     t->panel, sa->ld, d->message,
                                     d->stream));
     return knn_select_candidates(sa, knn_tile_algo(d, sa->rows), d->message,

@@ -11,7 +11,8 @@
  * nodes scaled by 2^-e as they are read (e from the largest |value| of ref
  * and all queries; a power of two, so exact) minus the ref feature means
  * (centring shrinks |f| and so the margin, and leaves distances alone),
- * one warp per node. Manhattan has no fast vectors and no scale.
+ * one warp per node. Manhattan has no fast vectors; its panel takes the
+ * same frame.
  * Reductions (max |x|, kappa, max |f|) use atomicMax on the bits of
  * non-negative doubles, whose integer order is their numeric order.
  */
@@ -379,13 +380,6 @@ static knn_status knn_prepare_dist(knn_metric m, double *x, knn_gpu_nodes *nd,
 {
     size_t n_vals = (size_t)nd->p * nd->n_nodes;
     nd->exact = x;
-    nd->scale_exp = 0;
-    if (!knn_uses_product(m)) {
-        KNN_CUDA_TRY(message, cudaMemsetAsync(nd->margin2, 0,
-                                              nd->n_nodes * sizeof(double),
-                                              stream));
-        return KNN_OK;
-    }
     KNN_CUDA_TRY(message,
                  cudaMemsetAsync(sc->scalar, 0, sizeof(double), stream));
     knn_max_abs_kernel<<<1024, KNN_PREP_THREADS, 0, stream>>>(x, n_vals,
@@ -396,6 +390,12 @@ static knn_status knn_prepare_dist(knn_metric m, double *x, knn_gpu_nodes *nd,
                                           cudaMemcpyDeviceToHost, stream));
     KNN_CUDA_TRY(message, cudaStreamSynchronize(stream));
     nd->scale_exp = knn_exponent(amax > query_max_abs ? amax : query_max_abs);
+    if (!knn_uses_product(m)) {
+        KNN_CUDA_TRY(message, cudaMemsetAsync(nd->margin2, 0,
+                                              nd->n_nodes * sizeof(double),
+                                              stream));
+        return KNN_OK;
+    }
     knn_frame fr = {nd->scale_exp, knn_ldexp_factor(-nd->scale_exp)};
 
     knn_mean_part_kernel<<<KNN_MEAN_PARTS, KNN_PREP_THREADS, 0, stream>>>(

@@ -14,9 +14,11 @@
  *    features in order with the same rounded operations as knn_key_dist
  *    (on the nodes as given; a pair whose plain sum is not its key reads
  *    its nodes again for the scaled sum), so the panel holds the
- *    canonical key rounded to float32 (past its range, to 0 or infinity);
- *    rounding is monotone, so the k-th panel value bounds the exact top k
- *    with no margin.
+ *    canonical key in the frame of the largest value (divided by
+ *    2^scale_exp, as distance nodes' fast vectors are, so every finite
+ *    key stays within float32's range) rounded to float32; scaling and
+ *    rounding are monotone, so the k-th panel value bounds the exact top
+ *    k with no margin.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -181,7 +183,8 @@ __device__ static void knn_mh_stage(double (*dst)[KNN_MH_TILE + 1],
 
 __global__ static void __launch_bounds__(KNN_MH_SIDE * KNN_MH_SIDE)
 knn_manhattan_kernel(const double *x_rows, const double *x_ref, int p,
-                     int rows, int n_ref, float *panel, size_t ld)
+                     int rows, int n_ref, int scale_exp, float *panel,
+                     size_t ld)
 {
     __shared__ double sr[KNN_MH_FEAT][KNN_MH_TILE + 1];
     __shared__ double sc[KNN_MH_FEAT][KNN_MH_TILE + 1];
@@ -218,22 +221,26 @@ knn_manhattan_kernel(const double *x_rows, const double *x_ref, int p,
         for (int j = 0; j < KNN_MH_PER; j++) {
             int c = col0 + tx + KNN_MH_SIDE * j;
             if (r < rows && c < n_ref)
-                panel[(size_t)r * ld + c] = (float)knn_key_dist_finish(
-                    KNN_MANHATTAN, acc[i][j].s, x_rows + (size_t)r * p,
-                    x_ref + (size_t)c * p, p);
+                panel[(size_t)r * ld + c] = (float)ldexp(
+                    knn_key_dist_finish(KNN_MANHATTAN, acc[i][j].s,
+                                        x_rows + (size_t)r * p,
+                                        x_ref + (size_t)c * p, p),
+                    -scale_exp);
         }
     }
 }
 
 knn_status knn_panel_manhattan(const double *x_rows, const double *x_ref,
-                               int p, int rows, int n_ref, float *panel,
-                               size_t ld, char *message, cudaStream_t stream)
+                               int p, int rows, int n_ref, int scale_exp,
+                               float *panel, size_t ld, char *message,
+                               cudaStream_t stream)
 {
     dim3 block(KNN_MH_SIDE, KNN_MH_SIDE);
     dim3 grid((n_ref + KNN_MH_TILE - 1) / KNN_MH_TILE,
               (rows + KNN_MH_TILE - 1) / KNN_MH_TILE);
     knn_manhattan_kernel<<<grid, block, 0, stream>>>(x_rows, x_ref, p, rows,
-                                                     n_ref, panel, ld);
+                                                     n_ref, scale_exp, panel,
+                                                     ld);
     KNN_LAUNCH_TRY(message, "knn_manhattan_kernel");
     return KNN_OK;
 }
