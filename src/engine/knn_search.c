@@ -8,6 +8,7 @@
 #include <string.h>
 #include "knn_backend.h"
 #include "knn_exact.h"
+#include "knn_clusters.h"
 #include "knn_kdtree.h"
 
 static knn_status knn_invalid(knn_report *report, const char *why)
@@ -57,6 +58,10 @@ knn_status knn_search(const knn_request *req, knn_backend backend,
     if (req->algorithm == KNN_ALGO_TREE && knn_is_correlation(req->metric))
         return knn_invalid(report, "the k-d tree serves the distance "
                                    "metrics only");
+    if (req->algorithm == KNN_ALGO_CLUSTERS &&
+        req->metric != KNN_EUCLIDEAN && req->metric != KNN_SQEUCLIDEAN)
+        return knn_invalid(report, "clusters serve the Euclidean and "
+                                   "squared Euclidean metrics only");
     /* The GPU backend finds non-finite values while it uploads them; a
      * non-finite node is never degenerate, so either order finds both. */
     if (backend == KNN_BACKEND_CPU && knn_has_nonfinite(req)) {
@@ -82,5 +87,7 @@ knn_status knn_search_on(const knn_request *req, knn_backend backend,
 {
     if (backend == KNN_BACKEND_GPU) return knn_gpu_search(req, out, report);
     if (knn_kdtree_suits(req)) return knn_kdtree_search(req, out, report);
+    if (knn_clusters_suits(req))
+        return knn_clusters_search(req, out, report);
     return knn_cpu_search(req, out, report);
 }
