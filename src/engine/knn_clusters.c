@@ -55,13 +55,14 @@
 #include "knn_threads.h"
 
 /* Thresholds of the automatic choice, measured by inst/bench/clusters.R
- * (RESULTS.md, "Clusters"): from this many reference nodes the partition
- * costs less than it saves on structured data; past this share of the
- * pairs multiplied in the sample, the product scan is faster. */
+ * (its header says which columns set which): from this many reference
+ * nodes the partition costs less than it saves on structured data; past
+ * this share of the pairs multiplied in the sample, the product scan is
+ * faster. */
 #define KNN_KM_MIN_NODES 1000
 #define KNN_KM_MAX_SHARE 0.35
 /* Row clusters whose first rows are searched to measure the share. */
-#define KNN_KM_PILOT 12
+#define KNN_KM_PILOT 8
 /* Rounds of k-means: later rounds move few nodes, and any partition
  * gives the same answer. */
 #define KNN_KM_ROUNDS 4
@@ -77,7 +78,9 @@
  * on structured data. */
 #define KNN_KM_POLL_ROWS 4096
 /* A row cluster multiplies in float32 the column clusters up to this
- * many times the median radius (or its own radius, if wider). */
+ * many times the median radius (or its own radius, if wider); a search
+ * forced to float64 (KNN_PRECISION_FP64) multiplies every pair in
+ * float64. */
 #define KNN_KM_CAP_MEDIANS 4.0
 
 /* One side of the search: rows (every query node), or the reference's
@@ -164,7 +167,9 @@ int knn_clusters_suits(const knn_request *req)
     if (req->metric != KNN_EUCLIDEAN && req->metric != KNN_SQEUCLIDEAN)
         return 0;
     if (req->algorithm == KNN_ALGO_CLUSTERS) return 1;
+    /* A forced rung asks for the scan's arithmetic. */
     return req->algorithm == KNN_ALGO_AUTO &&
+           req->precision == KNN_PRECISION_AUTO &&
            req->n_ref >= KNN_KM_MIN_NODES;
 }
 
@@ -303,6 +308,11 @@ static void knn_km_drop_empty(knn_km *km, int n, int *assign)
     free(to);
 }
 
+static int knn_km_interrupted(const knn_request *req)
+{
+    return req->cb.interrupted && req->cb.interrupted(req->cb.ctx);
+}
+
 /* k-means of the reference's fast vectors f: km->centre and `assign`.
  * Seeds are nodes spread evenly over the node order. */
 static knn_status knn_km_partition(knn_km *km, const double *f, int n,
@@ -322,6 +332,7 @@ static knn_status knn_km_partition(knn_km *km, const double *f, int n,
         if (knn_km_assign(km, f, n, assign) ||
             knn_km_update(km, f, n, assign))
             return KNN_E_NOMEM;
+        if (knn_km_interrupted(km->req)) return KNN_E_INTERRUPTED;
     }
     if (knn_km_assign(km, f, n, assign)) return KNN_E_NOMEM;
     knn_km_drop_empty(km, n, assign);
@@ -533,7 +544,8 @@ static knn_status knn_km_centres(knn_km *km)
     double median = radii[middle];
     free(radii);
     for (int a = 0; a < nc; a++)
-        km->cap[a] = fmax(KNN_KM_CAP_MEDIANS * median,
+        km->cap[a] = km->req->precision == KNN_PRECISION_FP64
+            ? -1.0 : fmax(KNN_KM_CAP_MEDIANS * median,
                           fmax(km->rows.radius[a], km->cols.radius[a]));
     return KNN_OK;
 }
@@ -557,8 +569,9 @@ static double knn_km_margin(const knn_km *km, int a, int e)
 {
     int p = km->p;
     double rho = knn_km_up(km, km->rows.rad[e]);
-    double fp32 = knn_margin_dist(p, KNN_U32, KNN_U32, KNN_TINY32, rho,
-                                  km->cap[a]);
+    double fp32 = km->cap[a] < 0.0
+        ? 0.0 : knn_margin_dist(p, KNN_U32, KNN_U32, KNN_TINY32, rho,
+                                km->cap[a]);
     double fp64 = 64.0 * knn_margin_dist(p, 0.0, KNN_U64, KNN_TINY64,
                                          km->rows.norm[e],
                                          km->space.norm_max);
@@ -849,8 +862,12 @@ static knn_status knn_km_run(knn_km *km, const knn_km_task_rows *tasks,
 }
 
 /* Whether the clusters prune enough to beat the product scan: the share
- * of pairs multiplied for the first rows of a sample of row clusters. */
-static knn_status knn_km_pays(knn_km *km, int *pays)
+ * of pairs multiplied for the first task's rows of a sample of row
+ * clusters (marked in `piloted`). Those rows' answers are written to out
+ * as they would be later: the search then skips them, and the scan that
+ * takes over where clusters do not pay rewrites them. */
+static knn_status knn_km_pays(knn_km *km, knn_result *out, char *piloted,
+                              int *pays)
 {
     int nc = km->clusters, n = 0;
     int sample = nc < KNN_KM_PILOT ? nc : KNN_KM_PILOT;
@@ -860,16 +877,25 @@ static knn_status knn_km_pays(knn_km *km, int *pays)
         int a = (int)(((double)s + 0.5) * nc / sample);
         int r0 = km->rows.first[a], r1 = km->rows.first[a + 1];
         if (r1 - r0 > KNN_KM_ROWS) r1 = r0 + KNN_KM_ROWS;
-        if (r1 <= r0) continue;
+        if (r1 <= r0 || piloted[a]) continue;
+        piloted[a] = 1;
         tasks[n].a = a;
         tasks[n].r0 = r0;
         tasks[n].r1 = r1;
         rows += r1 - r0;
         n++;
     }
-    knn_status st = knn_km_run(km, tasks, n, NULL);
+    /* One task per thread at a time, polling between: a task on data
+     * the clusters do not prune multiplies its rows by every node. */
+    knn_status st = KNN_OK;
+    for (int t = 0; st == KNN_OK && t < n; t += km->threads) {
+        st = knn_km_run(km, tasks + t, n - t < km->threads ? n - t
+                                                           : km->threads,
+                        out);
+        if (st == KNN_OK && knn_km_interrupted(km->req))
+            st = KNN_E_INTERRUPTED;
+    }
     *pays = km->pairs <= KNN_KM_MAX_SHARE * rows * km->cols.n;
-    km->pairs = 0.0;
     return st;
 }
 
@@ -930,13 +956,10 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
     return st;
 }
 
-static int knn_km_interrupted(const knn_request *req)
-{
-    return req->cb.interrupted && req->cb.interrupted(req->cb.ctx);
-}
-
-/* Every row's task, in cluster order, up to KNN_KM_ROWS rows each. */
-static knn_km_task_rows *knn_km_tasks(const knn_km *km, int *n)
+/* Every row's task, in cluster order, up to KNN_KM_ROWS rows each, but
+ * the first of a cluster that is `piloted` (knn_km_pays). */
+static knn_km_task_rows *knn_km_tasks(const knn_km *km,
+                                      const char *piloted, int *n)
 {
     int nc = km->clusters, count = 0;
     for (int a = 0; a < nc; a++) {
@@ -950,6 +973,7 @@ static knn_km_task_rows *knn_km_tasks(const knn_km *km, int *n)
     for (int a = 0; a < nc; a++)
         for (int r0 = km->rows.first[a]; r0 < km->rows.first[a + 1];
              r0 += KNN_KM_ROWS) {
+            if (r0 == km->rows.first[a] && piloted[a]) continue;
             int r1 = km->rows.first[a + 1] - r0 < KNN_KM_ROWS
                 ? km->rows.first[a + 1] : r0 + KNN_KM_ROWS;
             tasks[*n].a = a;
@@ -966,39 +990,45 @@ knn_status knn_clusters_search(const knn_request *req, knn_result *out,
     knn_km km = {0};
     double t0 = knn_seconds();
     knn_status st = knn_km_setup(&km, req);
+    char *piloted = st == KNN_OK ? calloc((size_t)km.clusters, 1) : NULL;
+    if (st == KNN_OK && !piloted) st = KNN_E_NOMEM;
     if (st == KNN_OK && req->algorithm == KNN_ALGO_AUTO) {
         int pays = 1;
-        st = knn_km_pays(&km, &pays);
+        st = knn_km_pays(&km, out, piloted, &pays);
         if (st == KNN_OK && !pays) {
+            free(piloted);
             knn_km_free(&km);
             return knn_cpu_search(req, out, report);
         }
     }
-    if (st == KNN_OK) st = knn_result_allocate(out, report->message,
-                                               sizeof report->message);
     double t1 = knn_seconds();
-    int n_tasks = 0;
-    knn_km_task_rows *tasks = st == KNN_OK ? knn_km_tasks(&km, &n_tasks)
-                                           : NULL;
+    int n_tasks = 0, done = 0;
+    knn_km_task_rows *tasks = st == KNN_OK
+        ? knn_km_tasks(&km, piloted, &n_tasks) : NULL;
     if (st == KNN_OK && !tasks) st = KNN_E_NOMEM;
-    for (int t0_ = 0, t1_; st == KNN_OK && t0_ < n_tasks; t0_ = t1_) {
+    for (int a = 0; piloted && a < km.clusters; a++)
+        if (piloted[a])
+            done += km.rows.first[a + 1] - km.rows.first[a] < KNN_KM_ROWS
+                ? km.rows.first[a + 1] - km.rows.first[a] : KNN_KM_ROWS;
+    free(piloted);
+    for (int u = 0, v; st == KNN_OK && u < n_tasks; u = v) {
         int rows = 0;
-        for (t1_ = t0_; t1_ < n_tasks && rows < KNN_KM_POLL_ROWS; t1_++)
-            rows += tasks[t1_].r1 - tasks[t1_].r0;
-        st = knn_km_run(&km, tasks + t0_, t1_ - t0_, out);
+        for (v = u; v < n_tasks && rows < KNN_KM_POLL_ROWS; v++)
+            rows += tasks[v].r1 - tasks[v].r0;
+        st = knn_km_run(&km, tasks + u, v - u, out);
+        done += rows;
         if (st == KNN_OK && knn_km_interrupted(req)) st = KNN_E_INTERRUPTED;
         if (st == KNN_OK && req->cb.progress)
-            req->cb.progress(req->cb.ctx,
-                             t1_ < n_tasks ? tasks[t1_].r0 : km.rows.n,
-                             km.n_query);
+            req->cb.progress(req->cb.ctx, done, km.n_query);
     }
     free(tasks);
     if (st == KNN_OK) {
         snprintf(report->device, sizeof report->device,
                  "cpu (%d threads, %d clusters)", km.threads, km.clusters);
         snprintf(report->precision, sizeof report->precision,
-                 "fp32 BLAS residual candidates (%.3g%% of pairs) + fp64 "
+                 "%s BLAS residual candidates (%.3g%% of pairs) + fp64 "
                  "exact re-rank",
+                 req->precision == KNN_PRECISION_FP64 ? "fp64" : "fp32",
                  100.0 * km.pairs / ((double)km.n_query * km.cols.n));
         report->seconds_prepare = t1 - t0;
         report->seconds_search = knn_seconds() - t1;

@@ -456,7 +456,8 @@ test_that("the float32 rung climbs to float64 where candidates explode", {
     centres <- matrix(rnorm(3 * 30), 3)
     x <- centres[rep(1:3, length.out = 3000), ] +
         matrix(rnorm(3000 * 30, sd = 1e-9), 3000)
-    got <- withOptions(list(knngpu.cpu.memory = 4e6), {
+    got <- withOptions(list(knngpu.cpu.memory = 4e6,
+                            knngpu.algorithm = "products"), {
         knnSearch(x, k = 5, metric = "euclidean", device = "cpu",
                   progress = FALSE)
     })
