@@ -10,6 +10,11 @@
 #'   the distances BiocNeighbors defines (\code{bndistance()} gives
 #'   \code{"Euclidean"}, \code{"Manhattan"} or \code{"Cosine"}).
 #' @inheritParams knnSearch
+#' @param use,min.shared As for \code{\link{knnSearch}}: with
+#'   \code{use = "pairwise.complete.obs"} (\code{metric = "cosine"}
+#'   only), points with missing values are compared over the coordinates
+#'   both have; a point with fewer than k partners has \code{NA} in its
+#'   last places.
 #'
 #' @return A \code{KnngpuParam} object, a subclass of BiocNeighbors'
 #'   \code{BiocNeighborParam}. \code{buildIndex(X, BNPARAM = KnngpuParam())}
@@ -71,8 +76,11 @@ KnngpuParam <- function(metric = c("euclidean", "manhattan", "cosine"),
                         device = c("auto", "cpu", "gpu"), threads = NULL,
                         devices = NULL,
                         precision = c("auto", "tf32", "fp32", "fp64",
-                                      "tf32x3")) {
+                                      "tf32x3"),
+                        use = c("everything", "pairwise.complete.obs"),
+                        min.shared = 4L) {
     metric <- .checkChoice(metric[1L], names(.bnDistances), "metric")
+    use <- .checkUse(use, metric, min.shared)
     device <- .checkChoice(device[1L], c("auto", "cpu", "gpu"), "device")
     threads <- .checkThreads(threads)
     devices <- .checkDeviceIds(devices)
@@ -84,7 +92,8 @@ KnngpuParam <- function(metric = c("euclidean", "manhattan", "cosine"),
     .registerBiocNeighbors()
     methods::new(.bnClass("KnngpuParam"), distance = .bnDistances[[metric]],
                  device = device, threads = threads,
-                 devices = as.integer(devices), precision = precision)
+                 devices = as.integer(devices), precision = precision,
+                 use = use$use, min.shared = use$min.shared)
 }
 
 ## BiocNeighbors' distance names of the metrics it shares with knngpu.
@@ -112,7 +121,8 @@ assign(".packageName", "knngpu", envir = .bnEnv)
     }
     methods::setClass("KnngpuParam", contains = "BiocNeighborParam",
                       slots = c(device = "character", threads = "integer",
-                                devices = "integer", precision = "character"),
+                                devices = "integer", precision = "character",
+                                use = "character", min.shared = "integer"),
                       where = .bnEnv)
     methods::setClass("KnngpuIndex", contains = "BiocNeighborIndex",
                       slots = c(param = "KnngpuParam"), where = .bnEnv)
@@ -194,7 +204,7 @@ assign(".packageName", "knngpu", envir = .bnEnv)
     BPPARAM <- .bnCheckArgs(last, get.index, get.distance, BPPARAM)
     rows <- .bnRows(subset, n, index@NAMES)
     res <- .searchBlocks(.layoutSource(nodes), NULL, rows, k,
-                         .bnRunner(index), BPPARAM)
+                         .bnRunner(index, NULL), BPPARAM)
     .bnResult(res, index@distance, k, last, get.index, get.distance)
 }
 
@@ -214,16 +224,21 @@ assign(".packageName", "knngpu", envir = .bnEnv)
     k <- .checkK(k, ncol(nodes$values))
     BPPARAM <- .bnCheckArgs(last, get.index, get.distance, BPPARAM)
     rows <- .bnRows(subset, q$n, if (is.character(q$labels)) q$labels)
-    res <- .searchBlocks(.layoutSource(nodes), q, rows, k, .bnRunner(index),
-                         BPPARAM)
+    res <- .searchBlocks(.layoutSource(nodes), q, rows, k,
+                         .bnRunner(index, q), BPPARAM)
     .bnResult(res, index@distance, k, last, get.index, get.distance)
 }
 
-## The engine run for the index's parameters.
-.bnRunner <- function(index) {
+## The engine run for the index's parameters, against the query source q
+## (NULL for a self search): pairwise-complete where asked for and the
+## points hold missing values (.searchUse()).
+.bnRunner <- function(index, q) {
     p <- index@param
+    use <- list(use = p@use, min.shared = p@min.shared)
+    way <- .searchUse(use, p@device, .layoutSource(.bnNodes(index)), q)
     .engineRunner(.bnMetric(index@distance), p@device, p@threads,
-                  if (length(p@devices)) p@devices else NULL, p@precision)
+                  if (length(p@devices)) p@devices else NULL, p@precision,
+                  way, p@min.shared)
 }
 
 ## Checks a search's BiocNeighbors arguments before anything runs;

@@ -1,14 +1,21 @@
 ## Internal: running the engine once, and what its answer means.
 
-## Runs one search. ref, query: results of .asNodes() (query may be NULL).
+## Runs one search. ref, query: results of .asNodes() (query may be NULL);
+## precision already checked by the verb (.checkPrecision), here only
+## against the backend that runs.
 ## Returns the engine's list(index, distance, weight, info) of n x k
 ## matrices, or with edges = TRUE (self search) the directed edge list
 ## list(from, to, weight, distance, rank, info); info is extended with the
 ## metric, sizes and elapsed seconds.
 .runEngine <- function(ref, query, k, metric, device, threads, progress,
-                       verbose, devices, edges = FALSE, precision = "auto") {
+                       verbose, devices, edges = FALSE, precision = "auto",
+                       use = "everything", min.shared = 1L) {
+    if (use == "pairwise") {
+        return(.runPairwiseReported(ref, query, k, metric, threads,
+                                    progress, verbose, edges, min.shared))
+    }
     backend <- .resolveDevice(device)
-    precision <- .checkPrecision(precision, backend)
+    precision <- .checkRung(precision, backend)
     devices <- .checkDevices(devices, backend)
     threads <- .checkThreads(threads)
     progress <- .checkFlag(progress, "progress")
@@ -16,15 +23,39 @@
     algorithm <- .checkChoice(getOption("knngpu.algorithm", "auto"),
                               .algorithms, "knngpu.algorithm")
     start <- .wallSeconds()
-    res <- .engineSearch(ref$values, query$values, k, metric,
+    if (metric == "bicor") {
+        ref <- .bicorNodes(ref, threads)
+        query <- .bicorNodes(query, threads)
+    }
+    res <- .engineSearch(ref$values, query$values, k, .engineMetric(metric),
                          gpu = backend == "gpu", threads = threads,
                          memory = .memoryBudget(backend), devices = devices,
                          progress = progress, edges = edges,
-                         algorithm = algorithm,
+                         algorithm = algorithm, precision = precision,
                          select = .envChoice("KNNGPU_SELECT", .gpuSelects),
-                         precision = precision,
                          block = .blockNodes())
-    if (!is.null(res$problem)) .stopProblem(res$problem, ref, query, metric)
+    if (!is.null(res$problem)) {
+        .stopProblem(res$problem, ref, query, .engineMetric(metric))
+    }
+    .describeRun(res, start, backend, metric, k, ref, verbose)
+}
+
+## A pairwise-complete search (.runPairwise()) timed and described as
+## .runEngine() describes its own.
+.runPairwiseReported <- function(ref, query, k, metric, threads, progress,
+                                 verbose, edges, min.shared) {
+    threads <- .checkThreads(threads)
+    progress <- .checkFlag(progress, "progress")
+    verbose <- .checkFlag(verbose, "verbose")
+    start <- .wallSeconds()
+    res <- .runPairwise(ref, query, k, threads, progress, edges, metric,
+                        min.shared)
+    .describeRun(res, start, "cpu", metric, k, ref, verbose)
+}
+
+## res with its info completed: elapsed seconds since start, backend,
+## metric, k and sizes; printed when verbose.
+.describeRun <- function(res, start, backend, metric, k, ref, verbose) {
     res$info$elapsed <- .wallSeconds() - start
     res$info$backend <- backend
     res$info$metric <- metric
@@ -72,19 +103,26 @@
 
 ## One engine call with its arguments by name: ref and query are p x n
 ## double matrices (query NULL for a self search); the rest as the engine
-## takes them (src/glue.c, C_knn_search). The one place that knows the
-## .Call's arguments, for the verbs and the benchmark scripts.
+## takes them (src/glue.c, C_knn_search), checked by the caller. The one
+## place that knows the .Call's arguments, for the verbs and the benchmark
+## scripts. select, block and stagePeers are the engine's test and tuning
+## knobs (knn_knobs in src/engine/knn.h), apart from the search's own
+## arguments: the GPU's selection forced (.gpuSelects), nodes per block of
+## a streamed search, and (stagePeers, for measurements) several GPUs
+## staging each other's arrays as GPUs without peer access do.
 .engineSearch <- function(ref, query = NULL, k, metric, gpu = FALSE,
                           threads = 0L, memory = 0, devices = integer(),
                           progress = FALSE, edges = FALSE,
-                          algorithm = "auto", select = "auto",
-                          precision = "auto", block = 0L) {
-    controls <- c(match(algorithm, .algorithms) - 1L,
-                  match(select, .gpuSelects) - 1L,
-                  match(precision, .precisions) - 1L, as.integer(block))
+                          algorithm = "auto", precision = "auto",
+                          select = "auto", block = 0L, stagePeers = FALSE) {
+    knobs <- c(select = match(select, .gpuSelects) - 1L,
+               block_nodes = as.integer(block),
+               stage_peers = as.integer(stagePeers))
     .Call(C_knn_search, ref, query, as.integer(k), .metricCode(metric),
           as.integer(gpu), as.integer(threads), as.double(memory),
-          as.integer(devices), progress, edges, controls)
+          as.integer(devices), progress, edges,
+          match(algorithm, .algorithms) - 1L,
+          match(precision, .precisions) - 1L, knobs)
 }
 
 ## The engine stopped without a result: the user interrupted it (or an

@@ -21,7 +21,7 @@
 #'
 #' @return A data.frame with one row per edge: \code{from}, \code{to} (node
 #'   names from the row or column names, else 1-based integers),
-#'   \code{weight} (a similarity: r for pearson and spearman, |r| for
+#'   \code{weight} (a similarity: r for pearson, spearman and bicor, |r| for
 #'   abspearson, the cosine similarity, and \eqn{1 / (1 + d)} for distance
 #'   metrics), \code{distance} and \code{rank} (1 to k). Directed edges are
 #'   grouped by \code{from} with ranks ascending; symmetrised and SNN edges
@@ -29,8 +29,13 @@
 #'   edges appear both where it is \code{from} and where it is \code{to}.
 #'   Attributes: \code{nodes} (a data.frame
 #'   of every node, so isolated nodes survive
-#'   \code{graph_from_data_frame(edges, vertices = attr(edges, "nodes"))}),
+#'   \code{graph_from_data_frame(edges, vertices = attr(edges, "nodes"))};
+#'   its column \code{name}, then the nodes' own annotation, which igraph
+#'   makes vertex attributes: \code{rowData()} or \code{colData()} of a
+#'   SummarizedExperiment, \code{fData()} or \code{pData()} of an
+#'   ExpressionSet, columns of plain values),
 #'   \code{metric}, \code{k}, \code{by}, \code{symmetrize}, \code{snn},
+#'   \code{use}, \code{min.shared},
 #'   \code{backend} (\code{"cpu"} or \code{"gpu"}), \code{device} (its
 #'   description, e.g. the GPU's name), \code{precision}, \code{elapsed}
 #'   (seconds) and \code{timings} (the engine's phases in seconds, what
@@ -43,7 +48,8 @@
 #'   names are always unique, so the edges and \code{attr(edges, "nodes")}
 #'   go into \code{igraph::graph_from_data_frame()} as they are.
 #'
-#' @seealso \code{\link{toIgraph}}, \code{\link{knnSearch}}.
+#' @seealso \code{\link{toIgraph}}, \code{\link{toAdjacency}},
+#'   \code{\link{knnSearch}}.
 #' @examples
 #' set.seed(1)
 #' expr <- matrix(rnorm(100 * 12), nrow = 100,
@@ -53,6 +59,10 @@
 #' attr(edges, "device")
 #' mutual <- knnGraph(expr, k = 5, symmetrize = "mutual")
 #' snn <- knnGraph(expr, k = 5, snn = "rank")
+#' # Missing values, correlated over the samples each pair shares:
+#' expr[sample(length(expr), 60)] <- NA
+#' robust <- knnGraph(expr, k = 5, metric = "bicor",
+#'                    use = "pairwise.complete.obs")
 #' if (requireNamespace("igraph", quietly = TRUE)) {
 #'     g <- igraph::graph_from_data_frame(edges,
 #'                                        vertices = attr(edges, "nodes"))
@@ -67,9 +77,13 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
                      precision = c("auto", "tf32", "fp32", "fp64", "tf32x3"),
                      use.dimred = NULL,
                      BPPARAM = BiocParallel::SerialParam(),
-                     checkpoint = NULL) {
+                     checkpoint = NULL,
+                     use = c("everything", "pairwise.complete.obs"),
+                     min.shared = 4L) {
+    hint <- missing(by)
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
     metric <- .checkMetric(metric)
+    use <- .checkUse(use, metric, min.shared)
     precision <- .checkPrecision(precision)
     symmetrize <- .checkChoice(symmetrize[1L], c("none", "union", "mutual"),
                                "symmetrize")
@@ -80,21 +94,24 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
                  "graphs are undirected already", call. = FALSE)
         }
     }
-    source <- .nodeSource(x, by, assay, "x", use.dimred)
+    source <- .nodeSource(x, by, assay, "x", use.dimred, hint)
     if (source$n < 2L) {
         stop("'x' needs at least 2 nodes to build a graph", call. = FALSE)
     }
     k <- .checkK(k, source$n - 1L)
     BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM,
                              checkpoint)
+    way <- .searchUse(use, device[1L], source)
     res <- if (is.null(BPPARAM)) {
         .runEngine(.readNodes(source), NULL, k, metric, device[1L], threads,
                    progress, verbose, devices, edges = is.null(snn),
-                   precision = precision)
+                   precision = precision, use = way,
+                   min.shared = use$min.shared)
     } else {
         .edgeList(.searchInBlocks(source, NULL, k, metric, device[1L],
                                   threads, progress, verbose, devices,
-                                  BPPARAM, precision, checkpoint))
+                                  BPPARAM, precision, checkpoint,
+                                  use = way, min.shared = use$min.shared))
     }
     edges <- if (is.null(snn)) {
         .symmetrize(.directedEdges(res), symmetrize, source$n)
@@ -103,15 +120,22 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
     }
     .labelEdges(edges, source$labels, list(
         metric = metric, k = k, by = by, symmetrize = symmetrize, snn = snn,
+        use = use$use, min.shared = use$min.shared,
         backend = res$info$backend, device = res$info$device,
         precision = res$info$precision, elapsed = res$info$elapsed,
-        timings = res$info))
+        timings = res$info), source$annotation)
 }
 
 ## One row per (node, neighbour), grouped by node, ranks ascending: the
-## engine wrote them in this order.
+## engine wrote them in this order. A pairwise-complete search leaves a
+## node's last places empty (NA) where it has fewer than k partners
+## sharing enough features; they are no edges.
 .directedEdges <- function(res) {
-    list2DF(res[c("from", "to", "weight", "distance", "rank")])
+    edges <- list2DF(res[c("from", "to", "weight", "distance", "rank")])
+    if (!anyNA(edges$to)) return(edges)
+    edges <- edges[!is.na(edges$to), , drop = FALSE]
+    rownames(edges) <- NULL
+    edges
 }
 
 ## A self search's n x k results as the engine's directed edge list
@@ -146,6 +170,11 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
 }
 
 .snnEdges <- function(index, snn) {
+    if (anyNA(index)) {
+        stop("'snn' needs k neighbours of every node, but some nodes have ",
+             "fewer partners that share 'min.shared' features; lower 'k' or ",
+             "'min.shared'", call. = FALSE)
+    }
     type <- match(snn, c("rank", "number", "jaccard")) - 1L
     g <- .Call(C_knn_snn, index, type)
     edges <- data.frame(from = g$from, to = g$to, weight = g$weight)
@@ -155,13 +184,16 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
 }
 
 ## Replaces node numbers by names (unnamed nodes keep their 1-based
-## numbers) and attaches the node table and the description of the run.
-.labelEdges <- function(edges, labels, about) {
+## numbers) and attaches the node table (with the nodes' annotation, a
+## data.frame or NULL: .nodeAnnotation()) and the description of the run.
+.labelEdges <- function(edges, labels, about, annotation = NULL) {
     if (is.character(labels)) {
         edges$from <- labels[edges$from]
         edges$to <- labels[edges$to]
     }
-    attr(edges, "nodes") <- data.frame(name = labels)
+    nodes <- data.frame(name = labels)
+    if (!is.null(annotation)) nodes <- cbind(nodes, annotation)
+    attr(edges, "nodes") <- nodes
     for (field in names(about)) attr(edges, field) <- about[[field]]
     edges
 }

@@ -23,7 +23,8 @@
 #' @param metric One of \code{"pearson"}, \code{"cosine"},
 #'   \code{"euclidean"}, \code{"spearman"} (Pearson of ranks),
 #'   \code{"abspearson"} (\eqn{|r|}, unsigned co-expression),
-#'   \code{"manhattan"} or \code{"sqeuclidean"}.
+#'   \code{"manhattan"}, \code{"sqeuclidean"} or \code{"bicor"}
+#'   (WGCNA's biweight midcorrelation, see Details).
 #' @param by \code{"rows"} (the default) makes rows the nodes, e.g. genes of
 #'   an expression matrix; \code{"columns"} makes columns (samples) the nodes.
 #' @param device \code{"auto"} uses the GPU when the package was built with
@@ -42,32 +43,14 @@
 #'   named by the cells), as scran and bluster do it.
 #' @param devices GPU ids (0-based, as \code{gpuInfo()} lists them) to split
 #'   the work across; \code{NULL} uses every visible GPU.
-#' @param precision The arithmetic that finds candidates before the exact
-#'   float64 re-rank; the result is the same bits on every choice, only
-#'   the time differs. \code{"auto"} (the default) starts on the cheapest
-#'   (TF32 tensor cores on the GPU, float32 BLAS on the CPU) and goes on in
-#'   the next (split TF32 on the GPU, float64 BLAS on the CPU) once the
-#'   data show its proven margin lets too many candidates through, e.g.
-#'   nodes whose neighbours are nearly equidistant; on the GPU a search
-#'   still crowded there goes on in float64 (DGEMM, on the FP64 tensor
-#'   cores of an A100, H100 or H200; on cards whose float64 runs at 1/32
-#'   of float32 or less it is slow, but the only arithmetic that resolves
-#'   such data). On the GPU, TF32
-#'   candidates are first rescored in float32 (a read of their values,
-#'   where split TF32 would redo every product), which keeps data such as
-#'   single-cell log-counts on TF32; the \code{precision} attribute then
-#'   says "fp32 rescored". The fused GPU kernel takes its TF32 rung's
-#'   products from fp16 copies of the vectors, each node scaled by a power
-#'   of two (the same 10 mantissa bits, rounded to nearest, within TF32's
-#'   margins, at twice the rate); the attribute then ends "(tf32 tiles:
-#'   fp16 fused products)". Split TF32
-#'   (\code{"tf32x3"}) writes each float32 value as the sum of two TF32
-#'   values and adds three tensor-core products, for nearly float32's
-#'   accuracy in about 0.6 of its time; where its arrays do not fit in GPU
-#'   memory the climb goes to float64 on a GPU that runs it at half
-#'   float32's rate, else to float32. \code{"tf32"}, \code{"tf32x3"} (GPU
-#'   only), \code{"fp32"} and \code{"fp64"} (both) force one; the
-#'   result's \code{precision} attribute says which ran.
+#' @param precision The arithmetic that finds candidates before every
+#'   reported neighbour is re-ranked exactly in float64: the result is the
+#'   same bits on every choice, only the time differs. \code{"auto"} (the
+#'   default) starts on the cheapest (TF32 tensor cores on the GPU, float32
+#'   BLAS on the CPU) and moves to a finer one by itself where the data
+#'   need it; \code{"tf32"}, \code{"tf32x3"} (GPU only), \code{"fp32"} and
+#'   \code{"fp64"} force one. The result's \code{precision} attribute says
+#'   which ran; \link{knngpu-package} describes each.
 #' @param BPPARAM A \code{BiocParallelParam} (BiocParallel) whose workers
 #'   search blocks of the query nodes (of \code{x} itself without
 #'   \code{query}), each against every reference node, on the worker's GPU
@@ -94,6 +77,16 @@
 #'   the reference (each block of a self search is searched against every
 #'   node). Compression and chunks are HDF5Array's
 #'   (\code{setHDF5DumpCompressionLevel()}).
+#' @param use \code{"everything"} (the default) refuses missing values;
+#'   \code{"pairwise.complete.obs"} correlates each pair of nodes over the
+#'   features both have, as \code{stats::cor(x, use =
+#'   "pairwise.complete.obs")} and WGCNA's \code{cor(x, use = "p")} and
+#'   \code{bicor(x, use = "p")} do (metrics \code{"pearson"},
+#'   \code{"abspearson"}, \code{"cosine"} and \code{"bicor"}). See
+#'   Details.
+#' @param min.shared With \code{use = "pairwise.complete.obs"}, the fewest
+#'   features a pair must share to be neighbours (default 4, WGCNA's
+#'   smallest number of samples for a correlation).
 #'
 #' @return A list with \code{index} (1-based node numbers) and
 #'   \code{distance}, each an n-by-\code{k} matrix (an \code{HDF5Matrix}
@@ -163,6 +156,42 @@
 #'   through the device in blocks of nodes whose results are merged on the
 #'   host; the bits are the same.
 #'
+#'   Co-expression: \code{metric = "bicor"} is WGCNA's biweight
+#'   midcorrelation (\code{WGCNA::bicor()} with \code{maxPOutliers = 1}):
+#'   each node less its median, weighted by \eqn{(1 - u^2)^2} with
+#'   \eqn{u = (x - median) / (9 MAD)}, scaled to unit length, falls back
+#'   to Pearson's centring where its median absolute deviation is zero (as
+#'   WGCNA's \code{pearsonFallback = "individual"} does); the
+#'   correlation is then the dot product of two such nodes. The transform
+#'   is computed once in float64 and the nodes searched as the exact
+#'   cosine search does, on the GPU too; weight is the bicor, distance
+#'   \eqn{1 - bicor}. Constant nodes are refused.
+#'
+#'   Missing values: with \code{use = "pairwise.complete.obs"}, NA and NaN
+#'   are missing (Inf is still refused). Where the data hold none, the
+#'   search is the one of \code{"everything"}, on any device. Where they
+#'   do, each pair's correlation is computed in float64 over the features
+#'   both nodes have (for bicor, the medians and deviations too, as
+#'   \code{WGCNA::bicor(use = "p")} does), on the CPU (for the Pearson
+#'   metrics and cosine, only for the candidates that one float64 matrix
+#'   product with a proven error bound leaves): \code{device =
+#'   "auto"} runs there and says so in the \code{precision} attribute
+#'   (which ends "(CPU only)") and with \code{verbose};
+#'   \code{device = "gpu"} is an error. Ties go to the smaller index as
+#'   always. A pair that shares fewer than \code{min.shared} features, or
+#'   on whose shared features a node is constant, is no pair of
+#'   neighbours: a node with fewer than \code{k} partners has \code{NA}
+#'   in its last places of \code{index} and \code{distance}, and
+#'   \code{knnGraph()} gives it fewer edges.
+#'
+#'   Orientation: nodes are rows unless \code{by = "columns"}. A matrix
+#'   with at least five times more columns than rows whose column names
+#'   look like genes (probe sets, Ensembl or RefSeq identifiers, gene
+#'   symbols) is most likely WGCNA's \code{datExpr} (samples x genes): left
+#'   to its default, \code{by} then gets a message saying that the graph
+#'   is of the samples and that \code{by = "columns"} makes it one of the
+#'   genes; giving \code{by} silences it.
+#'
 #'   Ctrl-C stops a search within a second on the CPU and the GPU; memory
 #'   is released first, then R's own interrupt is signalled, so
 #'   \code{tryCatch(..., interrupt = )} sees it as an interrupt.
@@ -184,11 +213,15 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
                       precision = c("auto", "tf32", "fp32", "fp64", "tf32x3"),
                       use.dimred = NULL,
                       BPPARAM = BiocParallel::SerialParam(),
-                      checkpoint = NULL, filepath = NULL) {
+                      checkpoint = NULL, filepath = NULL,
+                      use = c("everything", "pairwise.complete.obs"),
+                      min.shared = 4L) {
+    hint <- missing(by)
     by <- .checkChoice(by[1L], c("rows", "columns"), "by")
     metric <- .checkMetric(metric)
+    use <- .checkUse(use, metric, min.shared)
     precision <- .checkPrecision(precision)
-    ref <- .nodeSource(x, by, assay, "x", use.dimred)
+    ref <- .nodeSource(x, by, assay, "x", use.dimred, hint)
     q <- NULL
     if (!is.null(query)) {
         q <- .nodeSource(query, by, assay, "query", use.dimred)
@@ -207,14 +240,16 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
     BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM,
                              checkpoint)
     filepath <- .checkFilepath(filepath)
+    way <- .searchUse(use, device[1L], ref, q)
     res <- if (is.null(BPPARAM) && is.null(filepath)) {
         .runEngine(.readNodes(ref), if (!is.null(q)) .readNodes(q), k,
                    metric, device[1L], threads, progress, verbose, devices,
-                   precision = precision)
+                   precision = precision, use = way,
+                   min.shared = use$min.shared)
     } else {
         .searchInBlocks(ref, q, k, metric, device[1L], threads, progress,
                         verbose, devices, BPPARAM, precision, checkpoint,
-                        filepath)
+                        filepath, use = way, min.shared = use$min.shared)
     }
     out <- list(index = res$index, distance = res$distance)
     attr(out, "backend") <- res$info$backend

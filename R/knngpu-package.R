@@ -9,6 +9,35 @@
 #' Start with \code{\link{knnGraph}} and the vignette:
 #' \code{vignette("knngpu", package = "knngpu")}.
 #'
+#' @section Precision:
+#' Fast arithmetic only finds candidates; every reported neighbour is
+#' re-ranked in float64 with a proven error margin, so the edges are the
+#' same bits whichever arithmetic ran. The \code{precision} argument of
+#' the verbs chooses it; \code{"auto"} climbs the rungs below in order, to
+#' the next one where the margin of the current one lets too many
+#' candidates through (nodes whose neighbours are nearly equidistant).
+#' \describe{
+#'   \item{\code{"tf32"} (GPU)}{TF32 tensor-core products. The fused
+#'     kernel multiplies fp16 copies of the vectors, each node scaled by a
+#'     power of two (the same 10 mantissa bits, within TF32's margins); the
+#'     \code{precision} attribute then ends "(tf32 tiles: fp16 fused
+#'     products)". Before climbing, the GPU rescores its TF32 candidates
+#'     in float32 ("fp32 rescored"), which keeps data such as single-cell
+#'     log-counts on TF32.}
+#'   \item{\code{"tf32x3"} (GPU)}{Split TF32: each float32 value as the sum
+#'     of two TF32 values, three tensor-core products a pair; nearly
+#'     float32's accuracy in about 0.6 of its time.}
+#'   \item{\code{"fp32"}}{float32 products (BLAS on the CPU, where it is
+#'     the first rung).}
+#'   \item{\code{"fp64"}}{float64 products (DGEMM on the GPU, on the FP64
+#'     tensor cores of an A100, H100 or H200; slow on cards whose float64
+#'     runs at 1/32 of float32 or less, but the one arithmetic that
+#'     resolves replicates of a few profiles). Where split TF32's arrays
+#'     do not fit in GPU memory, the climb goes to float64 on a GPU with
+#'     fast float64, else to float32.}
+#' }
+#' The vignette's section on the GPU shows the rungs on real data.
+#'
 #' @section Options:
 #' \describe{
 #'   \item{\code{knngpu.threads}}{CPU threads when \code{threads = NULL}

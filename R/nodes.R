@@ -101,8 +101,12 @@
 
 ## Where the nodes of x are, before any value is read: the matrix (plain,
 ## sparse or DelayedArray), which of its margins are the nodes, the node
-## labels, and the argument's name and what its nodes are, for messages.
-.nodeSource <- function(x, by, assay = 1L, arg = "x", use.dimred = NULL) {
+## labels, the nodes' annotation (.nodeAnnotation()), and the argument's
+## name and what its nodes are, for messages. hint: whether `by` was left
+## to its default, so that a matrix that looks transposed gets a message
+## (.orientationHint()).
+.nodeSource <- function(x, by, assay = 1L, arg = "x", use.dimred = NULL,
+                        hint = FALSE) {
     if (!is.null(use.dimred) && by != "rows") {
         stop("'by' must be \"rows\" with 'use.dimred': the cells are the ",
              "rows of reducedDim()", call. = FALSE)
@@ -125,8 +129,76 @@
         stop(sprintf("'%s' has zero features: its %s are empty", arg, what),
              call. = FALSE)
     }
+    container <- methods::is(x, "SummarizedExperiment") ||
+        methods::is(x, "ExpressionSet")
+    if (hint && by == "rows" && !container) {
+        .orientationHint(m, arg)
+    }
     list(matrix = m, kind = kind, by = by, labels = .nodeLabels(m, by, arg),
+         annotation = .nodeAnnotation(x, by, use.dimred, shape[1L]),
          what = what, arg = arg, n = shape[1L], p = shape[2L])
+}
+
+## The nodes' own annotation as a data.frame with one row per node, for
+## the vertices of the graph: rowData() or colData() of a
+## SummarizedExperiment (colData for the cells of use.dimred),
+## fData() or pData() of an ExpressionSet; only columns of plain values
+## (igraph's vertex attributes), renamed where they would take the name
+## of the node column ("name"). NULL where there is none.
+.nodeAnnotation <- function(x, by, use.dimred, n) {
+    rows <- by == "rows" && is.null(use.dimred)
+    table <- if (methods::is(x, "SummarizedExperiment")) {
+        if (rows) SummarizedExperiment::rowData(x)
+        else SummarizedExperiment::colData(x)
+    } else if (methods::is(x, "ExpressionSet")) {
+        if (rows) Biobase::fData(x) else Biobase::pData(x)
+    }
+    if (is.null(table) || ncol(table) == 0L) return(NULL)
+    columns <- Filter(function(column) {
+        is.atomic(column) && is.null(dim(column)) && length(column) == n
+    }, lapply(stats::setNames(seq_len(ncol(table)), colnames(table)),
+              function(j) table[[j]]))
+    if (!length(columns)) return(NULL)
+    names(columns) <- make.unique(c("name", names(columns)))[-1L]
+    out <- as.data.frame(columns, stringsAsFactors = FALSE,
+                         optional = TRUE)
+    rownames(out) <- NULL
+    out
+}
+
+## A message where the nodes are probably not what the user meant: a
+## matrix with far more columns than rows whose column names look like
+## genes is most likely WGCNA's datExpr (samples in rows, genes in
+## columns), of whose rows, the samples, the graph would be. Cells x PCs
+## and genes x samples have more rows than columns and never get it.
+.orientationHint <- function(m, arg) {
+    columns <- colnames(m)
+    if (is.null(columns) || ncol(m) < 5 * nrow(m)) return(invisible(NULL))
+    if (mean(.geneLike(columns)) < 0.5) return(invisible(NULL))
+    message(sprintf(paste0(
+        "knngpu: '%s' has %d rows and %d columns named like genes: %s; ",
+        "its rows are the nodes, so this is a graph of %d samples. For ",
+        "the genes of a samples x genes matrix (WGCNA's datExpr), use ",
+        "by = \"columns\"; by = \"rows\" keeps the samples and silences ",
+        "this message."), arg, nrow(m), ncol(m),
+        .nameNodes(columns[seq_len(min(3L, ncol(m)))], ncol(m)), nrow(m)))
+}
+
+## Whether names look like genes: microarray probe sets, Ensembl,
+## RefSeq and Illumina identifiers, or gene symbols (letters and digits,
+## starting with a letter) that are not sample, cell or component names
+## (GSM123, Sample1, V1, PC1, cell barcodes).
+.geneLike <- function(names) {
+    names <- as.character(names)
+    probe <- grepl(paste0("_at$|_st$|^ENS[A-Z]*[GT][0-9]{6,}|",
+                          "^[NX][MR]_[0-9]+|^ILMN_[0-9]+"), names)
+    symbol <- grepl("^[A-Za-z][A-Za-z0-9]*([.-][A-Za-z0-9]+)*$", names) &
+        nchar(names) >= 2L
+    sample <- grepl(paste0("^(GSM|GSE|SRR|ERR|DRR|SRX|SAM[NE]|TCGA|",
+                           "sample|Sample|SAMPLE|S|s|V|X|cell|Cell|PC|",
+                           "pc|Dim|dim|tSNE|UMAP|comp|Comp)[-_.]?[0-9]+$|",
+                           "^[ACGT]{8,}"), names)
+    probe | (symbol & !sample)
 }
 
 ## The nodes `rows` (all when NULL) of a source in the engine's layout, as

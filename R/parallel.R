@@ -70,11 +70,14 @@
 ## (ref, query, k) with these settings. Made here so that the function
 ## carries nothing but them to the workers.
 .engineRunner <- function(metric, device, threads, devices,
-                          precision = "auto") {
-    force(list(metric, device, threads, devices, precision))
+                          precision = "auto", use = "everything",
+                          min.shared = 1L) {
+    force(list(metric, device, threads, devices, precision, use,
+               min.shared))
     function(ref, query, k) {
         .runEngine(ref, query, k, metric, device, threads, FALSE, FALSE,
-                   devices, precision = precision)
+                   devices, precision = precision, use = use,
+                   min.shared = min.shared)
     }
 }
 
@@ -85,7 +88,8 @@
 .searchInBlocks <- function(ref, query, k, metric, device, threads,
                             progress, verbose, devices, BPPARAM,
                             precision = "auto", checkpoint = NULL,
-                            filepath = NULL) {
+                            filepath = NULL, use = "everything",
+                            min.shared = 1L) {
     device <- .checkChoice(device, c("auto", "cpu", "gpu"), "device")
     precision <- .checkPrecision(precision,
                                  if (device != "auto") device)
@@ -96,8 +100,10 @@
     .transferDir()
     res <- .searchBlocks(ref, query, NULL, k,
                          .engineRunner(metric, device, threads, devices,
-                                       precision),
-                         BPPARAM, .checkpoint(checkpoint, metric),
+                                       precision, use, min.shared),
+                         BPPARAM,
+                         .checkpoint(checkpoint, c(metric = metric, use = use,
+                                                   min.shared = min.shared)),
                          filepath)
     if (verbose) .reportRun(res$info)
     res
@@ -199,7 +205,7 @@
 ## node dropped from its own row (or, where it is not among them, the last
 ## column: then k + 1 others all rank before it).
 .dropSelf <- function(res, rows, k) {
-    own <- res$index == rows
+    own <- !is.na(res$index) & res$index == rows
     drop <- ifelse(rowSums(own) > 0L, max.col(own, ties.method = "first"),
                    k + 1L)
     keep <- matrix(TRUE, length(rows), k + 1L)
@@ -237,8 +243,9 @@
 }
 
 ## A search's checkpoint: NULL, or the directory (an existing one, or one
-## to create) with the metric, which with the data, k and blocks makes the
-## key of its blocks.
+## to create) with the metric (and the missing-value handling, `use` and
+## `min.shared`), which with the data, k and blocks makes the key of its
+## blocks.
 .checkpoint <- function(checkpoint, metric) {
     if (is.null(checkpoint)) return(NULL)
     if (!is.character(checkpoint) || length(checkpoint) != 1L ||

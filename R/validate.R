@@ -19,7 +19,7 @@
 }
 
 .checkMetric <- function(metric) {
-    .checkChoice(metric, .metricNames(), "metric")
+    .checkChoice(metric, c(.metricNames(), "bicor"), "metric")
 }
 
 .isWholeNumber <- function(x) {
@@ -52,12 +52,19 @@
 
 ## 'precision' as one choice (the verbs' default, the whole vector of
 ## choices, is "auto"); with the backend known, also a rung that backend
-## has (TF32 and split TF32 are the GPU's tensor-core arithmetic).
+## has (.checkRung).
 .checkPrecision <- function(precision, backend = NULL) {
     if (identical(precision, .precisions)) precision <- "auto"
     precision <- .checkChoice(precision, .precisions, "precision")
+    if (!is.null(backend)) .checkRung(precision, backend)
+    precision
+}
+
+## A checked 'precision' that the backend has: TF32 and split TF32 are the
+## GPU's tensor-core arithmetic. Returns it.
+.checkRung <- function(precision, backend) {
     lacks <- list(cpu = c("tf32", "tf32x3"), gpu = character())
-    if (!is.null(backend) && precision %in% lacks[[backend]]) {
+    if (precision %in% lacks[[backend]]) {
         has <- setdiff(.precisions[-1L], lacks[[backend]])
         stop(sprintf(paste("'precision = \"%s\"' is not a rung of the %s;",
                            "it has %s (or \"auto\")"), precision,

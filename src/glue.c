@@ -160,18 +160,30 @@ static SEXP knn_problem(knn_status st, const knn_report *report,
     return res;
 }
 
+/* One of the knobs (knn_knobs), named in the integer vector `knobs`; 0
+ * where it does not name it. */
+static int knn_knob(SEXP knobs, const char *name)
+{
+    SEXP names = getAttrib(knobs, R_NamesSymbol);
+    for (R_xlen_t i = 0; i < XLENGTH(knobs) && !isNull(names); i++)
+        if (strcmp(CHAR(STRING_ELT(names, i)), name) == 0)
+            return INTEGER(knobs)[i];
+    return 0;
+}
+
 /* ref, query: p x n double matrices (query may be NULL); devices: 0-based
  * integer vector, empty for all; edges: TRUE for a self search's directed
- * edge list; controls: the codes of knn_algorithm, knn_select_force and
- * knn_precision, then block_nodes (knn_request). R/engine.R's
- * .engineSearch() is the one caller. Returns
+ * edge list; algorithm, precision: the codes of knn_algorithm and
+ * knn_precision; knobs: a named integer vector of the test and tuning
+ * overrides (knn_knobs: select, block_nodes, stage_peers). R/engine.R's
+ * .engineSearch() is the one caller, with every value checked. Returns
  * list(index, distance, weight, info) with n x k matrices, or
  * list(from, to, weight, distance, rank, info) with one element per edge,
  * grouped by `from`, ranks ascending. Nodes are 1-based.
  * An interrupt or refused nodes give knn_problem()'s list. */
 SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
                   SEXP threads, SEXP memory, SEXP devices, SEXP progress,
-                  SEXP edges, SEXP controls)
+                  SEXP edges, SEXP algorithm, SEXP precision, SEXP knobs)
 {
     int nprot = 0;
     knn_request req;
@@ -186,10 +198,13 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
     }
     req.k = asInteger(k);
     req.threads = asInteger(threads);
-    req.algorithm = (knn_algorithm)INTEGER(controls)[0];
-    req.select = (knn_select_force)INTEGER(controls)[1];
-    req.precision = (knn_precision)INTEGER(controls)[2];
-    req.block_nodes = INTEGER(controls)[3];
+    req.algorithm = (knn_algorithm)asInteger(algorithm);
+    req.precision = (knn_precision)asInteger(precision);
+    knn_knobs tuning;
+    memset(&tuning, 0, sizeof tuning);
+    tuning.select = (knn_select_force)knn_knob(knobs, "select");
+    tuning.block_nodes = knn_knob(knobs, "block_nodes");
+    tuning.stage_peers = knn_knob(knobs, "stage_peers");
     req.memory_bytes = asReal(memory);
     knn_request_devices(&req, devices);
     int nq = isNull(query) ? req.n_ref : req.n_query;
@@ -205,8 +220,8 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
     knn_result_late(&late, &out);
 
     knn_report report;
-    knn_status st = knn_search(&req, (knn_backend)asInteger(backend), &out,
-                               &report);
+    knn_status st = knn_search(&req, &tuning, (knn_backend)asInteger(backend),
+                               &out, &report);
     knn_r_callbacks_done(&session);
     if (st == KNN_E_INTERRUPTED || st == KNN_E_NONFINITE ||
         st == KNN_E_DEGENERATE) {

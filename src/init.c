@@ -8,7 +8,7 @@
 #include "knn_threads.h"
 
 SEXP C_knn_search(SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP,
-                  SEXP, SEXP);
+                  SEXP, SEXP, SEXP, SEXP);
 SEXP C_knn_nodes(SEXP, SEXP);
 SEXP C_knn_nonfinite(SEXP, SEXP);
 SEXP C_knn_degenerate(SEXP, SEXP, SEXP);
@@ -16,9 +16,11 @@ SEXP C_knn_snn(SEXP, SEXP);
 SEXP C_knn_gpu_info(void);
 SEXP C_knn_gpu_library(SEXP);
 SEXP C_knn_metric_table(void);
+SEXP C_knn_bicor_nodes(SEXP, SEXP, SEXP);
+SEXP C_knn_pairwise(SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP);
 
 static const R_CallMethodDef knn_call_methods[] = {
-    {"C_knn_search", (DL_FUNC)&C_knn_search, 11},
+    {"C_knn_search", (DL_FUNC)&C_knn_search, 13},
     {"C_knn_nodes", (DL_FUNC)&C_knn_nodes, 2},
     {"C_knn_nonfinite", (DL_FUNC)&C_knn_nonfinite, 2},
     {"C_knn_degenerate", (DL_FUNC)&C_knn_degenerate, 3},
@@ -26,6 +28,8 @@ static const R_CallMethodDef knn_call_methods[] = {
     {"C_knn_gpu_info", (DL_FUNC)&C_knn_gpu_info, 0},
     {"C_knn_gpu_library", (DL_FUNC)&C_knn_gpu_library, 1},
     {"C_knn_metric_table", (DL_FUNC)&C_knn_metric_table, 0},
+    {"C_knn_bicor_nodes", (DL_FUNC)&C_knn_bicor_nodes, 3},
+    {"C_knn_pairwise", (DL_FUNC)&C_knn_pairwise, 7},
     {NULL, NULL, 0}
 };
 

@@ -1,8 +1,8 @@
 /*
  * cuda-call-costs.cu: what the CUDA runtime and cuBLAS calls that a search
- * makes cost on their own, mean of 20 calls each, in milliseconds. The
- * per-call costs in inst/bench/RESULTS.md ("Where the time goes") came from
- * it (H200, 2026-11-21).
+ * makes cost on their own, mean of 20 calls each, in milliseconds: why
+ * each device keeps its context between searches
+ * (src/cuda/knn_gpu_context.cu).
  *
  *   nvcc -O2 -std=c++17 tools/cuda-call-costs.cu -lcublas -o /tmp/costs &&
  *       /tmp/costs

@@ -166,8 +166,9 @@ static void no_progress(void *ctx, double done, double total)
     (void)total;
 }
 
-/* What the next requests force (check_case and check_metric set them). */
-static knn_select_force force_select = KNN_SELECT_CHOOSE;
+/* What the next requests force (check_case and check_metric set them):
+ * the knobs of every search, and its arithmetic. */
+static knn_knobs knobs;
 static knn_precision force_gemm = KNN_PRECISION_AUTO;
 
 static knn_request make_request(knn_metric m, const double *ref, int n_ref,
@@ -188,7 +189,6 @@ static knn_request make_request(knn_metric m, const double *ref, int n_ref,
     req.n_devices = n_dev;
     for (int i = 0; i < n_dev; i++) req.devices[i] = devs[i];
     req.cb.progress = no_progress;
-    req.select = force_select;
     req.precision = force_gemm;
     return req;
 }
@@ -205,7 +205,7 @@ static knn_status gpu_run(knn_metric m, const double *ref, int n_ref,
                                    budget, n_dev, devs);
     knn_result out = {index, distance, weight, edges, edges};
     memset(rep, 0, sizeof *rep);
-    return knn_gpu_search(&req, &out, rep);
+    return knn_gpu_search(&req, &knobs, &out, rep);
 }
 
 /* The three result arrays of a search, nk elements each. */
@@ -240,7 +240,7 @@ static void check_case(const char *data, knn_metric m, const double *ref,
         gi[t] = -7;
         gd[t] = gw[t] = NAN;
     }
-    force_select = !select ? KNN_SELECT_CHOOSE
+    knobs.select = !select ? KNN_SELECT_CHOOSE
                  : strcmp(select, "warp") == 0 ? KNN_SELECT_FORCE_WARP
                  : strcmp(select, "fused") == 0 ? KNN_SELECT_FORCE_FUSED
                  : strcmp(select, "fused_rows") == 0
@@ -492,7 +492,7 @@ static void check_interrupt(int n, int n_dev, double budget)
     cudaMemGetInfo(&free0, &total);
     double t0 = knn_seconds();
     memset(&rep, 0, sizeof rep);
-    knn_status st = knn_gpu_search(&req, &out, &rep);
+    knn_status st = knn_gpu_search(&req, &knobs, &out, &rep);
     double secs = knn_seconds() - t0;
     cudaMemGetInfo(&free1, &total);
     int pass = st == KNN_E_INTERRUPTED && free0 == free1;
@@ -600,7 +600,7 @@ static void check_late_result(void)
     memset(&out, 0, sizeof out);
     out.allocate = late_allocate;
     out.allocate_ctx = &a;
-    knn_status st1 = knn_gpu_search(&req, &out, &rep);
+    knn_status st1 = knn_gpu_search(&req, &knobs, &out, &rep);
     int same = st0 == KNN_OK && st1 == KNN_OK && a.calls == 1 &&
                memcmp(a.index, c.index, nk * sizeof(int)) == 0 &&
                memcmp(a.distance, c.distance, nk * sizeof(double)) == 0 &&
@@ -612,7 +612,7 @@ static void check_late_result(void)
     out.allocate = late_allocate;
     out.allocate_ctx = &a;
     a.fail = 1;
-    knn_status st2 = knn_gpu_search(&req, &out, &rep);
+    knn_status st2 = knn_gpu_search(&req, &knobs, &out, &rep);
     cudaMemGetInfo(&free1, &total);
     int pass = same && st2 == KNN_E_INTERRUPTED && a.calls == 2 &&
                free0 == free1;
@@ -633,7 +633,7 @@ static void last_progress(void *ctx, double done, double total)
 
 /* A self search shared by two devices (one GPU twice): each walks its
  * share of every tile's rows and takes the other's lists of its rows'
- * nodes, read directly or (KNNGPU_STAGE_PEERS=1, as between GPUs that
+ * nodes, read directly or (knobs.stage_peers, as between GPUs that
  * cannot read each other's memory) copied through its staging buffer.
  * Either way the walk is shared (pairs_once) and gives one device's bits,
  * and the progress ends at the rows' number. */
@@ -650,7 +650,7 @@ static void check_shared_walk(void)
         knn_report rep[3];
         knn_status st[3];
         double done[3];
-        force_select = KNN_SELECT_FORCE_FUSED;
+        knobs.select = KNN_SELECT_FORCE_FUSED;
         for (int r = 0; r < 3; r++) {
             done[r] = -1.0;
             alloc_results(nk, &gi[r], &gd[r], &gw[r]);
@@ -661,11 +661,11 @@ static void check_shared_walk(void)
             req.cb.ctx = &done[r];
             knn_result out = {gi[r], gd[r], gw[r], 0, 0};
             memset(&rep[r], 0, sizeof rep[r]);
-            if (r == 2) setenv("KNNGPU_STAGE_PEERS", "1", 1);
-            st[r] = knn_gpu_search(&req, &out, &rep[r]);
-            unsetenv("KNNGPU_STAGE_PEERS");
+            knobs.stage_peers = r == 2;
+            st[r] = knn_gpu_search(&req, &knobs, &out, &rep[r]);
+            knobs.stage_peers = 0;
         }
-        force_select = KNN_SELECT_CHOOSE;
+        knobs.select = KNN_SELECT_CHOOSE;
         for (int r = 1; r < 3; r++) {
             int same = st[0] == KNN_OK && st[r] == KNN_OK &&
                 memcmp(gi[0], gi[r], nk * sizeof(int)) == 0 &&

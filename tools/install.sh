@@ -18,6 +18,7 @@ $SUDO apt-get install -y -qq --no-install-recommends \
     r-bioc-summarizedexperiment r-bioc-biobase r-bioc-biocstyle r-bioc-all \
     r-bioc-singlecellexperiment r-bioc-scran r-bioc-hdf5array \
     r-bioc-delayedarray r-cran-batchtools r-cran-withr \
+    r-cran-seurat r-cran-seuratobject \
     >/dev/null
 
 # --clean removes the build's objects, so the tree stays as checked out.

@@ -2,7 +2,7 @@
  * upload-costs.cu: ways to move a float64 input from ordinary (pageable)
  * host memory, as R allocates it, to the device; milliseconds, median of
  * 21 runs, for the 20480 x 128 input of the small benchmark search (21 MB)
- * and a 256 MB one. The choice of upload in src/cuda/knn_gpu_tiles.cu
+ * and a 256 MB one. The choice of upload in src/cuda/knn_gpu_context.cu
  * rests on these numbers.
  *
  *   nvcc -O2 -std=c++17 -Xcompiler -fopenmp tools/upload-costs.cu -lgomp \

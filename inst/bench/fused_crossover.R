@@ -1,8 +1,9 @@
 ## Measures where the fused candidate kernel (products and selection in one,
 ## src/cuda/knn_gpu_fused.cu) beats the panel path (cuBLAS products, then
 ## the warp or radix selection kernel), in k, features and query rows, to
-## set the constants of knn_fused_choose() (KNN_FUSED_MAX_K,
-## KNN_FUSED_MIN_BLOCKS_PER_SM).
+## set the constants of knn_fused_choose() in src/cuda/knn_gpu_policy.cuh
+## (KNN_FUSED_AUTO_MAX_K, KNN_FUSED_AUTO_MAX_FEATURES,
+## KNN_FUSED_SMS_PER_BLOCK).
 ##
 ## Usage, on a machine with a GPU, from the repository root:
 ##   Rscript inst/bench/fused_crossover.R [--out=FILE] [--n=200000]

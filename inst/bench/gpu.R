@@ -83,14 +83,8 @@ runCase <- function(data, case) {
 ## (of 21 under 0.1 s), as torch_knn.py counts its own. The runs keep
 ## their results until the case is done, as FAISS's do (faiss_knn.py
 ## collects them in a list), and R's collector runs before each, outside
-## the timing. A run whose result was dropped made R collect inside the
-## next one's timing: the result of the run before (262144 x 128,
-## k = 100: 50 to 90 ms of a 0.31 to 0.36 s call, on the H200's host)
-## or, with that collected before the timing, R's heap once more, at the
-## first large allocation (the collector's thresholds follow what is
-## live): 0.267 to 0.283 s a run, 32 to 39 ms of them R's collector,
-## where runs after kept results had raised its thresholds took 0.234 s
-## (RESULTS.md, "k = 100 in session 19"; H200 host, 2026-11-24).
+## the timing: a run whose result was dropped would make R collect the
+## previous result, or its heap, inside the next run's timing.
 runKnngpu <- function(data, case) {
     kept <- list()
     timeRun <- function() {

@@ -2,7 +2,8 @@
 ## that computes each pair of nodes once) against the plain fused walk
 ## (every row walks every node) and the panel path (cuBLAS products, then
 ## the faster of the warp and radix selection kernels), to set
-## knn_pairs_choose()'s and knn_fused_choose()'s constants.
+## knn_pairs_choose()'s constants in src/cuda/knn_gpu_policy.cuh
+## (KNN_PAIRS_AUTO_SMALL_K, KNN_PAIRS_AUTO_MIN_NODES).
 ##
 ## Usage, on a machine with a GPU, from the repository root:
 ##   Rscript inst/bench/pairs.R [--out=FILE] [--cases=n200k_d50_k10,...]

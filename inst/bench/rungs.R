@@ -2,9 +2,11 @@
 ## arithmetic forced in turn, and "auto", on the data kinds of
 ## inst/bench/shapes-data.R. This is the measurement behind the ladder
 ## (TF32, then split TF32, then float64 DGEMM on the GPU; float32, then
-## float64 BLAS on the CPU) and behind knn_rung_too_wide's switch: a rung pays where its
-## cheaper products outweigh the re-rank of the extra candidates its
-## wider margin lets through.
+## float64 BLAS on the CPU), behind knn_rung_too_wide's switch (a rung
+## pays where its cheaper products outweigh the re-rank of the extra
+## candidates its wider margin lets through) and behind the GPU's choice
+## between refining TF32 candidates and climbing
+## (KNN_REFINE_NODES_PER_CANDIDATE in src/cuda/knn_gpu_policy.cuh).
 ##
 ## Usage, from the repository root, with knngpu installed in R_LIBS:
 ##   Rscript inst/bench/rungs.R [--device=cpu|gpu] [--n=N] [--kinds=a,b]

@@ -1,5 +1,5 @@
 ## Measures where the GPU's candidate-selection kernels cross over, to set
-## the constants of knn_select_choose() in src/cuda/knn_gpu_select.cu
+## the constants of knn_select_choose() in src/cuda/knn_gpu_policy.cuh
 ## (KNN_WARP_AUTO_MAX_K, KNN_WARP_MIN_ROWS).
 ##
 ## Usage, on a machine with a GPU, from the repository root:

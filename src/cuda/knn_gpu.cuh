@@ -1,15 +1,18 @@
 /*
  * knn_gpu.cuh: what the CUDA backend's files share (not part of the engine
  * contract; knn_backend.h is). One device's search runs through a
- * knn_gpu_dev (knn_gpu_search.cu starts one per device): the prepared nodes
- * (knn_gpu_prepare.cu), the row tile and its buffers (knn_gpu_plan.cu), the
- * loop over tiles (knn_gpu_loop.cu), a tile's candidates from a panel of
- * products (knn_gpu_products.cu) and a selection kernel
- * (knn_gpu_select.cu) or from the fused kernel (knn_gpu_fused.cu), whose
- * self searches may compute each pair once (knn_gpu_pairs.cu), and the
- * exact re-rank (knn_gpu_rerank.cu). Every function returns a knn_status
- * and, on failure, writes the failing call into dev->message; kernels
- * never allocate, and streams are passed explicitly, last.
+ * knn_gpu_dev (knn_gpu_search.cu starts one per device; knn_gpu_tiles.cuh
+ * lists the host files that drive it): the nodes uploaded
+ * (knn_gpu_upload.cu) and prepared (knn_gpu_prepare.cu), the row tile and
+ * its buffers (knn_gpu_plan.cu), the pipeline of tiles (knn_gpu_loop.cu)
+ * or the shared walk (knn_gpu_walk.cu), on the course that
+ * knn_gpu_policy.cu chooses; a tile's candidates from a panel of products
+ * (knn_gpu_products.cu) and a selection kernel (knn_gpu_select.cu) or
+ * from the fused kernel (knn_gpu_fused.cu), whose self searches may
+ * compute each pair once (knn_gpu_pairs.cu), and the exact re-rank
+ * (knn_gpu_rerank.cu). Every function returns a knn_status and, on
+ * failure, writes the failing call into dev->message; kernels never
+ * allocate, and streams are passed explicitly, last.
  */
 #ifndef KNN_GPU_CUH
 #define KNN_GPU_CUH
@@ -22,6 +25,7 @@
 #include <stdint.h>
 #include "knn_backend.h"
 #include "knn_exact.h"
+#include "knn_gpu_policy.cuh"
 
 /* Devices from this compute capability on are used: the build carries
  * sm_80 and sm_90 code and compute_90 PTX, which no older card runs. */
@@ -220,7 +224,7 @@ typedef enum {
 } knn_select_algo;
 
 /* The kernel for a row tile of `rows` rows and k neighbours: the forced
- * one, else by the measured crossovers. */
+ * one, else by the measured crossovers (knn_gpu_policy.cu). */
 knn_select_algo knn_select_choose(knn_select_force force, int rows, int k);
 knn_status knn_select_candidates(const knn_select_args *a,
                                  knn_select_algo algo, char *message,
@@ -229,37 +233,37 @@ knn_status knn_select_candidates(const knn_select_args *a,
 /* Arithmetic of the candidate products: with float32 accumulation,
  * TF32 (tensor cores), split TF32 (tensor cores, three products of the
  * halves of f = hi + lo) or float32; or float64 (DGEMM, on FP64 tensor
- * cores from Ampere's A100 on). TF32 inputs keep 10 mantissa bits,
- * so the margins grow by about 2^15 / (p + 6), some 250 times at p = 128
- * (the fast term of knn_margin_*). For the correlation metrics that is an
- * absolute 0.008 or so in r and costs a few candidates. For the distances
- * the margin scales with (|f_i| + |f_max|)^2; where neighbours lie close
- * against those norms (genes of an expression matrix at different levels)
- * TF32 would admit far more than k candidates per row; for correlations,
- * so would nodes whose neighbours' r are all within that 0.008 (positive
- * data at different levels under cosine, log-counts full of near
- * duplicates). So a product search starts in TF32, and the panel path's
- * radix selection rescores a TF32 tile's candidates in float32 before
- * they reach the re-rank (knn_refine, knn_gpu_select.cu), which keeps
- * them near float32's count for the price of reading their fast vectors.
- * A search whose TF32 tile still shows too many goes on refining (leaving
- * the fused path and the warp kernel, which do not), and then, or where
- * the refinement would read more than split TF32's extra products cost,
- * in split TF32 (knn_gemm_adaptive, knn_rung_too_wide, knn_dev_next_step
- * in knn_gpu_loop.cu). Split TF32
- * errs nearly as little as float32 (its margins are some three times
- * float32's, from the accumulation over 3p terms) and runs on tensor
- * cores, faster than float32 on an H100 or H200. Where a tile is still
- * crowded there (nodes whose neighbours differ by less than float32
- * resolves: points on a curve, near-copies of a profile, cosine about a
- * large common level), the search climbs once more, to float64, whose
- * margins are 2^29 times narrower (inst/bench/rungs.R on replicates of
- * 20 profiles: 10 candidates a row where float32 leaves 10000). Where the
+ * cores from sm_80 on). TF32 inputs keep 10 mantissa bits, so the
+ * margins grow by about 2^15 / (p + 6), some 250 times at p = 128 (the
+ * fast term of knn_margin_*). For the correlation metrics that is an
+ * absolute 0.008 or so in r and costs a few candidates. For the
+ * distances the margin scales with (|f_i| + |f_max|)^2; where neighbours
+ * lie close against those norms (genes of an expression matrix at
+ * different levels) TF32 would admit far more than k candidates per row;
+ * for correlations, so would nodes whose neighbours' r are all within
+ * that 0.008 (positive data at different levels under cosine, log-counts
+ * full of near duplicates). So a product search starts in TF32, and the
+ * panel path's radix selection rescores a TF32 tile's candidates in
+ * float32 before they reach the re-rank (knn_refine, knn_gpu_select.cu),
+ * which keeps them near float32's count for the price of reading their
+ * fast vectors. A search whose TF32 tile still shows too many goes on
+ * refining (leaving the fused path and the warp kernel, which do not),
+ * and then, or where the refinement would read more than split TF32's
+ * extra products cost, in split TF32. Split TF32 errs nearly as little
+ * as float32 (its margins are some three times float32's, from the
+ * accumulation over 3p terms) and runs on tensor cores, faster than
+ * float32 (inst/bench/gemm_rates.py). Where a tile is still crowded
+ * there (nodes whose neighbours differ by less than float32 resolves:
+ * points on a curve, near-copies of a profile, cosine about a large
+ * common level), the search climbs once more, to float64, whose margins
+ * are 2^29 times narrower (inst/bench/rungs.R on replicates of 20
+ * profiles: 10 candidates a row where float32 leaves 10000). Where the
  * split's arrays do not fit, float64 takes their place on a device whose
- * float64 runs at half float32's rate or better (A100, H100, H200), and
- * float32 on others, which climb to float64 only from a crowded float32
- * tile (knn_gpu_loop.cu, knn_dev_climb). The request's `precision` can
- * force one arithmetic for the whole search. */
+ * float64 runs at half float32's rate or better, and float32 on others,
+ * which climb to float64 only from a crowded float32 tile. The policy
+ * decides each step (knn_gpu_policy.cu, knn_dev_next_step), the pipeline
+ * carries a climb out (knn_gpu_loop.cu, knn_dev_climb). The request's
+ * `precision` can force one arithmetic for the whole search. */
 typedef enum {
     KNN_GEMM_FP32 = 0,
     KNN_GEMM_TF32,
@@ -273,7 +277,8 @@ static inline unsigned knn_gemm_bit(knn_gemm_mode mode)
     return 1u << (unsigned)mode;
 }
 
-/* The arithmetic a search starts with: TF32 unless forced. */
+/* The arithmetic a search starts with: TF32 unless forced
+ * (knn_gpu_policy.cu). */
 knn_gemm_mode knn_gemm_choose(knn_precision force);
 /* Whether the search may give TF32 up for a finer arithmetic (not
  * forced, a product metric). */
@@ -299,10 +304,8 @@ void knn_gemm_precision(knn_metric metric, knn_gemm_mode mode,
 
 /* The fused path (knn_gpu_fused.cu): products and selection in one
  * kernel, so the panel never exists. Whether a device's search of `rows`
- * query rows of p features takes it: the forced choice where the kernel
- * can run (product metrics in TF32, k <= 128), else where it was measured
- * to win (k <= 32 at most 160 features, or a shared walk; a block of 128
- * rows per 4 SMs at least). */
+ * query rows of p features takes it (knn_gpu_policy.cu): the forced
+ * choice where the kernel can run, else where it was measured to win. */
 int knn_fused_choose(knn_select_force force, knn_metric metric,
                      knn_gemm_mode gemm, int k, int p, int rows,
                      int sm_count, int shared_walk);
@@ -375,10 +378,10 @@ struct knn_pairs_walk {
     int offer_end;
 };
 
-/* Whether a device's search on the fused path shares its pairs: not
- * forced to walk every node per row, k <= 128 (chosen by the engine: past
- * k = 32 from 262144 nodes), a self search, in more than one tile of
- * `tile_rows` (0: any size). */
+/* Whether a device's search on the fused path shares its pairs
+ * (knn_gpu_policy.cu): not forced to walk every node per row, a self
+ * search, in more than one tile of `tile_rows` (0: any size), and k as
+ * the policy's table allows. */
 int knn_pairs_choose(knn_select_force force, int self, int k, int n_ref,
                      int tile_rows);
 /* Bytes of the per-node arrays (with staging for stage_nodes nodes of

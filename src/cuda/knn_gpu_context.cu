@@ -3,21 +3,20 @@
  * the upload of the float64 input through it.
  *
  * A search of a few milliseconds would otherwise spend a good share of them
- * creating and destroying its stream and cuBLAS handle (0.25 ms together)
- * and pinning host memory for its upload (0.5 ms and more per
- * cudaHostAlloc). So each device keeps one context: a stream, a cuBLAS
- * handle, a pinned staging ring and pinned result slots, made by the first
- * search that succeeds
+ * creating and destroying its stream and cuBLAS handle and pinning host
+ * memory for its upload (tools/cuda-call-costs.cu measures each). So each
+ * device keeps one context: a stream, a cuBLAS handle, a pinned staging
+ * ring and pinned result slots, made by the first search that succeeds
  * on it and freed when the package is unloaded (knn_gpu_release). Device
  * memory after a failed or interrupted search is still what it was before:
  * a context made by such a search is destroyed with it, and one that
  * existed before is kept (unless the device faulted).
  *
  * The upload: R's memory is pageable, which the driver copies through its
- * own staging on one thread at about 13 GB/s. Up to 8 OpenMP threads instead
- * copy 1 MB parts into the ring's pinned slots and queue each slot's
- * transfer as soon as it is filled, at 25 to 40 GB/s (H200 host,
- * tools/upload-costs.cu), checking on the way that every value is finite.
+ * own staging on one thread. Up to 8 OpenMP threads instead copy 1 MB
+ * parts into the ring's pinned slots and queue each slot's transfer as
+ * soon as it is filled, two to three times as fast
+ * (tools/upload-costs.cu), checking on the way that every value is finite.
  * Part i uses slot i % KNN_STAGE_SLOTS and is filled
  * by thread i % workers; workers divides the slot count, so a slot is
  * always refilled by the thread that filled it last, which waits for the

@@ -57,7 +57,6 @@
 #include <string.h>
 #include "knn_gpu_score.cuh"
 
-#define KNN_FUSED_ROWS 128            /* rows per block */
 #define KNN_FUSED_COLS 128            /* nodes per column block */
 #define KNN_FUSED_THREADS 256
 /* A stage holds 64 fp16 features of each node, 128 bytes; an mma step
@@ -73,52 +72,6 @@
 #define KNN_FUSED_STAGE ((KNN_FUSED_ROWS + KNN_FUSED_COLS) * KNN_FUSED_LD)
 #define KNN_FUSED_STAGING (2 * KNN_FUSED_STAGE)
 
-/* Where the fused path is used, by knn_fused_choose(), from the
- * crossovers inst/bench/fused_crossover.R measured (inst/bench/RESULTS.md,
- * "Fused candidates", 200000 nodes on an H200, three runs): 0.22x to
- * 0.67x the panel path's time for k up to 10 at up to 128 features, 0.74x
- * to 0.95x at k = 24; at k = 32 it was 0.85x to 1.16x. With whole waves
- * and lists taken every few blocks (2026-11-24 04:33 UTC, one run) k = 24
- * took 0.66x to 0.86x and k = 32 0.81x to 0.98x at 16 to 128 features; it
- * loses at k = 100 and at 295 features, where the products dominate and
- * cuBLAS computes them faster, unless it computes each pair once (a
- * shared walk, knn_gpu_pairs.cu): at 295 features, k = 20, that took
- * 0.50x to 0.72x the time of the panel path with its faster kernel
- * (radix) at 200000 and 1533876 nodes (inst/bench/pairs.R, 2026-11-24
- * 13:42 UTC); so the feature limit is the plain walk's only, and so is
- * the limit on k (knn_pairs_choose() says where a shared walk runs past
- * k = 32). With few blocks the panel path, whose GEMM splits columns
- * too, keeps the device busier: 2048 queries (16 blocks) took 1.63x to
- * 1.75x, 8192 (64) 0.76x to 0.83x, 32768 0.38x to 0.56x; the fused path
- * needs a block per 4 SMs.
- * KNN_FUSED_MAX_K is the kernel's limit: past it the rows' k smallest
- * (a heap of k per row, in device memory past k = 32) and the shared
- * walk's merge (four entries a lane) would need more. */
-#define KNN_FUSED_MAX_K 128
-#define KNN_FUSED_AUTO_MAX_K 32
-#define KNN_FUSED_AUTO_MAX_FEATURES 160
-#define KNN_FUSED_SMS_PER_BLOCK 4        /* fewest blocks: SMs / 4 */
-/* The products take fp16 inputs below this many features (knn_mma says
- * why); the fused path stops there. */
-#define KNN_FUSED_HALF_MAX_FEATURES (1 << 26)
-
-int knn_fused_choose(knn_select_force force, knn_metric metric,
-                     knn_gemm_mode gemm, int k, int p, int rows,
-                     int sm_count, int shared_walk)
-{
-    if (force == KNN_SELECT_FORCE_WARP || force == KNN_SELECT_FORCE_RADIX)
-        return 0;
-    if (!knn_uses_product(metric) || gemm != KNN_GEMM_TF32 ||
-        k > KNN_FUSED_MAX_K || p >= KNN_FUSED_HALF_MAX_FEATURES)
-        return 0;
-    if (force == KNN_SELECT_FORCE_FUSED ||
-        force == KNN_SELECT_FORCE_FUSED_ROWS)
-        return 1;
-    long long blocks = (rows + KNN_FUSED_ROWS - 1) / KNN_FUSED_ROWS;
-    return ((k <= KNN_FUSED_AUTO_MAX_K &&
-             p <= KNN_FUSED_AUTO_MAX_FEATURES) || shared_walk) &&
-           blocks * KNN_FUSED_SMS_PER_BLOCK >= sm_count;
-}
 
 int knn_fused_survivor_slots(int k, int n_ref, int avail)
 {
@@ -162,11 +115,9 @@ __host__ __device__ static inline bool knn_fused_best_shared(int k)
 /* Entries of a row's list. Past k = 32 the lists take the room that the
  * rows' k smallest leave in shared memory (two blocks an SM still fit):
  * a running threshold admits some k' / b of a row's nodes in its b-th
- * column block, k' the row's candidates in the end (232 at k = 100 on
- * N(0,1) data), so with 16 entries a 262144 x 128 graph's row block took
- * 55 of its first column blocks whole, with 32 entries 15, and its
- * search took 0.207 s where it took 0.224 s (ncu and three runs each,
- * H200, 2026-11-24). */
+ * column block, k' the row's candidates in the end (about 2.3k on N(0,1)
+ * data), so a longer list takes fewer of the first column blocks whole
+ * (inst/bench/gpu.R's k = 100 case measures it). */
 __host__ __device__ static inline int knn_fused_list_cap(int k)
 {
     return knn_fused_best_shared(k) ? KNN_FUSED_LIST : 2 * KNN_FUSED_LIST;
@@ -553,10 +504,9 @@ __device__ __forceinline__ int knn_best_insert(float *best, int k,
 #define KNN_FUSED_EARLY_BLOCKS 16
 
 /* Past k = 32 thresholds fall for longer (a row's list fills at
- * k' / b entries in its b-th block, see knn_fused_list_cap), and taking
- * lists on the first 32 blocks searched the 262144 x 128 graph (k = 100)
- * in 0.203 s where 16 took 0.207 s (three runs each, H200,
- * 2026-11-24). */
+ * k' / b entries in its b-th block, see knn_fused_list_cap), so lists are
+ * taken on twice as many first blocks (inst/bench/gpu.R's k = 100
+ * case). */
 __device__ __forceinline__ int knn_fused_early_blocks(int k)
 {
     return knn_fused_best_shared(k) ? KNN_FUSED_EARLY_BLOCKS
@@ -698,13 +648,11 @@ __device__ __forceinline__ void knn_warp_sort(float (&v)[1 << LOG_N],
  * smallest: those at or below its threshold join them, the warp sorts
  * the lot and keeps the k smallest, in descending order, which is a heap
  * (each parent before its children). Owners inserting score by score
- * waited on device memory at each level of the heap: the 262144 x 128
- * graph (k = 100) spent a fifth of its search on its first seven column
- * blocks so (clock64 counters, H200); merged so, its search took 0.169 s
- * where it took 0.177 s. Where the k smallest are in shared memory, the
- * owners' inserts cost less than the warps' sorts (taking the first 16
- * blocks whole so searched the 1M x 50 graph, k = 15, in 0.80 s, not
- * 0.74 s). The k smallest are the same multiset either way. */
+ * wait on device memory at each level of the heap, so past k = 32 the
+ * warps' sorts are faster; where the k smallest are in shared memory the
+ * owners' inserts cost less than the sorts (inst/bench/gpu.R's k = 100
+ * and k = 15 cases). The k smallest are the same multiset either
+ * way. */
 __device__ void knn_warp_merge_row(const knn_select_args &s,
                                    const knn_fused_shared &sh, int rl,
                                    const float *row, int lane)
@@ -972,9 +920,8 @@ __device__ __forceinline__ void knn_fused_offer_column(
  * column's 8 scores are tested together, against their rows' thresholds
  * and, by their smallest, against the column's, and only a column where
  * one passes is taken score by score, each checked for a node that
- * exists and is not the row's own. One pass, not one per test: two
- * computed each score twice (the 1M x 50 Euclidean shared walk, k = 15,
- * searched in 0.918 s with two passes, 0.808 s with one, on an H200). */
+ * exists and is not the row's own. One pass, not one per test: two would
+ * compute each score twice. */
 template <int KIND, bool OFFERS>
 __device__ __forceinline__ void knn_fused_epilogue(
     const knn_fused_args &fa, const knn_fused_shared &sh,

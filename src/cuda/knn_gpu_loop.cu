@@ -1,36 +1,32 @@
 /*
- * knn_gpu_loop.cu: one device's share of a search, as a loop over row
- * tiles of its query rows (host code; knn_gpu_plan.cu sizes the tiles, the
- * kernels live in the files that knn_gpu.cuh lists).
+ * knn_gpu_loop.cu: the pipeline of one device's row tiles (host code;
+ * knn_gpu_plan.cu sizes the tiles and their buffers, knn_gpu_policy.cu
+ * decides the course, the kernels live in the files that knn_gpu.cuh
+ * lists).
  *
  * A row tile of R queries takes its candidates, from a panel of R x n_ref
- * fast products and a selection kernel, or from the fused kernel that
- * never writes the products; then the exact re-rank and sort, and a
- * transfer of the R x k results, already in the caller's layout, into one
- * of two pinned slots. The host copies tile t-1's slot into the caller's
- * arrays (several OpenMP threads for a large tile) while the device works
- * on tile t. A row whose candidates outnumber its slots (heavy ties) makes
- * the host run that tile again with each row's exact count of slots, so
- * no candidate is dropped.
+ * fast products and a selection kernel, from the fused kernel that never
+ * writes the products, or from a shared walk's lists (knn_gpu_walk.cu);
+ * then the exact re-rank and sort, and a transfer of the R x k results,
+ * already in the caller's layout, into one of two pinned slots. Two tiles
+ * are in flight: the host copies tile t-1's slot into the caller's arrays
+ * (several OpenMP threads for a large tile) while the device works on
+ * tile t. As each tile is collected the policy judges it
+ * (knn_dev_next_step): the search may change its course there, and a
+ * tile is done again for one of two reasons: its rows found more
+ * candidates than their slots hold (heavy ties: run again with each
+ * row's exact count, so no candidate is dropped), or the course changed
+ * after it was queued and it overflowed under the old one.
  */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <chrono>
 #include <vector>
 #include "knn_gpu_tiles.cuh"
 
 /* Results of a tile below this many elements are copied by one thread:
  * waking others would cost more than they save. */
 #define KNN_COPY_PARALLEL_MIN ((size_t)1 << 15)
-
-/* Whether a tile in arithmetic `gemm` may rescore its candidates in
- * float32 (knn_gpu_select.cu, knn_refine): TF32 tiles of a product metric;
- * the radix kernel does (knn_tile_refined). */
-static int knn_refine_possible(const knn_gpu_dev *d, knn_gemm_mode gemm)
-{
-    return gemm == KNN_GEMM_TF32 && d->nodes.margin2_fp32 != NULL;
-}
 
 /* knn_margin_dist_unit of an arithmetic at p features. */
 static double knn_dist_unit_of(knn_gemm_mode gemm, int p)
@@ -51,7 +47,7 @@ static int knn_panel_rows_fp64(const knn_gpu_tiles *t, size_t ld)
 /* The selection arguments of a tile of `rows` rows from global query row
  * row0 (node node0) with the given slot offsets; the panel path's panel
  * (the fused path has none). */
-static knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
+knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
                                             int node0, int rows,
                                             const int *offsets,
                                             knn_gemm_mode gemm)
@@ -63,11 +59,11 @@ static knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
     knn_gemm_units u = knn_gemm_units_of(gemm, p);
     int fp64 = gemm == KNN_GEMM_FP64;
     knn_select_args sa;
-    sa.panel = d->fused || fp64 ? NULL : t->panel;
+    sa.panel = knn_dev_fused(d) || fp64 ? NULL : t->panel;
     sa.panel64 = fp64 ? (const double *)t->panel : NULL;
     sa.col_sqnorm64 = nd->sqnorm64;
     sa.row_sqnorm64 = nd->sqnorm64 ? nd->sqnorm64 + node0 : NULL;
-    sa.ld = d->fused ? 0 : knn_panel_ld(req->n_ref);
+    sa.ld = knn_dev_fused(d) ? 0 : knn_panel_ld(req->n_ref);
     sa.rows = rows;
     sa.n_cols = req->n_ref;
     sa.k = req->k;
@@ -92,32 +88,9 @@ static knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
     sa.row_margin2_fp32 = knn_refine_possible(d, gemm)
                               ? nd->margin2_fp32 + node0 : NULL;
     sa.wide = sa.row_margin2_fp32 ? t->wide : NULL;
-    sa.wide_buffer = d->refine_select;
+    sa.wide_buffer = d->course.refine;
     sa.fp32_unit = knn_dist_unit_of(KNN_GEMM_FP32, p);
     return sa;
-}
-
-/* The selection kernel of a panel tile of `rows` rows. Once TF32 has
- * found too many candidates for the plain selection (d->refine_select),
- * the radix kernel, which refines them, replaces the warp kernel, unless
- * the request forced that one. */
-static knn_select_algo knn_tile_algo(const knn_gpu_dev *d, int rows)
-{
-    const knn_request *req = d->req;
-    knn_select_algo algo = knn_select_choose(req->select, rows, req->k);
-    if (algo == KNN_SELECT_WARP && d->refine_select &&
-        req->select == KNN_SELECT_CHOOSE)
-        return KNN_SELECT_RADIX;
-    return algo;
-}
-
-/* Whether a tile of `rows` rows in arithmetic `gemm` refines its TF32
- * candidates: the panel path's radix kernel does. */
-static int knn_tile_refined(const knn_gpu_dev *d, int rows,
-                            knn_gemm_mode gemm)
-{
-    return !d->fused && knn_refine_possible(d, gemm) &&
-           knn_tile_algo(d, rows) == KNN_SELECT_RADIX;
 }
 
 /* The selection arguments of rows [r0, r0 + rows) of a tile's. */
@@ -161,7 +134,7 @@ static knn_status knn_tile_candidates_fp64(knn_gpu_dev *d,
 
 /* The fused kernel's scratch in the tile's arrays, with these survivor
  * slots. */
-static knn_fused_scratch knn_fused_scratch_of(const knn_gpu_tiles *t,
+knn_fused_scratch knn_fused_scratch_of(const knn_gpu_tiles *t,
                                               const int *surv_offsets)
 {
     knn_fused_scratch s = {t->survivor, surv_offsets, t->survivors,
@@ -178,16 +151,16 @@ static knn_status knn_tile_candidates(knn_gpu_dev *d,
     const knn_request *req = d->req;
     const knn_gpu_nodes *nd = &d->nodes;
     knn_gpu_tiles *t = &d->t;
-    if (d->gathering)
+    if (d->course.path == KNN_PATH_GATHER)
         return knn_pairs_gather(&d->pairs, sa, node0, d->message, d->stream);
     if (sa->panel64) return knn_tile_candidates_fp64(d, sa, node0);
-    if (d->fused) {
+    if (knn_dev_fused(d)) {
         knn_fused_scratch scratch = knn_fused_scratch_of(t, surv_offsets);
         return knn_fused_candidates(sa, nd, node0, &scratch, NULL,
                                     d->message, d->stream);
     }
     if (knn_uses_product(req->metric))
-        KNN_TRY(knn_panel_gemm(d->blas, nd, d->gemm, node0, sa->rows,
+        KNN_TRY(knn_panel_gemm(d->blas, nd, d->course.gemm, node0, sa->rows,
                                t->panel, sa->ld, d->message));
     else
         KNN_TRY(knn_panel_manhattan(nd->exact + (size_t)node0 * req->p,
@@ -239,7 +212,7 @@ static knn_status knn_copy_on(knn_gpu_dev *d, cudaStream_t stream,
     return KNN_OK;
 }
 
-static knn_status knn_copy_back(knn_gpu_dev *d, void *dst, const void *src,
+knn_status knn_copy_back(knn_gpu_dev *d, void *dst, const void *src,
                                 size_t bytes)
 {
     return knn_copy_on(d, d->stream, dst, src, bytes);
@@ -248,8 +221,7 @@ static knn_status knn_copy_back(knn_gpu_dev *d, void *dst, const void *src,
 /* The tile's per-row counts into its pinned slot on the stream (the next
  * tile overwrites them), then `ranked`, then its results on the copy
  * stream, which overlaps the next tile's work (each slot re-ranks into
- * arrays of its own), then `done`. The 262144 x 128 graph at k = 100
- * moves 68 MB of results a tile of 33792 rows. */
+ * arrays of its own), then `done`. */
 static knn_status knn_tile_transfer(knn_gpu_dev *d, knn_gpu_slot *sl)
 {
     knn_gpu_tiles *t = &d->t;
@@ -257,7 +229,7 @@ static knn_status knn_tile_transfer(knn_gpu_dev *d, knn_gpu_slot *sl)
     KNN_TRY(knn_copy_back(d, sl->count, t->count, r * sizeof(int)));
     if (sl->refined)
         KNN_TRY(knn_copy_back(d, sl->wide, t->wide, r * sizeof(int)));
-    if (sl->fused)
+    if (knn_slot_fused(sl))
         KNN_TRY(knn_copy_back(d, sl->survivors, t->survivors,
                               r * sizeof(int)));
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->ranked, d->stream));
@@ -290,16 +262,13 @@ static knn_tile_slots knn_slots_uniform(const knn_gpu_tiles *t, int rows)
 
 /* What slot sl's tile of rows [row0, row0 + rows) runs on: the course
  * the search is on as it is queued (knn_dev_next_step reads it back). */
-static void knn_slot_begin(const knn_gpu_dev *d, knn_gpu_slot *sl, int row0,
+void knn_slot_begin(const knn_gpu_dev *d, knn_gpu_slot *sl, int row0,
                            int rows)
 {
     sl->row0 = row0;
     sl->rows = rows;
-    sl->gemm = d->gemm;
-    sl->fused = d->fused && !d->gathering;
-    sl->gathered = d->gathering;
-    sl->refined = knn_tile_refined(d, rows, d->gemm);
-    sl->refine_select = d->refine_select;
+    sl->course = d->course;
+    sl->refined = knn_tile_refined(d, rows, d->course.gemm);
 }
 
 /* Queues tile work for global query rows [row0, row0 + rows) with the given
@@ -312,7 +281,7 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
     knn_slot_begin(d, sl, row0, rows);
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
     knn_select_args sa = knn_tile_select_args(d, row0, node0, rows,
-                                              ts->offsets, sl->gemm);
+                                              ts->offsets, sl->course.gemm);
     KNN_TRY(knn_tile_candidates(d, &sa, node0, ts->surv_offsets));
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->selected, d->stream));
     KNN_TRY(knn_tile_rerank(d, sl, node0, ts->offsets, ts->n_slots));
@@ -324,7 +293,7 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
 static int knn_row_surv_over(const knn_gpu_tiles *t, const knn_gpu_slot *sl,
                              int r)
 {
-    return sl->fused && sl->survivors[r] > t->surv_slots;
+    return knn_slot_fused(sl) && sl->survivors[r] > t->surv_slots;
 }
 
 /* Exact offsets from per-row counts into the pinned array h (rows + 1);
@@ -372,60 +341,6 @@ static knn_status knn_redo_nomem(knn_gpu_dev *d, knn_status st,
     return st;
 }
 
-/* Runs the tile in slot s again with each row's exact counts as its slots
- * (the first run found more than its uniform slots held): its candidates
- * and, on the fused path, its survivors. A row whose survivors overflowed
- * kept candidates among the stored ones only; it gets as many candidate
- * slots as survivors. */
-static knn_status knn_tile_redo(knn_gpu_dev *d, int s)
-{
-    knn_gpu_tiles *t = &d->t;
-    knn_gpu_slot *sl = &t->slot[s];
-    int avail = d->req->n_ref;
-    KNN_TRY(knn_dev_idle(d));
-    std::vector<int> cand(sl->rows), surv(sl->fused ? sl->rows : 0);
-    for (int r = 0; r < sl->rows; r++) {
-        cand[r] = knn_row_surv_over(t, sl, r)
-            ? (sl->survivors[r] < avail ? sl->survivors[r] : avail)
-            : sl->count[r];
-        if (sl->fused) surv[r] = sl->survivors[r];
-    }
-    int64_t total = knn_offsets_exact(cand, t->h_offsets);
-    int64_t total_surv = sl->fused
-        ? knn_offsets_exact(surv, t->h_surv_offsets) : 0;
-    if (total < 0 || total_surv < 0) {
-        snprintf(d->message, sizeof d->message,
-                 "a row tile has more tied candidates than one pass can "
-                 "sort; lower options(knngpu.gpu.memory)");
-        return KNN_E_NOMEM;
-    }
-    knn_status st = knn_slots_fit(d, total, sl->rows);
-    if (st == KNN_OK && sl->fused) st = knn_survivors_fit(d, total_surv);
-    if (st != KNN_OK)
-        return knn_redo_nomem(d, st, (long long)(total + total_surv));
-    size_t offsets_bytes = (size_t)(sl->rows + 1) * sizeof(int);
-    KNN_CUDA_TRY(d->message,
-                 cudaMemcpyAsync(t->offsets_exact, t->h_offsets,
-                                 offsets_bytes, cudaMemcpyHostToDevice,
-                                 d->stream));
-    if (sl->fused)
-        KNN_CUDA_TRY(d->message,
-                     cudaMemcpyAsync(t->surv_offsets_exact, t->h_surv_offsets,
-                                     offsets_bytes, cudaMemcpyHostToDevice,
-                                     d->stream));
-    knn_tile_slots ts = {t->offsets_exact, total, t->surv_offsets_exact};
-    KNN_TRY(knn_tile_enqueue(d, sl->row0, sl->rows, &ts, s));
-    KNN_CUDA_TRY(d->message, cudaEventSynchronize(sl->done));
-    for (int r = 0; r < sl->rows; r++) {
-        if (sl->count[r] > cand[r] ||
-            (sl->fused && sl->survivors[r] != surv[r]))
-            return knn_gpu_fail(d->message, KNN_E_DEVICE, "candidate redo",
-                                "a row's candidate count changed between "
-                                "two runs of the same tile", __FILE__,
-                                __LINE__);
-    }
-    return KNN_OK;
-}
 
 /* A slot's results and where they go: `runs` runs of `length` elements,
  * run c from src + c * length to dst + c * dst_stride (dst already at the
@@ -454,8 +369,8 @@ static void knn_copy_part(const knn_copy_job *job, size_t a, size_t b)
 
 /* Copies a slot into the caller's arrays. A large tile is split over
  * several OpenMP threads: the copy lands in memory R has just allocated,
- * and one thread is held up by the first-touch page faults (3 of the 4.6 s
- * of a 262144 x 1024 search); the device meanwhile runs the next tile. */
+ * and one thread is held up by the first-touch page faults; the device
+ * meanwhile runs the next tile. */
 static void knn_copy_out(const knn_gpu_dev *d, const knn_gpu_slot *sl)
 {
     const knn_request *req = d->req;
@@ -487,15 +402,12 @@ static void knn_copy_out(const knn_gpu_dev *d, const knn_gpu_slot *sl)
  * allocates them while the devices search (knn_result_arrive). */
 static knn_status knn_dev_await_result(const knn_gpu_dev *d)
 {
-    while (!d->shared->out_ready) {
-        if (d->shared->stop) return KNN_E_INTERRUPTED;
-        std::this_thread::sleep_for(std::chrono::microseconds(200));
-    }
-    return KNN_OK;
+    return knn_meet_wait(d->shared, &d->shared->out_ready, 1,
+                         KNN_ENDS_ON_STOP, NULL);
 }
 
 /* The candidates of all the slot's rows. */
-static double knn_slot_found(const knn_gpu_slot *sl)
+double knn_slot_found(const knn_gpu_slot *sl)
 {
     double found = 0.0;
     for (int r = 0; r < sl->rows; r++) found += sl->count[r];
@@ -503,7 +415,7 @@ static double knn_slot_found(const knn_gpu_slot *sl)
 }
 
 /* Whether a row of the slot needed more survivor slots than it had. */
-static int knn_slot_surv_overflow(const knn_gpu_tiles *t,
+int knn_slot_surv_overflow(const knn_gpu_tiles *t,
                                   const knn_gpu_slot *sl)
 {
     for (int r = 0; r < sl->rows; r++)
@@ -522,87 +434,104 @@ static int knn_slot_overflow(const knn_gpu_tiles *t, const knn_gpu_slot *sl,
     return knn_slot_surv_overflow(t, sl);
 }
 
-/* The TF32 candidates of the slot's rows before any refinement, given
- * `found` after it. A fused tile's rows count their survivors, which hold
- * every candidate (a node under the final threshold passed every looser
- * one before) where the candidates' own count stops at the slots. */
-static double knn_slot_wide(const knn_gpu_slot *sl, double found)
-{
-    if (!sl->refined && !sl->fused) return found;
-    double wide = 0.0;
-    for (int r = 0; r < sl->rows; r++)
-        wide += sl->refined ? sl->wide[r] : sl->survivors[r];
-    return wide;
-}
-
-/* Whether refining `wide` TF32 candidates of `rows` rows costs more than
- * split TF32's products would. Rescoring a candidate reads its p fast
- * values; the split adds two products of p values for every one of the
- * n_ref columns, on tensor cores. Both grow with p, so the crossover is a
- * share of n_ref: log-counts 300000 x 500 on an H200 refined 600
- * candidates a row (cosine) in 0.78 s of search where split TF32 took
- * 1.08 s, and 2376 (Euclidean) in 1.53 s against 1.18 s
- * (inst/bench/RESULTS.md, "Refined TF32"): about n_ref / 200. */
-static int knn_refine_too_costly(double wide, int rows, int n_ref)
-{
-    return wide > rows * (n_ref / 200.0);
-}
-
-/* What a search that may still climb (knn_gpu.cuh) does after a tile. */
+/* Why a tile is done again: the search changed its course (arithmetic or
+ * refinement) after the tile was queued and the tile overflowed under the
+ * old one, so it runs on the new course with the uniform slots; or a row
+ * found more candidates than its slots hold (heavy ties), so it runs with
+ * each row's exact counts. */
 typedef enum {
-    KNN_RUNG_STAY = 0,
-    KNN_RUNG_REFINE, /* refine TF32 candidates from now on */
-    KNN_RUNG_CLIMB   /* the next arithmetic from now on (knn_dev_climb) */
-} knn_rung_step;
+    KNN_AGAIN_COURSE = 0,
+    KNN_AGAIN_SLOTS
+} knn_again;
 
-/* A tile is crowded when its rows average more candidates than
- * knn_rung_too_wide allows or, on the panel path, one overflows its
- * slots: the re-rank of the extra candidates, or the tile's redo, would
- * cost more than the faster products save. (A fused tile's survivors
- * overflow for other reasons too: the thresholds they passed were looser
- * at first.) A crowded split TF32 or float32 tile has the search climb
- * to float64. A crowded TF32 tile that did not refine has the search
- * refine from then on, where the request left the selection to the
- * engine; a crowded tile that did refine has it climb. Either way the
- * search climbs once its TF32 candidates are so many that refining them
- * costs more than split TF32's products (knn_refine_too_costly). A tile
- * that ran before the search last changed course tells nothing of the
- * course it is on now; nor does one gathered from a shared walk, whose
- * tiles were judged as they ran. */
-static knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
-                                       const knn_gpu_slot *sl, double found,
-                                       int overflow)
+/* Each row's exact slots for a tile done again for KNN_AGAIN_SLOTS (the
+ * first run found more than its uniform slots held): its candidates and,
+ * on the fused path, its survivors, into *ts. A row whose survivors
+ * overflowed kept candidates among the stored ones only; it gets as many
+ * candidate slots as survivors. cand and surv keep the counts asked for,
+ * which the run must give again (knn_slots_check). */
+static knn_status knn_slots_exact(knn_gpu_dev *d, const knn_gpu_slot *sl,
+                                  knn_tile_slots *ts, std::vector<int> &cand,
+                                  std::vector<int> &surv)
 {
-    if (!d->gemm_adaptive || sl->gathered || sl->gemm != d->gemm ||
-        sl->refine_select != d->refine_select)
-        return KNN_RUNG_STAY;
-    const knn_request *req = d->req;
-    int crowded = overflow || knn_rung_too_wide(found, sl->rows, req->k);
-    if (sl->gemm != KNN_GEMM_TF32)
-        return crowded ? KNN_RUNG_CLIMB : KNN_RUNG_STAY;
-    double wide = knn_slot_wide(sl, found);
-    int costly = knn_refine_too_costly(wide, sl->rows, req->n_ref);
-    if (!crowded)
-        return sl->refined && costly &&
-                       knn_rung_too_wide(wide, sl->rows, req->k)
-                   ? KNN_RUNG_CLIMB : KNN_RUNG_STAY;
-    return !costly && !sl->refined && !d->refine_select &&
-                   req->select == KNN_SELECT_CHOOSE
-               ? KNN_RUNG_REFINE : KNN_RUNG_CLIMB;
+    knn_gpu_tiles *t = &d->t;
+    int avail = d->req->n_ref;
+    cand.resize(sl->rows);
+    surv.resize(knn_slot_fused(sl) ? sl->rows : 0);
+    for (int r = 0; r < sl->rows; r++) {
+        cand[r] = knn_row_surv_over(t, sl, r)
+            ? (sl->survivors[r] < avail ? sl->survivors[r] : avail)
+            : sl->count[r];
+        if (knn_slot_fused(sl)) surv[r] = sl->survivors[r];
+    }
+    int64_t total = knn_offsets_exact(cand, t->h_offsets);
+    int64_t total_surv = knn_slot_fused(sl)
+        ? knn_offsets_exact(surv, t->h_surv_offsets) : 0;
+    if (total < 0 || total_surv < 0) {
+        snprintf(d->message, sizeof d->message,
+                 "a row tile has more tied candidates than one pass can "
+                 "sort; lower options(knngpu.gpu.memory)");
+        return KNN_E_NOMEM;
+    }
+    knn_status st = knn_slots_fit(d, total, sl->rows);
+    if (st == KNN_OK && knn_slot_fused(sl))
+        st = knn_survivors_fit(d, total_surv);
+    if (st != KNN_OK)
+        return knn_redo_nomem(d, st, (long long)(total + total_surv));
+    size_t offsets_bytes = (size_t)(sl->rows + 1) * sizeof(int);
+    KNN_CUDA_TRY(d->message,
+                 cudaMemcpyAsync(t->offsets_exact, t->h_offsets,
+                                 offsets_bytes, cudaMemcpyHostToDevice,
+                                 d->stream));
+    if (knn_slot_fused(sl))
+        KNN_CUDA_TRY(d->message,
+                     cudaMemcpyAsync(t->surv_offsets_exact, t->h_surv_offsets,
+                                     offsets_bytes, cudaMemcpyHostToDevice,
+                                     d->stream));
+    ts->offsets = t->offsets_exact;
+    ts->n_slots = total;
+    ts->surv_offsets = t->surv_offsets_exact;
+    return KNN_OK;
 }
 
-/* Runs the tile in slot s again with the uniform slots (after the search
- * changed its arithmetic). */
-static knn_status knn_tile_rerun(knn_gpu_dev *d, int s)
+/* A tile run with exact slots gives every row the counts it asked for. */
+static knn_status knn_slots_check(knn_gpu_dev *d, const knn_gpu_slot *sl,
+                                  const std::vector<int> &cand,
+                                  const std::vector<int> &surv)
+{
+    for (int r = 0; r < sl->rows; r++) {
+        if (sl->count[r] > cand[r] ||
+            (knn_slot_fused(sl) && sl->survivors[r] != surv[r]))
+            return knn_gpu_fail(d->message, KNN_E_DEVICE, "candidate redo",
+                                "a row's candidate count changed between "
+                                "two runs of the same tile", __FILE__,
+                                __LINE__);
+    }
+    return KNN_OK;
+}
+
+/* The one way to do the tile in slot s again, for a reason (knn_again),
+ * once the tiles in flight are done; its time counts as search (a new
+ * course) or re-rank (more slots). */
+static knn_status knn_tile_again(knn_gpu_dev *d, int s, knn_again why)
 {
     knn_gpu_tiles *t = &d->t;
     knn_gpu_slot *sl = &t->slot[s];
+    double t0 = knn_seconds();
     KNN_TRY(knn_dev_idle(d));
     knn_tile_slots ts = knn_slots_uniform(t, sl->rows);
+    std::vector<int> cand, surv;
+    if (why == KNN_AGAIN_SLOTS)
+        KNN_TRY(knn_slots_exact(d, sl, &ts, cand, surv));
     KNN_TRY(knn_tile_enqueue(d, sl->row0, sl->rows, &ts, s));
     KNN_CUDA_TRY(d->message, cudaEventSynchronize(sl->done));
+    if (why == KNN_AGAIN_SLOTS) KNN_TRY(knn_slots_check(d, sl, cand, surv));
+    double *seconds = why == KNN_AGAIN_SLOTS ? &d->seconds_rerank
+                                             : &d->seconds_search;
+    *seconds += knn_seconds() - t0;
     return KNN_OK;
 }
+
 
 /* Whether the tiles (when planned) hold a row of float64 products. */
 static int knn_dev_fp64_fits(const knn_gpu_dev *d)
@@ -659,34 +588,28 @@ static knn_status knn_dev_leave_fp32(knn_gpu_dev *d, knn_gemm_mode *next)
  * ones are computed on the stream after them. */
 static knn_status knn_dev_climb(knn_gpu_dev *d)
 {
-    knn_gemm_mode next = d->gemm;
-    KNN_TRY(d->gemm == KNN_GEMM_TF32 ? knn_dev_leave_tf32(d, &next)
-                                     : knn_dev_leave_fp32(d, &next));
+    knn_course c = d->course;
+    knn_gemm_mode from = c.gemm, next = c.gemm;
+    KNN_TRY(from == KNN_GEMM_TF32 ? knn_dev_leave_tf32(d, &next)
+                                  : knn_dev_leave_fp32(d, &next));
     /* Float32 after TF32 may still climb to float64; nothing climbs
      * further, or from where float64 did not fit. */
-    d->gemm_adaptive = next == KNN_GEMM_TF32X3 ||
-                       (next == KNN_GEMM_FP32 && d->gemm == KNN_GEMM_TF32);
-    if (next == d->gemm) return KNN_OK;
-    d->gemm_before |= knn_gemm_bit(d->gemm);
-    d->gemm = next;
+    c.may_climb = next == KNN_GEMM_TF32X3 ||
+                  (next == KNN_GEMM_FP32 && from == KNN_GEMM_TF32);
+    if (next != from) {
+        c.climbed_from |= knn_gemm_bit(from);
+        c.gemm = next;
+    }
+    knn_course_set(d, c);
+    if (next == from) return KNN_OK;
     KNN_BLAS_TRY(d->message,
-                 cublasSetMathMode(d->blas, knn_gemm_math(d->gemm)));
-    return knn_nodes_remargin(d->req->metric, &d->nodes, d->gemm, d->message,
+                 cublasSetMathMode(d->blas, knn_gemm_math(next)));
+    return knn_nodes_remargin(d->req->metric, &d->nodes, next, d->message,
                               d->stream);
 }
 
-/* Progress of a shared walk: half of each node, counted by node (the
- * nodes before x make x / 2), the walk's share of it split among the
- * devices that walk (device w's share of the nodes before x), and the
- * gather of a tile counting the rest of its rows. Each adds up over any
- * tiles, so the rows done end at the rows' number. */
-static long long knn_walk_share(const knn_gpu_dev *d, long long x)
-{
-    long long half = x / 2;
-    return half * (d->walker + 1) / d->walkers -
-           half * d->walker / d->walkers;
-}
-
+/* A gathered tile's share of the progress: the rest of its rows, whose
+ * first half the shared walk counted (knn_walk_share, knn_gpu_walk.cu). */
 static long long knn_gather_share(int row0, int rows)
 {
     return rows - ((long long)(row0 + rows) / 2 - row0 / 2);
@@ -721,30 +644,26 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
      * (TF32, then split TF32, then float64, on data none but float64
      * resolves): each pass refines or climbs, or leaves the loop. */
     for (;;) {
-        knn_rung_step step = knn_dev_next_step(d, sl, found,
-                                               sl->fused ? 0 : overflow);
-        if (step == KNN_RUNG_REFINE) d->refine_select = 1;
-        if (sl->fused && step != KNN_RUNG_STAY) {
+        knn_rung_step step = knn_dev_next_step(
+            d, sl, found, knn_slot_fused(sl) ? 0 : overflow);
+        if (step == KNN_RUNG_REFINE) knn_course_refine(d);
+        if (knn_slot_fused(sl) && step != KNN_RUNG_STAY) {
             *rewind = (int)step;
             return KNN_OK;
         }
         if (step == KNN_RUNG_CLIMB) KNN_TRY(knn_dev_climb(d));
-        if (!overflow || (sl->gemm == d->gemm &&
-                          sl->refine_select == d->refine_select))
+        if (!overflow || (sl->course.gemm == d->course.gemm &&
+                          sl->course.refine == d->course.refine))
             break;
-        double t0 = knn_seconds();
-        KNN_TRY(knn_tile_rerun(d, s));
-        d->seconds_search += knn_seconds() - t0;
+        KNN_TRY(knn_tile_again(d, s, KNN_AGAIN_COURSE));
         overflow = knn_slot_overflow(t, sl, &found);
     }
     /* Only a tile kept says how the result was made: a fused probe that
      * the search rewound to the panel path left no candidate behind. */
-    d->half_products |= sl->fused || sl->gathered;
+    d->half_products |= knn_slot_fused(sl) || knn_slot_gathered(sl);
     if (overflow) {
-        double t0 = knn_seconds();
-        KNN_TRY(knn_tile_redo(d, s));
-        d->seconds_rerank += knn_seconds() - t0;
-        knn_slot_overflow(t, sl, &found); /* the redo's counts */
+        KNN_TRY(knn_tile_again(d, s, KNN_AGAIN_SLOTS));
+        knn_slot_overflow(t, sl, &found); /* the counts of the run again */
     }
     d->refined |= sl->refined && knn_slot_wide(sl, found) > found;
     for (int r = 0; r < sl->rows; r++) {
@@ -761,8 +680,9 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
     knn_copy_out(d, sl);
     d->seconds_collect += knn_seconds() - t0;
     /* A shared walk counted half of each row as its tile ran. */
-    d->shared->rows_done += sl->gathered
-        ? knn_gather_share(sl->row0, sl->rows) : sl->rows;
+    knn_meet_progress(d->shared, knn_slot_gathered(sl)
+                                     ? knn_gather_share(sl->row0, sl->rows)
+                                     : sl->rows);
     return KNN_OK;
 }
 
@@ -770,7 +690,7 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
  * in the finer arithmetic (step): the tiles in flight are dropped (which
  * frees room for the split's arrays), the margins recomputed where the
  * search climbs, and the tiles planned again. */
-static knn_status knn_dev_leave_fused(knn_gpu_dev *d, int step)
+knn_status knn_dev_leave_fused(knn_gpu_dev *d, int step)
 {
     double t0 = knn_seconds();
     KNN_TRY(knn_dev_idle(d));
@@ -786,7 +706,7 @@ static knn_status knn_dev_leave_fused(knn_gpu_dev *d, int step)
  * full wave of blocks, collected before any other tile is queued, so
  * that data which needs a finer arithmetic costs that wave, not a whole
  * tile, in TF32. */
-static knn_status knn_dev_tiles(knn_gpu_dev *d, int probe)
+knn_status knn_dev_tiles(knn_gpu_dev *d, int probe)
 {
     knn_gpu_tiles *t = &d->t;
     int end = d->q0 + d->nq, next = d->q0; /* first row not yet queued */
@@ -823,339 +743,4 @@ static knn_status knn_dev_tiles(knn_gpu_dev *d, int probe)
     }
     KNN_TRY(knn_dev_idle(d));
     return d->shared->stop ? KNN_E_INTERRUPTED : KNN_OK;
-}
-
-/* ---- the shared walk (knn_gpu_pairs.cu) -------------------------------- */
-
-/* The devices of a shared walk meet between its tiles, where the wait is
- * short (they walk alike): the poll only yields at first. */
-knn_status knn_team_meet(knn_gpu_dev *d, std::atomic<int> *met, int target,
-                         int *left)
-{
-    knn_gpu_team *team = &d->shared->team;
-    (*met)++;
-    for (int polls = 0; *met < target; polls++) {
-        if (d->shared->stop) return KNN_E_INTERRUPTED;
-        if (left && team->left) {
-            *left = team->left;
-            return KNN_OK;
-        }
-        if (polls < 10000) std::this_thread::yield();
-        else std::this_thread::sleep_for(std::chrono::microseconds(100));
-    }
-    return KNN_OK;
-}
-
-/* The device's share of a tile's rows [row0, row0 + rows): *mine rows
- * from *first (all of them on one device). */
-static void knn_walk_rows(const knn_gpu_dev *d, int row0, int rows,
-                          int *first, int *mine)
-{
-    long long a = (long long)rows * d->walker / d->walkers;
-    long long b = (long long)rows * (d->walker + 1) / d->walkers;
-    *first = row0 + (int)a;
-    *mine = (int)(b - a);
-}
-
-/* Device w's array of n T's at src as this device's kernels may read it
- * (*view): where it lies, where this device reads w's memory, else
- * copied into `stage`. */
-template <typename T>
-static knn_status knn_team_view(knn_gpu_dev *d, int w, const T *src,
-                                size_t n, T *stage, const T **view)
-{
-    *view = src;
-    if (d->team_reads >> w & 1u) return KNN_OK;
-    KNN_CUDA_TRY(d->message, cudaMemcpyPeerAsync(
-        stage, d->device, src, d->shared->team.device[w], n * sizeof(T),
-        d->stream));
-    *view = stage;
-    return KNN_OK;
-}
-
-/* Before a tile of a walk shared by several devices (the others done
- * with the earlier tiles): the earlier tiles' nodes take the other
- * devices' thresholds where lower, or where this device has none (their
- * rows walked elsewhere), one device at a time. */
-static knn_status knn_team_tighten(knn_gpu_dev *d, int row0)
-{
-    const knn_gpu_team *team = &d->shared->team;
-    knn_pairs *p = &d->pairs;
-    for (int w = 0; w < d->walkers && row0 > 0; w++) {
-        const float *other = NULL;
-        if (w == d->walker) continue;
-        KNN_TRY(knn_team_view(d, w, (const float *)team->pairs[w].threshold,
-                              (size_t)row0, p->stage_threshold, &other));
-        KNN_TRY(knn_pairs_tighten(p, other, row0, d->message, d->stream));
-    }
-    return KNN_OK;
-}
-
-/* Runs the device's share of rows [row0, row0 + rows) of a shared walk,
- * judged through slot 0: the fused kernel over the nodes up to the tile's
- * end, offering to the earlier tiles' nodes, then those nodes' merge;
- * waits for both. The slot gets the rows' own candidate and survivor
- * counts (the policy's and the redo's inputs on the plain walk), *lost
- * whether a list overflowed. */
-static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
-                                      int *lost)
-{
-    knn_gpu_tiles *t = &d->t;
-    knn_gpu_slot *sl = &t->slot[0];
-    const knn_gpu_nodes *nd = &d->nodes;
-    int first = row0, mine = rows;
-    if (d->team_walk) knn_walk_rows(d, row0, rows, &first, &mine);
-    knn_slot_begin(d, sl, first, mine);
-    KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
-    if (d->team_walk) KNN_TRY(knn_team_tighten(d, row0));
-    knn_select_args sa = knn_tile_select_args(d, first, first, mine,
-                                              t->offsets_uniform, d->gemm);
-    sa.n_cols = row0 + rows;
-    knn_pairs_walk walk = {d->pairs, row0};
-    knn_fused_scratch scratch = knn_fused_scratch_of(t,
-                                                     t->surv_offsets_uniform);
-    if (mine > 0)
-        KNN_TRY(knn_fused_candidates(&sa, nd, first, &scratch, &walk,
-                                     d->message, d->stream));
-    knn_select_args earlier = knn_tile_select_args(d, 0, 0, row0,
-                                                   t->offsets_uniform,
-                                                   d->gemm);
-    KNN_TRY(knn_pairs_merge(&d->pairs, &earlier, 0, row0, d->message,
-                            d->stream));
-    KNN_CUDA_TRY(d->message, cudaEventRecord(sl->selected, d->stream));
-    size_t r = (size_t)mine;
-    KNN_TRY(knn_copy_back(d, sl->count, t->count, r * sizeof(int)));
-    KNN_TRY(knn_copy_back(d, sl->survivors, t->survivors, r * sizeof(int)));
-    KNN_TRY(knn_copy_back(d, t->h_pairs_lost, d->pairs.overflow,
-                          sizeof(int)));
-    KNN_CUDA_TRY(d->message, cudaEventRecord(sl->done, d->stream));
-    KNN_CUDA_TRY(d->message, cudaEventSynchronize(sl->done));
-    float ms = 0.0f;
-    KNN_CUDA_TRY(d->message, cudaEventElapsedTime(&ms, sl->start, sl->done));
-    d->seconds_search += ms / 1000.0;
-    *lost = *t->h_pairs_lost;
-    return KNN_OK;
-}
-
-/* Why the devices sharing the walk left it, once one of them has (the
- * first one's reason; 0 while they walk): a device that must leave
- * records its own reason unless another's is there. */
-static int knn_team_leave(knn_gpu_dev *d, int left)
-{
-    if (!d->team_walk) return left;
-    int none = 0;
-    d->shared->team.left.compare_exchange_strong(none, left);
-    return d->shared->team.left;
-}
-
-/* The walk of every tile (on several devices, of every row: each walks
- * its share of each tile, the tiles in step). Each tile is judged as it
- * ends, as the plain walk's are: *left gets the step (a knn_rung_step)
- * where the search must refine or climb, or -1 where a row's survivors,
- * candidates or list overflowed (a rerun would offer its pairs twice); 0
- * when the walk is done. Devices sharing the walk leave it together, for
- * the first one's reason. Its share of half of each walked row counts as
- * progress; a walk that is left takes it back. */
-static knn_status knn_pairs_walk_all(knn_gpu_dev *d, int *left)
-{
-    knn_gpu_tiles *t = &d->t;
-    knn_gpu_slot *sl = &t->slot[0];
-    knn_gpu_team *team = &d->shared->team;
-    int first = d->team_walk ? 0 : d->q0;
-    int end = d->team_walk ? d->req->n_ref : d->q0 + d->nq;
-    /* Several devices: a tile of one such share each (each a full wave
-     * of the fused kernel's blocks, where planned so). */
-    int tile = d->team_walk ? d->walkers * (int)team->tile_rows : t->rows;
-    long long credited = 0;
-    *left = 0;
-    for (int row0 = first, n = 0; row0 < end && !d->shared->stop; n++) {
-        int rows = end - row0 < tile ? end - row0 : tile, lost = 0;
-        if (d->team_walk && n > 0)
-            KNN_TRY(knn_team_meet(d, &team->tiles_done, d->walkers * n,
-                                  left));
-        if (!*left) {
-            KNN_TRY(knn_pairs_walk_tile(d, row0, rows, &lost));
-            /* A row's candidates past the tile's slots stay in its
-             * node's list, whose own overflow is `lost`; the gather's
-             * redo gives them slots. */
-            double found = knn_slot_found(sl);
-            knn_rung_step step = knn_dev_next_step(d, sl, found, 0);
-            int overflow = knn_slot_surv_overflow(t, sl) || lost;
-            *left = knn_team_leave(d, step != KNN_RUNG_STAY ? (int)step
-                                      : overflow ? -1 : 0);
-        }
-        if (*left) {
-            d->shared->rows_done -= credited;
-            return KNN_OK;
-        }
-        long long share = knn_walk_share(d, row0 + rows) -
-                          knn_walk_share(d, row0);
-        d->shared->rows_done += share;
-        credited += share;
-        row0 += rows;
-    }
-    return KNN_OK;
-}
-
-/* ---- a walk shared by several devices ---------------------------------- */
-
-/* Whether the published walks can be shared: every device planned one,
- * with lists alike. */
-static int knn_team_alike(const knn_gpu_dev *d)
-{
-    const knn_gpu_team *team = &d->shared->team;
-    if (team->walking != d->walkers) return 0;
-    for (int w = 0; w < d->walkers; w++)
-        if (team->pairs[w].cap != d->pairs.cap ||
-            team->pairs[w].k != d->pairs.k ||
-            team->pairs[w].n != d->pairs.n)
-            return 0;
-    return 1;
-}
-
-/* Several devices agree on a shared walk: each says whether its plan
- * took one (and its tile), and they walk together, in the fewest rows
- * any planned, only where all did; a device that planned one alone
- * plans its rows again without it. */
-static knn_status knn_team_agree(knn_gpu_dev *d)
-{
-    knn_gpu_team *team = &d->shared->team;
-    if (d->pairs.block) {
-        team->pairs[d->walker] = d->pairs;
-        int rows = team->tile_rows;
-        while (d->t.rows < rows &&
-               !team->tile_rows.compare_exchange_weak(rows, d->t.rows)) {
-        }
-        team->walking++;
-    }
-    KNN_TRY(knn_team_meet(d, &team->met[KNN_MEET_AGREE], d->walkers,
-                          NULL));
-    if (d->pairs.block && knn_team_alike(d)) {
-        d->team_walk = 1;
-        return KNN_OK;
-    }
-    if (!d->pairs.block) return KNN_OK;
-    d->pairs_refused = 1;
-    return knn_dev_leave_fused(d, KNN_RUNG_STAY);
-}
-
-/* Device w's lists of this device's rows' nodes, absorbed as offers and
- * merged: read where they lie, in one pass, where this device reads w's
- * memory (only the entries in use cross between the GPUs), else a piece
- * at a time through the staging buffer (whole lists). */
-static knn_status knn_team_take_from(knn_gpu_dev *d, int w,
-                                     const knn_select_args *all)
-{
-    const knn_pairs *peer = &d->shared->team.pairs[w];
-    knn_pairs *p = &d->pairs;
-    int end = d->q0 + d->nq;
-    int step = d->team_reads >> w & 1u ? d->nq : p->stage_nodes;
-    for (int c0 = d->q0; c0 < end; c0 += step) {
-        int nodes = end - c0 < step ? end - c0 : step;
-        const uint64_t *list = NULL;
-        const int *count = NULL;
-        KNN_TRY(knn_team_view(d, w,
-                              (const uint64_t *)peer->list +
-                                  (size_t)c0 * p->cap,
-                              (size_t)nodes * p->cap, p->stage_list, &list));
-        KNN_TRY(knn_team_view(d, w, (const int *)peer->count + c0,
-                              (size_t)nodes, p->stage_count, &count));
-        KNN_TRY(knn_pairs_absorb(p, c0, nodes, list, count, d->message,
-                                 d->stream));
-        KNN_TRY(knn_pairs_merge(p, all, c0, c0 + nodes, d->message,
-                                d->stream));
-    }
-    return KNN_OK;
-}
-
-/* The other devices' lists of this device's rows' nodes, each device's
- * absorbed and merged in turn; *lost whether a list overflowed. */
-static knn_status knn_team_take_lists(knn_gpu_dev *d, int *lost)
-{
-    knn_pairs *p = &d->pairs;
-    knn_gpu_tiles *t = &d->t;
-    knn_select_args all = knn_tile_select_args(d, 0, 0, d->req->n_ref,
-                                               t->offsets_uniform, d->gemm);
-    /* The last tile's nodes that walked elsewhere have no threshold here
-     * yet: an entry is absorbed at or below one. */
-    KNN_TRY(knn_team_tighten(d, d->req->n_ref));
-    for (int w = 0; w < d->walkers; w++)
-        if (w != d->walker) KNN_TRY(knn_team_take_from(d, w, &all));
-    KNN_TRY(knn_copy_back(d, t->h_pairs_lost, p->overflow, sizeof(int)));
-    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
-    *lost = *t->h_pairs_lost;
-    return KNN_OK;
-}
-
-/* This device reads the others' lists no more: they may free them once
- * all are done. */
-static void knn_team_done_reading(knn_gpu_dev *d)
-{
-    knn_team_count_once(&d->team_released, &d->shared->team.released);
-}
-
-void knn_team_release(knn_gpu_dev *d)
-{
-    if (!d->team_walk) return;
-    const knn_gpu_team *team = &d->shared->team;
-    knn_team_done_reading(d);
-    /* Only once every device has walked do the others read this one's
-     * lists; then none may be freed before all have read them, stop or
-     * not. */
-    if (team->met[KNN_MEET_WALKED] < d->walkers) return;
-    knn_team_wait_all(&team->released, d->walkers);
-}
-
-/* After a shared walk: once every device has walked, the lists of this
- * device's rows' nodes take the others' (*left as knn_pairs_walk_all's:
- * -1 where a list overflowed, another device's reason where it left the
- * walk). The others are done reading this device's lists before it
- * leaves the walk, which frees them. */
-static knn_status knn_team_exchange(knn_gpu_dev *d, int *left)
-{
-    double t0 = knn_seconds();
-    KNN_TRY(knn_team_meet(d, &d->shared->team.met[KNN_MEET_WALKED],
-                          d->walkers, left));
-    if (*left) return KNN_OK;
-    int lost = 0;
-    KNN_TRY(knn_team_take_lists(d, &lost));
-    if (lost) {
-        *left = -1;
-        knn_team_release(d);
-    } else {
-        knn_team_done_reading(d);
-    }
-    d->seconds_search += knn_seconds() - t0;
-    return KNN_OK;
-}
-
-/* Leaves a shared walk that could not finish (left: see
- * knn_pairs_walk_all): the search starts again from its first row,
- * refining or climbing as the walk's tile showed, or, where a list
- * overflowed, on the plain walk. */
-static knn_status knn_dev_leave_pairs(knn_gpu_dev *d, int left)
-{
-    if (left < 0) d->pairs_refused = 1;
-    else if (left == KNN_RUNG_REFINE) d->refine_select = 1;
-    return knn_dev_leave_fused(d, left < 0 ? KNN_RUNG_STAY : left);
-}
-
-knn_status knn_dev_search(knn_gpu_dev *d)
-{
-    if (d->walkers > 1) KNN_TRY(knn_team_agree(d));
-    if (d->pairs.block) {
-        int left = 0;
-        KNN_TRY(knn_pairs_walk_all(d, &left));
-        if (d->shared->stop) return KNN_E_INTERRUPTED;
-        if (!left && d->team_walk) KNN_TRY(knn_team_exchange(d, &left));
-        if (!left) {
-            d->gathering = 1;
-            d->pairs_once = 1;
-            knn_status st = knn_dev_tiles(d, 0);
-            d->gathering = 0;
-            return st;
-        }
-        KNN_TRY(knn_dev_leave_pairs(d, left));
-    }
-    return knn_dev_tiles(d, d->fused && d->gemm_adaptive);
 }

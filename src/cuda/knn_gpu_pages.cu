@@ -3,39 +3,34 @@
  * devices search.
  *
  * R allocates a large vector fresh from the kernel, so the first write to
- * each of its pages faults. A search's copy-out wrote them after the last
- * tile had run: for the 1M x 50 graph (k = 15, 300 MB of targets,
- * distances and weights) that was 40 to 75 ms of the search's 0.9 to
- * 1.0 s on the H200's host, with the device idle. A thread of its own
+ * each of its pages faults. A copy-out after the last tile would take
+ * those faults with the device idle, a few percent of a large graph's
+ * time (inst/bench/gpu_phases.R). A thread of its own
  * takes those faults during the search instead, through Linux's
  * MADV_POPULATE_WRITE (5.14 and newer: the faults without the writes, so
  * the contents stay as they are and it races with no copy). Elsewhere, or
  * on an older kernel, madvise refuses it and nothing changes. A graph's
  * sources and ranks (knn_result.from, .rank) follow from the position
- * alone, so the threads write them, faults and all: knn_search() wrote
- * them after the search, 5 ms for the 262144 x 128 graph at k = 100 on the
- * H200's host with their pages already resident.
+ * alone, so the threads write them, faults and all, where knn_search()
+ * would write them after the search.
  *
  * It waits until a device has finished a tile: faults hold the process's
  * address space for reading, and what maps memory meanwhile waits for
  * them: CUDA's allocations for the upload and the plan, and the loading
- * of a kernel's code at its first launch. Started with the devices, it
- * took the 1M graph's prepare phase from 20 to 115 ms; started after the
- * plan, the first such search's search phase from 808 to 890 ms. It goes
- * in small pieces for the same reason, for a search that changes its plan
+ * of a kernel's code at its first launch; started earlier, it would slow
+ * the upload, the plan and a first search's kernels down. It goes in
+ * small pieces for the same reason, for a search that changes its plan
  * midway.
  *
  * Several threads share the pieces where the host has the cores: one
- * alone took the 734 MB of the 262144 x 128 graph at k = 100 in about as
- * long as the 0.18 s search, and where it had not finished, the frees of
- * device memory at the end (which unmap, so wait for the faults) and the
- * wait for it took 20 to 70 ms more (H200 host, 16 cores).
+ * alone may not finish a large graph's pages within the search, and then
+ * the frees of device memory at the end (which unmap, so wait for the
+ * faults) wait for it too.
  */
 #include <stdint.h>
 #include <sys/mman.h>
 #include <unistd.h>
 #include <algorithm>
-#include <chrono>
 #include "knn_gpu_tiles.cuh"
 
 #if defined(__linux__) && !defined(MADV_POPULATE_WRITE)
@@ -48,7 +43,6 @@
  * between them, so that an interrupted search does not wait for the
  * whole result. */
 #define KNN_PAGES_PIECE ((size_t)8 << 20)
-#define KNN_PAGES_WAIT_MS 1
 
 /* A graph's ends are written in pieces of this many edges. */
 #define KNN_PAGES_ENDS_PIECE (KNN_PAGES_PIECE / sizeof(int))
@@ -90,11 +84,9 @@ static void knn_pages_ends(knn_pages *job, size_t i)
 
 /* One thread's share: the pieces no other thread has taken, once a
  * device has finished a tile; the ends' pieces count after the others. */
-static void knn_populate(knn_pages *job, const knn_gpu_shared *shared)
+static void knn_populate(knn_pages *job, knn_gpu_shared *shared)
 {
-    while (shared->rows_done == 0 && !shared->stop)
-        std::this_thread::sleep_for(
-            std::chrono::milliseconds(KNN_PAGES_WAIT_MS));
+    knn_meet_wait(shared, &shared->tile_done, 1, KNN_ENDS_ON_STOP, NULL);
     size_t n = job->pieces.size();
     for (size_t i = job->next++; i < n + job->end_pieces && !shared->stop;
          i = job->next++) {
@@ -114,7 +106,7 @@ static int knn_pages_threads(size_t pieces)
 }
 
 void knn_pages_start(knn_pages *job, const knn_result *out, size_t entries,
-                     int k, const knn_gpu_shared *shared)
+                     int k, knn_gpu_shared *shared)
 {
     double bytes = (double)entries * (sizeof *out->index +
                                       sizeof *out->distance +

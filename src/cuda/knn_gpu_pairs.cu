@@ -21,14 +21,14 @@
  * candidates are thus those under the final bound, and the float64
  * re-rank gives the same bits as every other path. A list that overflows
  * its entries loses offers: the device then leaves the shared walk and
- * searches again without it (knn_gpu_loop.cu).
+ * searches again without it (knn_gpu_walk.cu).
  *
  * Thresholds tighten as the search goes: tile 0's rows know only their
  * own tile's nodes when tile 1 makes its offers, so each node sees about
  * (k + the margins' band) / t offers from tile t; the pairs cost half of
  * the plain walk's, plus one tile of the diagonal.
  *
- * Several devices (knn_gpu_loop.cu) share the walk: the tiles run in
+ * Several devices (knn_gpu_walk.cu) share the walk: the tiles run in
  * step on all of them, each device walking its share of a tile's rows
  * against every node up to the tile's end, so each pair is still
  * computed once, on one device, and each row walks once (its own
@@ -53,27 +53,8 @@
 /* The merge holds a node's k smallest in a warp, entry i in slot i / 32
  * of lane i % 32. */
 #define KNN_PAIRS_PER_LANE 4
-#define KNN_PAIRS_MAX_K (32 * KNN_PAIRS_PER_LANE)
-/* Where it runs, chosen by the engine: end to end on one H200
- * (inst/bench/pairs.R, RESULTS.md "Each pair once" and "k up to 128"),
- * the shared walk took 0.47x to 0.88x the plain walk's time at k 10 to 32
- * and 200000 to 1M nodes, and 0.19x to 0.51x the panel path's; past
- * k = 32 it took 0.37x to 0.51x the panel path's time at 1M nodes (k =
- * 100, 50 and 128 features) but 0.97x to 1.02x at 262144 (k = 100, 128
- * features; 0.71x to 0.83x at k = 64), where the owners' work per row
- * and the search's fixed costs weigh more: so past k = 32 only from
- * 262144 nodes. A forced fused search takes it wherever it can run. */
-#define KNN_PAIRS_AUTO_SMALL_K 32
-#define KNN_PAIRS_AUTO_MIN_NODES 262144
-int knn_pairs_choose(knn_select_force force, int self, int k, int n_ref,
-                     int tile_rows)
-{
-    if (force == KNN_SELECT_CHOOSE && k > KNN_PAIRS_AUTO_SMALL_K &&
-        n_ref < KNN_PAIRS_AUTO_MIN_NODES)
-        return 0;
-    return self && force != KNN_SELECT_FORCE_FUSED_ROWS &&
-           k <= KNN_PAIRS_MAX_K && tile_rows < n_ref && n_ref > 1;
-}
+static_assert(KNN_PAIRS_MAX_K == 32 * KNN_PAIRS_PER_LANE,
+              "the merge holds KNN_PAIRS_MAX_K entries a warp");
 
 /* The arrays of knn_pairs, carved from one block (sizes only without
  * one). */
@@ -389,8 +370,7 @@ knn_status knn_pairs_gather(const knn_pairs *p, const knn_select_args *sel,
 
 /* Loads the walk's kernels now, with its arrays: CUDA loads a kernel's
  * code at its first launch, which maps memory, and in the walk that
- * waited for the faults of knn_gpu_pages.cu (a first 1M-node search's
- * walk took 834 to 908 ms against 808 ms). */
+ * would wait for the faults of knn_gpu_pages.cu. */
 static knn_status knn_pairs_load_kernels(char *message)
 {
     cudaFuncAttributes attr;

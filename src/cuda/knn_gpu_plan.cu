@@ -1,7 +1,7 @@
 /*
- * knn_gpu_plan.cu: one device's nodes and buffers for a search (host
- * code): the upload and preparation of the nodes, the row tile R and the
- * arrays of a tile, carved from one device and one host allocation.
+ * knn_gpu_plan.cu: one device's buffers for a search (host code): the
+ * row tile R and the arrays of a tile, carved from one device and one
+ * host allocation, on the path the policy chose (knn_gpu_policy.cu).
  *
  * A tile of R query rows needs, on the panel path, an R x n_ref panel of
  * fast products (at most 2^31 floats, which keeps a tile well under a
@@ -12,6 +12,7 @@
  * on the host. R comes from cudaMemGetInfo and the request's budget; when
  * an allocation fails, R is halved and tried again.
  */
+#include <math.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -19,173 +20,17 @@
 
 #define KNN_RESERVE_BYTES (512.0 * 1048576.0)
 /* Pinned result slots a device's context keeps (knn_host_slots): enough
- * for a shared walk's tiles (one wave, 33792 rows on an H200) up to
- * k = 128, 173 MB; a 262144-node graph at k = 100 pinned 135 MB of its
- * own in 60 to 70 ms of a 433 ms search, on an H200. */
+ * for a shared walk's tiles (one wave of a 132-SM device, 33792 rows) up
+ * to k = 128, 173 MB, which a search would otherwise pin anew each time
+ * (inst/bench/gpu_phases.R's setup column). */
 #define KNN_HOST_KEEP_BYTES ((size_t)192 << 20)
 #define KNN_SLOT_BYTES_MAX (256.0 * 1048576.0)
-#define KNN_PANEL_FLOATS_MAX 2147483648.0 /* keeps one tile well under 1 s */
-/* Pairs of a fused tile: 2^36 take some 0.1 s on an H200 at p = 50, so an
- * interrupt is answered well within a second. A reference of more than
- * about 4M nodes gets a wave of blocks per tile instead (16896 rows on an
- * H200: 0.3 s at 10M nodes and p = 50). */
+/* Products of a panel tile, and pairs of a fused tile: few enough that a
+ * tile ends, and an interrupt is answered, well within a second. A
+ * reference of more than about 4M nodes gets a wave of blocks per fused
+ * tile instead. */
+#define KNN_PANEL_FLOATS_MAX 2147483648.0
 #define KNN_FUSED_PAIRS_MAX 68719476736.0
-
-/* Lets this device's kernels and copies read GPU `peer`'s memory
- * directly (NVLink or PCIe), where the two can; *reads whether they may
- * (on one GPU they always may). Where they may not, each device uploads
- * the whole reference and a shared walk stages the other device's arrays
- * through this device's buffers (knn_team_view), CUDA staging its copies
- * through host memory; so where KNNGPU_STAGE_PEERS is set, the harness's
- * way to run that path on one GPU. Once enabled, access stays so for the
- * process. */
-static knn_status knn_dev_enable_peer(knn_gpu_dev *d, int peer, int *reads)
-{
-    int can = 0;
-    *reads = peer == d->device;
-    if (!*reads) {
-        KNN_CUDA_TRY(d->message,
-                     cudaDeviceCanAccessPeer(&can, d->device, peer));
-        cudaError_t e = can ? cudaDeviceEnablePeerAccess(peer, 0)
-                            : cudaErrorPeerAccessUnsupported;
-        *reads = e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled;
-        if (e != cudaSuccess) cudaGetLastError();
-    }
-    const char *staged = getenv("KNNGPU_STAGE_PEERS");
-    if (staged && staged[0] == '1') *reads = 0;
-    return KNN_OK;
-}
-
-/* The other devices whose memory this one reads (d->team_reads): known
- * before the upload, which they share where each reads every other's
- * (knn_upload_nodes), and before the plan, whose shared walk stages only
- * the arrays of the others it cannot read. */
-static knn_status knn_dev_open_peers(knn_gpu_dev *d)
-{
-    const knn_gpu_team *team = &d->shared->team;
-    d->team_reads = 0;
-    for (int w = 0; w < d->walkers; w++) {
-        int reads = 0;
-        if (w == d->walker) continue;
-        KNN_TRY(knn_dev_enable_peer(d, team->device[w], &reads));
-        if (reads) d->team_reads |= 1u << w;
-    }
-    return KNN_OK;
-}
-
-/* Whether this device reads every other device's memory. */
-static int knn_dev_reads_peers(const knn_gpu_dev *d)
-{
-    unsigned others = ((1u << d->walkers) - 1u) & ~(1u << d->walker);
-    return (d->team_reads & others) == others;
-}
-
-/* ---- the upload ------------------------------------------------------- */
-
-/* Devices that read each other's memory share the upload of the
- * reference: each sends its slice of the nodes from the host (nodes
- * [*first, *end) for device w, in walker order) and copies the others'
- * from their GPUs, so that the host reads the reference and sends it
- * once, not once per GPU. */
-static void knn_upload_slice(const knn_gpu_dev *d, int w, size_t *first,
-                             size_t *end)
-{
-    size_t n = (size_t)d->req->n_ref;
-    *first = n * w / d->walkers;
-    *end = n * (w + 1) / d->walkers;
-}
-
-/* Device w's slice of the reference from its upload into x. */
-static knn_status knn_upload_copy_slice(knn_gpu_dev *d, int w, double *x)
-{
-    const knn_gpu_team *team = &d->shared->team;
-    size_t p = (size_t)d->req->p, first = 0, end = 0;
-    knn_upload_slice(d, w, &first, &end);
-    KNN_CUDA_TRY(d->message, cudaMemcpyPeerAsync(
-        x + p * first, d->device, team->upload[w] + p * first,
-        team->device[w], p * (end - first) * sizeof(double), d->stream));
-    return KNN_OK;
-}
-
-/* This device reads no other's upload any more (its copies are done, or
- * it never made them): once all are so, each may free its own. Every
- * device that searches says so once, on every path (knn_dev_free). */
-static void knn_upload_release(knn_gpu_dev *d)
-{
-    if (!d->upload_released && d->stream) cudaStreamSynchronize(d->stream);
-    knn_team_count_once(&d->upload_released, &d->shared->team.upload_done);
-}
-
-/* Once this device's slice is uploaded (x): publishes it and, when every
- * device has, copies theirs into x. Returns only once no device reads x
- * any more, on every path: the caller frees it. */
-static knn_status knn_upload_gather(knn_gpu_dev *d, double *x)
-{
-    knn_gpu_team *team = &d->shared->team;
-    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
-    team->upload[d->walker] = x;
-    knn_status st = knn_team_meet(d, &team->met[KNN_MEET_UPLOADED],
-                                  d->walkers, NULL);
-    for (int w = 0; w < d->walkers && st == KNN_OK; w++)
-        if (w != d->walker) st = knn_upload_copy_slice(d, w, x);
-    knn_upload_release(d);
-    knn_team_wait_all(&team->upload_done, d->walkers);
-    return st;
-}
-
-/* Copies ref and this device's query rows into one p x n_nodes array:
- * the reference through the host, or only this device's slice of it
- * where the devices share the upload. */
-static knn_status knn_upload_nodes(knn_gpu_dev *d, double **x)
-{
-    const knn_request *req = d->req;
-    size_t p = (size_t)req->p, first = 0, end = (size_t)req->n_ref;
-    int shared = d->walkers > 1 && knn_dev_reads_peers(d);
-    if (shared) knn_upload_slice(d, d->walker, &first, &end);
-    KNN_CUDA_TRY(d->message,
-                 cudaMalloc((void **)x, p * d->n_nodes * sizeof(double)));
-    knn_upload_part parts[2] = {
-        {*x + p * first, req->ref + p * first, p * (end - first)},
-        {*x + p * req->n_ref,
-         req->query ? req->query + p * d->q0 : NULL, p * d->nq}};
-    KNN_TRY(knn_context_upload(d->ctx, parts, req->query ? 2 : 1,
-                               d->copy_threads, &d->shared->stop,
-                               d->message));
-    return shared ? knn_upload_gather(d, *x) : KNN_OK;
-}
-
-/* Whether the device runs float64 at half float32's rate or better (the
- * A100, H100 and H200 do; most other cards at 1/32 or 1/64). */
-static knn_status knn_dev_fp64_rate(knn_gpu_dev *d)
-{
-    int ratio = 0;
-    KNN_CUDA_TRY(d->message,
-                 cudaDeviceGetAttribute(
-                     &ratio, cudaDevAttrSingleToDoublePrecisionPerfRatio,
-                     d->device));
-    d->fp64_fast = ratio > 0 && ratio <= 2;
-    return KNN_OK;
-}
-
-knn_status knn_dev_prepare(knn_gpu_dev *d)
-{
-    const knn_request *req = d->req;
-    double t0 = knn_seconds();
-    KNN_TRY(knn_dev_fp64_rate(d));
-    d->self = req->query == NULL;
-    d->n_nodes = req->n_ref + (d->self ? 0 : d->nq);
-    double *x = NULL;
-    if (d->walkers > 1) KNN_TRY(knn_dev_open_peers(d));
-    knn_status st = knn_upload_nodes(d, &x);
-    if (st == KNN_OK)
-        st = knn_prepare_nodes(req->metric, x, req->p, req->n_ref,
-                               d->n_nodes, d->query_max_abs, d->gemm,
-                               &d->nodes,
-                               d->message, d->stream);
-    if (x != d->nodes.exact) cudaFree(x);
-    d->seconds_prepare = knn_seconds() - t0;
-    return st;
-}
 
 /* The row tile's fixed arrays: device ones from dev, pinned ones from
  * host. */
@@ -342,8 +187,9 @@ static knn_status knn_host_slots(knn_gpu_dev *d, size_t bytes)
  * path, twice the reference's for float64 products. */
 static size_t knn_dev_panel_ld(const knn_gpu_dev *d)
 {
-    if (d->fused) return 0;
-    return knn_panel_ld(d->req->n_ref) * (d->gemm == KNN_GEMM_FP64 ? 2 : 1);
+    if (knn_dev_fused(d)) return 0;
+    return knn_panel_ld(d->req->n_ref) *
+           (d->course.gemm == KNN_GEMM_FP64 ? 2 : 1);
 }
 
 /* Uniform offsets: row i's slots from i * slots, on the device from the
@@ -393,19 +239,10 @@ static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots,
     return knn_dev_idle(d);
 }
 
-/* Whether a search on the fused path would take a shared walk
- * (knn_gpu_pairs.cu) in tiles of `rows` rows (0: of whatever size). */
-static int knn_dev_could_pair(const knn_gpu_dev *d, int rows)
-{
-    const knn_request *req = d->req;
-    return !d->pairs_refused &&
-           knn_pairs_choose(req->select, d->self, req->k, req->n_ref, rows);
-}
-
 /* Several devices share a walk through staging buffers for the arrays of
  * another device that this one cannot read, the lists of at most this
  * many bytes: the lists of the device's own rows' nodes pass through it
- * in pieces (knn_gpu_loop.cu). */
+ * in pieces (knn_gpu_walk.cu). */
 #define KNN_PAIRS_STAGE_BYTES ((size_t)256 << 20)
 
 /* The nodes a piece of another device's lists holds: none on one device
@@ -422,7 +259,7 @@ static int knn_dev_stage_nodes(const knn_gpu_dev *d, int list_cap)
 /* Whether the device's search takes a shared walk, in such tiles. */
 static int knn_dev_wants_pairs(const knn_gpu_dev *d, int rows)
 {
-    return d->fused && knn_dev_could_pair(d, rows);
+    return knn_dev_fused(d) && knn_dev_could_pair(d, rows);
 }
 
 /* The fp16 vectors that the fused kernel reads; where they do not fit,
@@ -432,7 +269,7 @@ static knn_status knn_dev_make_half(knn_gpu_dev *d)
     knn_status st = knn_nodes_half(d->req->metric, &d->nodes, d->message,
                                    d->stream);
     if (st == KNN_E_NOMEM) {
-        d->fused = 0;
+        knn_course_path(d, KNN_PATH_PANEL);
         d->message[0] = '\0';
         return KNN_OK;
     }
@@ -449,19 +286,21 @@ static knn_status knn_dev_choose_path(knn_gpu_dev *d)
     KNN_CUDA_TRY(d->message,
                  cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount,
                                         d->device));
-    d->fused = 0;
+    knn_gemm_mode gemm = d->course.gemm;
+    knn_course_path(d, KNN_PATH_PANEL);
     d->wave_rows = 0;
-    if (d->refine_select ||
-        !knn_fused_choose(req->select, req->metric, d->gemm, req->k, req->p,
-                          d->nq, sms, 1))
+    if (d->course.refine ||
+        !knn_fused_choose(d->knobs->select, req->metric, gemm, req->k,
+                          req->p, d->nq, sms, 1))
         return KNN_OK;
     KNN_TRY(knn_fused_wave_rows(d->score_kind, req->k, sms, &d->wave_rows,
                                 d->message));
-    d->fused = knn_fused_choose(req->select, req->metric, d->gemm, req->k,
-                                req->p, d->nq, sms,
-                                knn_dev_could_pair(d, d->wave_rows));
-    if (d->fused) KNN_TRY(knn_dev_make_half(d));
-    if (!d->fused) d->wave_rows = 0;
+    if (knn_fused_choose(d->knobs->select, req->metric, gemm, req->k, req->p,
+                         d->nq, sms, knn_dev_could_pair(d, d->wave_rows))) {
+        knn_course_path(d, KNN_PATH_FUSED);
+        KNN_TRY(knn_dev_make_half(d));
+    }
+    if (!knn_dev_fused(d)) d->wave_rows = 0;
     return KNN_OK;
 }
 
@@ -474,7 +313,7 @@ static knn_status knn_dev_choose_path(knn_gpu_dev *d)
 static knn_status knn_dev_refuse_pairs(knn_gpu_dev *d)
 {
     knn_pairs_free(&d->pairs);
-    d->pairs_refused = 1;
+    knn_course_refuse_walk(d);
     d->message[0] = '\0';
     return knn_dev_plan_tiles(d);
 }
@@ -487,8 +326,8 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
     KNN_TRY(knn_dev_choose_path(d));
     int slots = 2 * k + 256 < avail ? 2 * k + 256 : avail;
     knn_pairs_free(&d->pairs);
-    int surv_slots = d->fused ? knn_fused_survivor_slots(k, req->n_ref, avail)
-                              : 0;
+    int surv_slots = knn_dev_fused(d)
+        ? knn_fused_survivor_slots(k, req->n_ref, avail) : 0;
     size_t free_b = 0, total_b = 0;
     KNN_CUDA_TRY(d->message, cudaMemGetInfo(&free_b, &total_b));
     double budget = (double)free_b - KNN_RESERVE_BYTES - 0.05 * total_b;
@@ -499,9 +338,9 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
     /* A shared walk's per-node arrays come out of the same budget. A
      * node's list holds its candidates and then a tile's offers, judged
      * against a threshold from fewer nodes, whose band of margins holds
-     * more of them: at first about as many again (euclidean, 262144 x 128,
-     * k = 100, on an H200: 196 candidates a row of the first tile, whose
-     * lists then overflowed 2k + 256 entries with the second's offers). */
+     * more of them: at first about as many again, so the lists hold twice
+     * a row's slots (lists of 2k + 256 overflow with the second tile's
+     * offers in inst/bench/pairs.R's k = 100 cases). */
     int pairs = knn_dev_wants_pairs(d, 0);
     int list_cap = 2 * slots < avail ? 2 * slots : avail;
     int stage_nodes = knn_dev_stage_nodes(d, list_cap);
@@ -516,10 +355,10 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
      * A shared walk takes one wave a tile: the pairs within a tile are
      * computed twice, so more tiles save more. */
     double tile_rows = pairs ? (double)d->wave_rows
-        : d->fused
+        : knn_dev_fused(d)
         ? fmax(KNN_FUSED_PAIRS_MAX / req->n_ref, (double)d->wave_rows)
         : KNN_PANEL_FLOATS_MAX / req->n_ref /
-              (d->gemm == KNN_GEMM_FP64 ? 2 : 1);
+              (d->course.gemm == KNN_GEMM_FP64 ? 2 : 1);
     double limits[] = {(double)d->nq, 2147483647.0 / slots,
                        2147483647.0 / (surv_slots > 0 ? surv_slots : 1),
                        KNN_SLOT_BYTES_MAX / (k * 20.0), tile_rows};
@@ -527,9 +366,8 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
         if (limits[i] < rows) rows = limits[i];
     int r = rows < 1.0 ? 1 : (int)rows;
     /* Whole waves: a tile of 2.03 waves of fused blocks takes as long as
-     * one of 3, its last few blocks running alone (1M nodes at p = 50:
-     * 537 blocks of 128 rows against 264 at once on an H200). */
-    if (d->fused && r < d->nq && r > d->wave_rows)
+     * one of 3, its last few blocks running alone. */
+    if (knn_dev_fused(d) && r < d->nq && r > d->wave_rows)
         r -= r % d->wave_rows;
     if (knn_dev_wants_pairs(d, r)) {
         knn_status st = knn_pairs_alloc(&d->pairs, req->n_ref, k, list_cap,
@@ -569,21 +407,4 @@ knn_status knn_dev_idle(knn_gpu_dev *d)
     KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
     KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->copy_stream));
     return KNN_OK;
-}
-
-void knn_dev_free(knn_gpu_dev *d)
-{
-    if (d->stream) cudaStreamSynchronize(d->stream);
-    if (d->copy_stream) cudaStreamSynchronize(d->copy_stream);
-    knn_upload_release(d);
-    knn_tiles_free(&d->t);
-    knn_team_release(d);
-    knn_pairs_free(&d->pairs);
-    knn_nodes_free(&d->nodes);
-    knn_context_release(d->ctx, d->status);
-    d->ctx = NULL;
-    d->blas = NULL;
-    d->stream = NULL;
-    d->copy_stream = NULL;
-    cudaGetLastError();
 }

@@ -25,17 +25,6 @@
 #define KNN_MH_PER (KNN_MH_TILE / KNN_MH_SIDE)
 #define KNN_MH_FEAT 16   /* features staged per step */
 
-knn_gemm_mode knn_gemm_choose(knn_precision force)
-{
-    if (force == KNN_PRECISION_FP32) return KNN_GEMM_FP32;
-    if (force == KNN_PRECISION_FP64) return KNN_GEMM_FP64;
-    return force == KNN_PRECISION_TF32X3 ? KNN_GEMM_TF32X3 : KNN_GEMM_TF32;
-}
-
-int knn_gemm_adaptive(knn_precision force, knn_metric metric)
-{
-    return force == KNN_PRECISION_AUTO && knn_uses_product(metric);
-}
 
 cublasMath_t knn_gemm_math(knn_gemm_mode mode)
 {

@@ -18,10 +18,9 @@
  *    stay ordered by the smaller index: the engine's tie rule. A row of
  *    up to KNN_SORT_SHORT slots is sorted by a block of its own in shared
  *    memory (a bitonic sort on (bits, slot), which orders as a stable sort
- *    by the bits does); longer ones by CUB's stable segmented sort, which
- *    on 262144 rows of some 242 candidates took 40 ms of a tile's 60 ms
- *    re-rank (ncu, H200), most rows going to its kernel for large
- *    segments.
+ *    by the bits does); longer ones by CUB's stable segmented sort, whose
+ *    kernel for large segments is slow on rows of a few hundred
+ *    candidates.
  * 3. Output: one thread per (row, rank < k) reads its slot's node and
  *    original key and writes index, distance and weight (knn_key_output)
  *    into rows x k arrays, column- or row-major as the caller's result is;

@@ -2,11 +2,12 @@
  * knn_gpu_search.cu: knn_gpu_search(), the CUDA backend's entry point.
  *
  * The query rows are split into one contiguous block per device; one host
- * thread per device prepares its copy of the nodes and runs its row tiles
- * (knn_gpu_loop.cu), writing its own rows of the caller's arrays (a small
- * search on one device runs on the calling thread instead); a self search
- * whose devices all take the fused path shares one walk of its pairs
- * among them first (knn_gpu_pairs.cu), and each gathers its rows from it.
+ * thread per device prepares its copy of the nodes (knn_gpu_upload.cu)
+ * and runs its row tiles (knn_gpu_loop.cu), writing its own rows of the
+ * caller's arrays (a small search on one device runs on the calling
+ * thread instead); a self search whose devices all take the fused path
+ * shares one walk of its pairs among them first (knn_gpu_walk.cu), and
+ * each gathers its rows from it.
  * Every row's answer is the exact one of knn_exact.h, so the split
  * changes nothing in the output. The calling thread only waits: every
  * 100 ms it asks the interrupt callback and reports progress (callbacks
@@ -18,9 +19,6 @@
  */
 #include <stdio.h>
 #include <string.h>
-#include <chrono>
-#include <condition_variable>
-#include <mutex>
 #include <new>
 #include <thread>
 #include <vector>
@@ -135,8 +133,33 @@ static knn_status knn_dev_open(knn_gpu_dev *d)
     d->copy_stream = d->ctx->copy_stream;
     d->blas = d->ctx->blas;
     KNN_BLAS_TRY(d->message,
-                 cublasSetMathMode(d->blas, knn_gemm_math(d->gemm)));
+                 cublasSetMathMode(d->blas, knn_gemm_math(d->course.gemm)));
     return KNN_OK;
+}
+
+/* One device's course through its rows: a shared walk where its plan
+ * took one (agreed with the other devices first), whose tiles then
+ * gather their candidates from the walk's lists; else, or where the walk
+ * had to be left, the row tiles of the plain course, starting with a
+ * probe where the fused path may still change course (knn_dev_tiles). */
+static knn_status knn_dev_search(knn_gpu_dev *d)
+{
+    if (d->walkers > 1) KNN_TRY(knn_team_agree(d));
+    if (d->pairs.block) {
+        int left = 0;
+        KNN_TRY(knn_pairs_walk_all(d, &left));
+        if (d->shared->stop) return KNN_E_INTERRUPTED;
+        if (!left && d->team_walk) KNN_TRY(knn_team_exchange(d, &left));
+        if (!left) {
+            knn_course_path(d, KNN_PATH_GATHER);
+            d->pairs_once = 1;
+            knn_status st = knn_dev_tiles(d, 0);
+            knn_course_path(d, KNN_PATH_FUSED);
+            return st;
+        }
+        KNN_TRY(knn_dev_leave_pairs(d, left));
+    }
+    return knn_dev_tiles(d, knn_dev_fused(d) && d->course.may_climb);
 }
 
 static knn_status knn_dev_run(knn_gpu_dev *d)
@@ -150,12 +173,6 @@ static knn_status knn_dev_run(knn_gpu_dev *d)
     KNN_TRY(knn_dev_plan(d));
     return knn_dev_search(d);
 }
-
-typedef struct {
-    std::mutex lock;
-    std::condition_variable wake;
-    int running;
-} knn_gpu_join;
 
 static void knn_team_init(knn_gpu_team *team)
 {
@@ -172,7 +189,7 @@ static void knn_team_init(knn_gpu_team *team)
 }
 
 /* The devices that search (those given rows), numbered in row order:
- * they may share a walk (knn_gpu_loop.cu), each knowing the others'
+ * they may share a walk (knn_gpu_walk.cu), each knowing the others'
  * GPUs. */
 static void knn_place_walkers(std::vector<knn_gpu_dev> &devs)
 {
@@ -185,7 +202,28 @@ static void knn_place_walkers(std::vector<knn_gpu_dev> &devs)
     for (knn_gpu_dev &d : devs) d.walkers = walkers;
 }
 
-static void knn_dev_thread(knn_gpu_dev *d, knn_gpu_join *j)
+/* Frees everything the device took, once its streams are idle, on every
+ * path: it says on the way out that it reads no other device's upload
+ * and lists any more, and waits until the others are done with its own
+ * before it frees them. */
+static void knn_dev_free(knn_gpu_dev *d)
+{
+    if (d->stream) cudaStreamSynchronize(d->stream);
+    if (d->copy_stream) cudaStreamSynchronize(d->copy_stream);
+    knn_upload_release(d);
+    knn_tiles_free(&d->t);
+    knn_team_release(d);
+    knn_pairs_free(&d->pairs);
+    knn_nodes_free(&d->nodes);
+    knn_context_release(d->ctx, d->status);
+    d->ctx = NULL;
+    d->blas = NULL;
+    d->stream = NULL;
+    d->copy_stream = NULL;
+    cudaGetLastError();
+}
+
+static void knn_dev_thread(knn_gpu_dev *d)
 {
     try {
         d->status = knn_dev_run(d);
@@ -194,32 +232,28 @@ static void knn_dev_thread(knn_gpu_dev *d, knn_gpu_join *j)
                  "out of host memory in the GPU backend");
         d->status = KNN_E_NOMEM;
     }
-    if (d->status != KNN_OK) d->shared->stop = 1;
+    if (d->status != KNN_OK) knn_meet_stop(d->shared);
     double t0 = knn_seconds();
     knn_dev_free(d);
     d->seconds_setup += knn_seconds() - t0;
-    std::lock_guard<std::mutex> g(j->lock);
-    j->running--;
-    j->wake.notify_all();
+    knn_meet_add(d->shared, &d->shared->finished, 1);
 }
 
-/* The caller's loop while the device threads run: polls the callbacks. */
-static int knn_wait_devices(const knn_request *req, knn_gpu_join *j,
-                            knn_gpu_shared *shared, double total)
+/* The caller's loop while the `started` device threads run: polls the
+ * callbacks every KNN_POLL_MS, and once more after the last has ended. */
+static int knn_wait_devices(const knn_request *req, knn_gpu_shared *shared,
+                            int started, double total)
 {
     int interrupted = 0;
-    std::unique_lock<std::mutex> g(j->lock);
-    while (j->running > 0) {
-        j->wake.wait_for(g, std::chrono::milliseconds(KNN_POLL_MS));
-        g.unlock();
+    while (shared->finished < started) {
+        knn_meet_wait_for(shared, &shared->finished, started, KNN_POLL_MS);
         if (!interrupted && req->cb.interrupted &&
             req->cb.interrupted(req->cb.ctx)) {
             interrupted = 1;
-            shared->stop = 1;
+            knn_meet_stop(shared);
         }
         if (req->cb.progress)
             req->cb.progress(req->cb.ctx, (double)shared->rows_done, total);
-        g.lock();
     }
     return interrupted;
 }
@@ -232,14 +266,14 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
     int refined = 0, half_products = 0, climbs = -1;
     /* What the devices ended on: the one that climbed furthest says to
      * what, and from which arithmetics any of them came. */
-    knn_gemm_mode gemm = devs.empty() ? KNN_GEMM_FP32 : devs[0].gemm;
+    knn_gemm_mode gemm = devs.empty() ? KNN_GEMM_FP32 : devs[0].course.gemm;
     for (const knn_gpu_dev &d : devs) {
-        int n = __builtin_popcount(d.gemm_before);
+        int n = __builtin_popcount(d.course.climbed_from);
         if (n > climbs) {
             climbs = n;
-            gemm = d.gemm;
+            gemm = d.course.gemm;
         }
-        before |= d.gemm_before;
+        before |= d.course.climbed_from;
     }
     rep->row_tile = 0;
     rep->pairs_once = !devs.empty();
@@ -270,7 +304,7 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
 /* Whether a search runs on the calling thread: one device, and work that
  * ends in milliseconds (at most 2^35 products of two values, 256 MB of
  * input), so that not polling for interrupts meanwhile costs nothing and
- * starting a device thread and waking from it (0.3 ms) is saved. */
+ * starting a device thread and waking from it is saved. */
 static bool knn_runs_inline(const knn_request *req, int n_dev)
 {
     double n_q = req->query ? req->n_query : req->n_ref;
@@ -291,15 +325,16 @@ static knn_status knn_result_arrive(knn_result *out, size_t entries, int k,
     knn_status st = knn_result_allocate(out, rep->message,
                                         sizeof rep->message);
     if (st != KNN_OK) {
-        shared->stop = 1;
+        knn_meet_stop(shared);
         return st;
     }
     knn_pages_start(pages, out, entries, k, shared);
-    shared->out_ready = 1;
+    knn_meet_first(shared, &shared->out_ready, 1);
     return KNN_OK;
 }
 
 static knn_status knn_gpu_search_devices(const knn_request *req,
+                                         const knn_knobs *knobs,
                                          knn_result *out, knn_report *rep,
                                          const std::vector<int> &ids)
 {
@@ -308,7 +343,9 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
     int block = (n_q + n_dev - 1) / n_dev;
     knn_gpu_shared shared;
     shared.stop = 0;
+    shared.finished = 0;
     shared.rows_done = 0;
+    shared.tile_done = 0;
     shared.out_ready = 0;
     knn_team_init(&shared.team);
     double qmax = fmax(knn_query_max_abs(req, n_dev), req->max_abs);
@@ -319,6 +356,7 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
         knn_gpu_dev *d = &devs[i];
         memset((void *)d, 0, sizeof *d);
         d->req = req;
+        d->knobs = knobs;
         d->out = out;
         d->shared = &shared;
         d->device = ids[i];
@@ -327,15 +365,17 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
         d->query_max_abs = qmax;
         d->score_kind = knn_score_of(req->metric);
         /* Manhattan multiplies nothing: its panel is float32 sums. */
-        d->gemm = knn_uses_product(req->metric)
-                      ? knn_gemm_choose(req->precision) : KNN_GEMM_FP32;
-        d->gemm_adaptive = knn_gemm_adaptive(req->precision, req->metric);
+        knn_course c = {KNN_PATH_PANEL,
+                        knn_uses_product(req->metric)
+                            ? knn_gemm_choose(req->precision)
+                            : KNN_GEMM_FP32,
+                        knn_gemm_adaptive(req->precision, req->metric), 0u,
+                        0, 0};
+        knn_course_set(d, c);
         d->copy_threads = copy_threads;
     }
     knn_place_walkers(devs);
 
-    knn_gpu_join j;
-    j.running = 0;
     std::vector<std::thread> threads;
     knn_status st = KNN_OK;
     bool on_caller = knn_runs_inline(req, n_dev);
@@ -344,17 +384,14 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
     if (on_caller) {
         KNN_TRY(knn_result_arrive(out, entries, req->k, &shared, &pages,
                                   rep));
-        j.running = 1;
-        knn_dev_thread(&devs[0], &j);
+        knn_dev_thread(&devs[0]);
     }
     for (int i = 0; i < n_dev && st == KNN_OK && !on_caller; i++) {
         if (devs[i].nq <= 0) continue;
         try {
-            std::lock_guard<std::mutex> g(j.lock);
-            threads.emplace_back(knn_dev_thread, &devs[i], &j);
-            j.running++;
+            threads.emplace_back(knn_dev_thread, &devs[i]);
         } catch (...) {
-            shared.stop = 1;
+            knn_meet_stop(&shared);
             snprintf(rep->message, sizeof rep->message,
                      "could not start a host thread for GPU %d", ids[i]);
             st = KNN_E_NOMEM;
@@ -362,11 +399,13 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
     }
     /* A device whose thread did not start reads no other's upload. */
     if (!on_caller)
-        shared.team.upload_done += devs[0].walkers - (int)threads.size();
+        knn_meet_add(&shared, &shared.team.upload_done,
+                     devs[0].walkers - (int)threads.size());
     knn_status arrived = on_caller || st != KNN_OK
         ? KNN_OK
         : knn_result_arrive(out, entries, req->k, &shared, &pages, rep);
-    int interrupted = knn_wait_devices(req, &j, &shared, (double)n_q);
+    int started = on_caller ? 1 : (int)threads.size();
+    int interrupted = knn_wait_devices(req, &shared, started, (double)n_q);
     for (std::thread &t : threads) t.join();
     knn_pages_join(&pages);
     out->ends_written = knn_pages_wrote_ends(&pages);
@@ -389,9 +428,12 @@ static knn_status knn_gpu_search_devices(const knn_request *req,
     return KNN_OK;
 }
 
-extern "C" knn_status knn_gpu_search(const knn_request *req, knn_result *out,
+extern "C" knn_status knn_gpu_search(const knn_request *req,
+                                     const knn_knobs *knobs, knn_result *out,
                                      knn_report *report)
 {
+    static const knn_knobs defaults = {};
+    if (!knobs) knobs = &defaults;
     if (knn_gpu_claim_process(report->message, sizeof report->message) !=
         KNN_OK)
         return KNN_E_NOGPU;
@@ -401,7 +443,7 @@ extern "C" knn_status knn_gpu_search(const knn_request *req, knn_result *out,
         st = knn_pick_devices(req, ids, report);
         if (st == KNN_OK) {
             knn_device_names(ids, report);
-            st = knn_gpu_search_devices(req, out, report, ids);
+            st = knn_gpu_search_devices(req, knobs, out, report, ids);
         }
     } catch (const std::bad_alloc &) {
         snprintf(report->message, sizeof report->message,

@@ -52,31 +52,9 @@
 #define KNN_RADIX_PER_THREAD (KNN_RADIX_BINS / KNN_RADIX_THREADS)
 #define KNN_SAMPLE_BUF 3072         /* shared-memory nodes, sampled path */
 #define KNN_REFINE_BUF 10240        /* the same, TF32 found crowded */
-#define KNN_REFINE_MIN(k) (2 * (k) + 32) /* fewer candidates: no refining */
 #define KNN_SAMPLE_MAX_STRIDE 16
 #define KNN_ITEMS 8                 /* loads in flight per thread */
 
-/* Crossovers measured by inst/bench/select_thresholds.R (numbers in
- * inst/bench/RESULTS.md, "## GPU"): the warp kernel wins only for k <= 16
- * and row tiles big enough to keep every SM's warps busy. KNN_WARP_MAX_K
- * is its largest queue, usable when forced. */
-#define KNN_WARP_MAX_K 32
-#define KNN_WARP_AUTO_MAX_K 16
-#define KNN_WARP_MIN_ROWS 16384
-
-knn_select_algo knn_select_choose(knn_select_force force, int rows, int k)
-{
-    if (force == KNN_SELECT_FORCE_RADIX) return KNN_SELECT_RADIX;
-    if (force == KNN_SELECT_FORCE_WARP && k <= KNN_WARP_MAX_K)
-        return KNN_SELECT_WARP;
-    /* The reference's width enters through the plan: a row tile's rows x
-     * columns are capped at 2^31 floats, so rows >= KNN_WARP_MIN_ROWS
-     * already means at most 131072 columns, the narrow references where
-     * the warp kernel was measured to win. */
-    if (k <= KNN_WARP_AUTO_MAX_K && rows >= KNN_WARP_MIN_ROWS)
-        return KNN_SELECT_WARP;
-    return KNN_SELECT_RADIX;
-}
 
 /* ---- warp select ------------------------------------------------------ */
 
@@ -632,7 +610,7 @@ static int knn_sample_stride(int n_cols, int k)
  * keep all their TF32 candidates there (hundreds on log-counts, thousands
  * on some rows), and two blocks still fit an SM; until then the smaller
  * buffer lets four, which a selection streaming the panel needs (the
- * larger one cost 0.29 s of 0.80 in a 262144 x 128 search, k = 100). */
+ * larger one everywhere slows gpu.R's k = 100 case by a third). */
 static int knn_radix_cap(const knn_select_args *a)
 {
     return a->row_margin2_fp32 && a->wide_buffer ? KNN_REFINE_BUF
@@ -646,8 +624,8 @@ static constexpr size_t knn_radix_bytes(int cap)
 }
 
 /* The larger buffer must fit the smallest opt-in shared memory of a block
- * among the cards the build runs on: 99 KB on sm_86 and sm_89 (A100 has
- * 163 KB, H100 and H200 227 KB). It takes 100592 bytes of 101376. */
+ * among the cards the build runs on: 99 KB on sm_86 and sm_89 (sm_80
+ * has 163 KB, sm_90 227 KB). It takes 100592 bytes of 101376. */
 static_assert(knn_radix_bytes(KNN_REFINE_BUF) <= 101376,
               "the refinement's buffer outgrows a 99 KB block");
 

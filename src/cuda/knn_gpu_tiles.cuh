@@ -1,21 +1,27 @@
 /*
  * knn_gpu_tiles.cuh: one device's state during a search, driven by one
- * host thread from knn_gpu_search.cu: its nodes and buffers
- * (knn_gpu_plan.cu) and the loop over its row tiles (knn_gpu_loop.cu).
+ * host thread from knn_gpu_search.cu, and the host files that work on it,
+ * each calling only those listed after it: knn_gpu_search.cu (the
+ * devices' threads and each device's course) -> knn_gpu_walk.cu (the
+ * shared walk) -> knn_gpu_loop.cu (the pipeline of row tiles) ->
+ * knn_gpu_plan.cu (tiles and buffers) -> knn_gpu_upload.cu (the nodes on
+ * the device); knn_gpu_policy.cu (every automatic choice) calls none of
+ * them. src/cuda/README.md draws the course.
  */
 #ifndef KNN_GPU_TILES_CUH
 #define KNN_GPU_TILES_CUH
 
 #include <atomic>
-#include <chrono>
+#include <condition_variable>
+#include <mutex>
 #include <thread>
 #include <utility>
 #include <vector>
 #include "knn_gpu.cuh"
 
 /* Where the devices of a search meet: once each has uploaded its slice
- * of the reference (knn_gpu_plan.cu), and to share a walk
- * (knn_gpu_loop.cu): to agree on it, and once each has walked. */
+ * of the reference (knn_gpu_upload.cu), and to share a walk
+ * (knn_gpu_walk.cu): to agree on it, and once each has walked. */
 enum { KNN_MEET_UPLOADED = 0, KNN_MEET_AGREE, KNN_MEET_WALKED,
        KNN_MEETINGS };
 typedef struct {
@@ -35,34 +41,51 @@ typedef struct {
     const double *upload[KNN_MAX_DEVICES]; /* each one's float64 nodes */
 } knn_gpu_team;
 
-/* Counts a device in `count` once (*counted: whether it has been). */
-static inline void knn_team_count_once(int *counted, std::atomic<int> *count)
-{
-    if (*counted) return;
-    *counted = 1;
-    (*count)++;
-}
-
-/* Waits until `devices` devices have counted themselves in `count`. No
- * stop ends the wait: each device counts itself on every path, its
- * thread's end included (knn_dev_free). */
-static inline void knn_team_wait_all(const std::atomic<int> *count,
-                                     int devices)
-{
-    while (*count < devices)
-        std::this_thread::sleep_for(std::chrono::microseconds(50));
-}
-
-/* What the calling thread and the device threads share. */
+/* What the calling thread, the device threads and the page threads
+ * share. Every value that some thread waits for changes only through
+ * knn_gpu_team.cu's functions, under `lock`, which wake the waiters on
+ * `changed`: the one barrier of a search. */
 typedef struct {
-    std::atomic<int> stop;            /* set by the caller: stop at the
-                                         next tile */
+    std::mutex lock;
+    std::condition_variable changed;
+    std::atomic<int> stop;            /* set by the caller or a failing
+                                         device: stop at the next tile */
+    std::atomic<int> finished;        /* device threads that ended */
     std::atomic<long long> rows_done; /* query rows finished, all devices */
+    std::atomic<int> tile_done;       /* a device has finished a tile */
     std::atomic<int> out_ready;       /* set by the caller: the result's
                                          arrays exist (knn_result.allocate)
                                          and may be written */
     knn_gpu_team team;
 } knn_gpu_shared;
+
+/* knn_gpu_team.cu: the barrier. Which events end a wait besides its
+ * value: a stop (the wait then gives KNN_E_INTERRUPTED), a device's
+ * leaving a shared walk (team.left: the wait gives KNN_OK and its
+ * reason). */
+enum { KNN_ENDS_ON_STOP = 1, KNN_ENDS_ON_LEFT = 2 };
+/* Adds `add` to a shared value. */
+void knn_meet_add(knn_gpu_shared *s, std::atomic<int> *value, int add);
+/* Sets a shared value to v where it is 0 (the first word wins); returns
+ * the value it holds. */
+int knn_meet_first(knn_gpu_shared *s, std::atomic<int> *value, int v);
+/* Raises the stop flag. */
+void knn_meet_stop(knn_gpu_shared *s);
+/* Waits until *value >= target, or an event of `ends` comes first:
+ * KNN_OK where the value is reached or a device left the walk (then
+ * *left, where given, gets team.left; else it is left untouched),
+ * KNN_E_INTERRUPTED where the search was stopped. */
+knn_status knn_meet_wait(knn_gpu_shared *s, const std::atomic<int> *value,
+                         int target, int ends, int *left);
+/* The same for at most ms milliseconds, no event ending it: whether the
+ * value is reached. */
+bool knn_meet_wait_for(knn_gpu_shared *s, const std::atomic<int> *value,
+                       int target, int ms);
+/* Counts a device in `count` once (*counted: whether it has been). */
+void knn_meet_count_once(knn_gpu_shared *s, int *counted,
+                         std::atomic<int> *count);
+/* Query rows finished (negative: taken back), and a first tile done. */
+void knn_meet_progress(knn_gpu_shared *s, long long rows);
 
 /* The caller's result arrays made resident, and a graph's ends written,
  * while the devices search (knn_gpu_pages.cu), once a first tile is done:
@@ -72,7 +95,7 @@ typedef struct {
  * wrote all of the ends (knn_result.ends_written). */
 struct knn_pages;
 void knn_pages_start(knn_pages *job, const knn_result *out, size_t entries,
-                     int k, const knn_gpu_shared *shared);
+                     int k, knn_gpu_shared *shared);
 void knn_pages_join(knn_pages *job);
 int knn_pages_wrote_ends(const knn_pages *job);
 #define KNN_PAGES_THREADS_MAX 4
@@ -91,17 +114,34 @@ struct knn_pages {
     ~knn_pages() { knn_pages_join(this); }
 };
 
+/* A device's course: how its search finds candidates from here on. One
+ * value, changed only by knn_course_set (knn_gpu_policy.cu); each tile
+ * keeps the course it ran on (knn_gpu_slot.course), which the policy
+ * compares with the device's. */
+typedef enum {
+    KNN_PATH_PANEL = 0, /* a panel of products, then a selection kernel */
+    KNN_PATH_FUSED,     /* the fused kernel (a shared walk's tiles too) */
+    KNN_PATH_GATHER     /* tiles gather a finished shared walk's lists */
+} knn_gpu_path;
+typedef struct {
+    knn_gpu_path path;
+    knn_gemm_mode gemm;     /* the products' arithmetic */
+    int may_climb;          /* the arithmetic may still change */
+    unsigned climbed_from;  /* the arithmetics left behind (knn_gemm_bit) */
+    int refine;             /* TF32 found too many candidates for the
+                               plain selection: tiles take the panel path
+                               and the radix kernel, which refines them */
+    int walk_refused;       /* a shared walk overflowed or did not fit:
+                               not again */
+} knn_course;
+
 /* One of the two pinned result slots: the host copies one out while the
  * device fills the other. */
 typedef struct {
     int row0, rows;
-    knn_gemm_mode gemm;     /* the arithmetic the tile ran with */
-    int fused;              /* the tile ran on the fused path */
+    knn_course course;      /* the device's when the tile was queued */
     int refined;            /* its selection may rescore TF32 candidates
                                in float32 (knn_gpu_select.cu, knn_refine) */
-    int refine_select;      /* knn_gpu_dev's when it ran */
-    int gathered;           /* its candidates came from a shared walk's
-                               lists (knn_gpu_pairs.cu) */
     int *index, *count;
     int *wide;              /* TF32 candidates before the refinement */
     int *survivors;         /* fused: the slots each row needed */
@@ -164,6 +204,7 @@ typedef struct {
 
 typedef struct {
     const knn_request *req;
+    const knn_knobs *knobs; /* never NULL */
     knn_result *out;
     knn_gpu_shared *shared;
     int device;
@@ -173,33 +214,23 @@ typedef struct {
     unsigned team_reads;    /* the others (bit w: device w) whose memory
                                its kernels read directly */
     int team_released;      /* it no longer reads the others' lists */
-    int upload_released;    /* nor their uploads (knn_gpu_plan.cu) */
+    int upload_released;    /* nor their uploads (knn_gpu_upload.cu) */
     int q0, nq;             /* query rows [q0, q0 + nq) */
     int self;
     int n_nodes;
     double query_max_abs;   /* distances, query search: max |query| */
     knn_score_kind score_kind;
-    knn_gemm_mode gemm;
-    int gemm_adaptive;      /* may still climb to a finer arithmetic */
-    unsigned gemm_before;   /* the arithmetics it climbed from
-                               (knn_gemm_bit) */
+    knn_course course;      /* see knn_course */
     int fp64_fast;          /* the device runs float64 at half float32's
                                rate or better: float64 may stand in for
                                split TF32 where its arrays do not fit */
-    int fused;              /* tiles take the fused path (TF32 only) */
     int half_products;      /* a tile whose results were kept took the
                                fused path's fp16 products (nodes.half) */
-    int refine_select;      /* TF32 found too many candidates for the
-                               plain selection: tiles take the panel path
-                               and the radix kernel, which refines them */
     int refined;            /* a tile's refinement dropped candidates */
     int wave_rows;          /* fused: rows of one full wave of blocks
                                (every SM holding all the blocks it can) */
     knn_pairs pairs;        /* a shared walk's per-node arrays (pairs.block
                                set: this search computes each pair once) */
-    int pairs_refused;      /* a shared walk overflowed or did not fit:
-                               not again */
-    int gathering;          /* the walk is done: tiles gather its lists */
     int pairs_once;         /* the search ended with a shared walk */
     knn_gpu_context *ctx;   /* the device's stream, handle, staging */
     cudaStream_t stream;    /* ctx's */
@@ -217,9 +248,30 @@ typedef struct {
     double candidates;      /* candidates re-ranked, summed */
 } knn_gpu_dev;
 
-/* knn_gpu_plan.cu: uploads and prepares the device's nodes; plans the
- * row tile (and the path) and allocates the tile's buffers; frees them. */
+/* What a device's search does after a tile (knn_dev_next_step). */
+typedef enum {
+    KNN_RUNG_STAY = 0,
+    KNN_RUNG_REFINE, /* refine TF32 candidates from now on */
+    KNN_RUNG_CLIMB   /* the next arithmetic from now on (knn_dev_climb) */
+} knn_rung_step;
+
+/* knn_gpu_team.cu: arrives at a meeting of the devices (`met`) and waits
+ * until `target` have; a stop ends the wait (KNN_E_INTERRUPTED), and so,
+ * where left is given, does a device's leaving a shared walk (*left its
+ * reason). */
+knn_status knn_team_meet(knn_gpu_dev *d, std::atomic<int> *met, int target,
+                         int *left);
+
+/* knn_gpu_upload.cu: the device's nodes, uploaded (shared among devices
+ * that read each other's memory) and prepared; whether it reads every
+ * other device's memory; its word that it reads no other's upload any
+ * more (on every path, once). */
 knn_status knn_dev_prepare(knn_gpu_dev *d);
+int knn_dev_reads_peers(const knn_gpu_dev *d);
+void knn_upload_release(knn_gpu_dev *d);
+
+/* knn_gpu_plan.cu: plans the row tile (on the path the policy chose) and
+ * allocates the tile's buffers; frees them. */
 knn_status knn_dev_plan(knn_gpu_dev *d);
 knn_status knn_dev_plan_tiles(knn_gpu_dev *d);
 void knn_tiles_free(knn_gpu_tiles *t);
@@ -233,18 +285,74 @@ knn_status knn_survivors_alloc(knn_gpu_dev *d, int64_t n);
 void knn_survivors_free(knn_gpu_tiles *t);
 /* Waits until both of the device's streams are idle. */
 knn_status knn_dev_idle(knn_gpu_dev *d);
-void knn_dev_free(knn_gpu_dev *d);
 
-/* knn_gpu_loop.cu: the row tiles of the device's query rows. */
-knn_status knn_dev_search(knn_gpu_dev *d);
-/* Arrives at a meeting of the devices (`met`) and waits until `target`
- * have; a stop ends the wait (KNN_E_INTERRUPTED), and so, where left is
- * given, does a device's leaving a shared walk (*left its reason). */
-knn_status knn_team_meet(knn_gpu_dev *d, std::atomic<int> *met, int target,
-                         int *left);
-/* A device that shares a walk is done reading the others' lists; where
- * they may read its own, waits until every device is done with them (its
- * lists may then be freed). */
+/* knn_gpu_policy.cu: the one change of a device's course; whether the
+ * device is on the fused path (a shared walk's too), whether a slot's
+ * tile ran the fused kernel or gathered a walk's lists; and the choices
+ * that read the course. Whether a
+ * search on the fused path would take a shared walk in tiles of `rows`
+ * rows (0: any); whether a tile in `gemm` may refine its TF32 candidates
+ * in float32; the selection kernel of a panel tile of `rows` rows, and
+ * whether it refines; a slot's TF32 candidates before any refinement,
+ * given `found` after it; what the search does after the tile in slot
+ * sl (found: its rows' candidates; overflow: a row overflowed its
+ * slots). */
+void knn_course_set(knn_gpu_dev *d, knn_course next);
+/* The course with one thing changed: the path; TF32 candidates refined
+ * from now on; no shared walk any more. */
+void knn_course_path(knn_gpu_dev *d, knn_gpu_path path);
+void knn_course_refine(knn_gpu_dev *d);
+void knn_course_refuse_walk(knn_gpu_dev *d);
+int knn_dev_fused(const knn_gpu_dev *d);
+int knn_slot_fused(const knn_gpu_slot *sl);
+int knn_slot_gathered(const knn_gpu_slot *sl);
+int knn_dev_could_pair(const knn_gpu_dev *d, int rows);
+int knn_refine_possible(const knn_gpu_dev *d, knn_gemm_mode gemm);
+knn_select_algo knn_tile_algo(const knn_gpu_dev *d, int rows);
+int knn_tile_refined(const knn_gpu_dev *d, int rows, knn_gemm_mode gemm);
+double knn_slot_wide(const knn_gpu_slot *sl, double found);
+knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
+                                const knn_gpu_slot *sl, double found,
+                                int overflow);
+
+/* knn_gpu_loop.cu: the pipeline of the device's row tiles. The row tiles
+ * of its query rows, starting with a probe of one wave where `probe`;
+ * leaving the fused path for the panel path, refining or climbing as
+ * `step` (a knn_rung_step) says, with the tiles planned again. And the
+ * pieces a shared walk's tiles share with the pipeline: a tile's
+ * selection arguments (rows from global query row row0, node node0, slot
+ * offsets, arithmetic); the fused kernel's scratch with these survivor
+ * slots; a device-to-host copy on the stream; the course a slot's tile
+ * runs on; the candidates of a slot's rows, and whether one of them
+ * overflowed its survivor slots. */
+knn_status knn_dev_tiles(knn_gpu_dev *d, int probe);
+knn_status knn_dev_leave_fused(knn_gpu_dev *d, int step);
+knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
+                                     int node0, int rows,
+                                     const int *offsets, knn_gemm_mode gemm);
+knn_fused_scratch knn_fused_scratch_of(const knn_gpu_tiles *t,
+                                       const int *surv_offsets);
+knn_status knn_copy_back(knn_gpu_dev *d, void *dst, const void *src,
+                         size_t bytes);
+void knn_slot_begin(const knn_gpu_dev *d, knn_gpu_slot *sl, int row0,
+                    int rows);
+double knn_slot_found(const knn_gpu_slot *sl);
+int knn_slot_surv_overflow(const knn_gpu_tiles *t, const knn_gpu_slot *sl);
+
+/* knn_gpu_walk.cu: the shared walk. Several devices agree on one (each
+ * says whether its plan took one; they walk together only where all did,
+ * and a device that planned one alone plans again without it). The walk
+ * of every tile: *left gets why it was left (a knn_rung_step where the
+ * search must refine or climb, -1 where a list overflowed), 0 when it is
+ * done. Several devices, after the walk: each takes the others' lists of
+ * its rows' nodes (*left as the walk's). Leaving a walk that could not
+ * finish: the search starts again from its first row. A device done
+ * reading the others' lists: where they read its own, it waits until
+ * every device is done with them. */
+knn_status knn_team_agree(knn_gpu_dev *d);
+knn_status knn_pairs_walk_all(knn_gpu_dev *d, int *left);
+knn_status knn_team_exchange(knn_gpu_dev *d, int *left);
+knn_status knn_dev_leave_pairs(knn_gpu_dev *d, int left);
 void knn_team_release(knn_gpu_dev *d);
 
 #endif

@@ -128,7 +128,6 @@ typedef struct {
     int n_query;          /* ignored when query is NULL */
     int threads;          /* CPU threads; <= 0: the OpenMP default */
     knn_algorithm algorithm; /* CPU backend: see knn_algorithm */
-    knn_select_force select; /* GPU backend: see knn_select_force */
     knn_precision precision; /* candidate arithmetic: see knn_precision */
     double memory_bytes;  /* budget for tiles; <= 0: backend default. On
                              the GPU, nodes past half of it stream through
@@ -136,13 +135,27 @@ typedef struct {
     double max_abs;       /* the distance metrics' power-of-two scale covers
                              at least this |value| (besides the nodes'): a
                              block of a larger search takes its scale; 0 */
-    int block_nodes;      /* > 0: nodes per side of a streamed search's
-                             blocks, on either backend (tests, tuning); 0:
-                             stream only what the GPU cannot hold */
     int n_devices;        /* GPU backend: devices to use; 0: all visible */
     int devices[KNN_MAX_DEVICES];
     knn_callbacks cb;
 } knn_request;
+
+/* Overrides for tests and tuning, kept apart from the request: the R
+ * layer sets them from its internal options (R/engine.R), the C harness
+ * from its cases; the engine never reads the environment. All zero (or a
+ * NULL pointer): the engine decides everything. The bits are the same
+ * whatever they say. */
+typedef struct {
+    knn_select_force select; /* GPU backend: see knn_select_force */
+    int block_nodes;      /* > 0: nodes per side of a streamed search's
+                             blocks, on either backend; 0: stream only
+                             what the GPU cannot hold */
+    int stage_peers;      /* GPU backend, several devices: nonzero treats
+                             every other device's memory as unreadable,
+                             so that shared arrays pass through staging
+                             buffers (the path of GPUs without peer
+                             access, on any machine) */
+} knn_knobs;
 
 /* Caller-owned output, each n_query x k. */
 typedef struct knn_result knn_result;
@@ -168,7 +181,7 @@ struct knn_result {
      * KNN_E_INTERRUPTED: the caller holds its own reason). A GPU search
      * calls it once its devices are searching, so that what the
      * allocation costs overlaps the search: R may collect its heap first,
-     * 30 to 40 ms for a 734 MB graph on the H200's host. */
+     * which for a large graph takes a noticeable share of the call. */
     int (*allocate)(void *ctx, knn_result *out);
     void *allocate_ctx;
 };
@@ -219,8 +232,9 @@ typedef struct {
  * KNN_E_DEGENERATE (a node holding non-finite values is never called
  * degenerate). The caller names the offending nodes with
  * knn_nonfinite_nodes and knn_degenerate_nodes, on that path only. */
-knn_status knn_search(const knn_request *req, knn_backend backend,
-                      knn_result *out, knn_report *report);
+knn_status knn_search(const knn_request *req, const knn_knobs *knobs,
+                      knn_backend backend, knn_result *out,
+                      knn_report *report);
 
 /* Copies the nodes of a column-major nrow x ncol matrix into `out` in the
  * engine's layout (p x n, node-contiguous): the rows are the nodes when

@@ -22,27 +22,30 @@ knn_status knn_cpu_search(const knn_request *req, knn_result *out,
                           knn_report *report);
 
 /* The search on one backend as it is (the GPU, the CPU's k-d tree where
- * it suits, else its scan of products); knn_search.c. */
-knn_status knn_search_on(const knn_request *req, knn_backend backend,
-                         knn_result *out, knn_report *report);
+ * it suits, else its scan of products); knn_dispatch.c. knobs is never
+ * NULL here (knn_search() gives the defaults). */
+knn_status knn_search_on(const knn_request *req, const knn_knobs *knobs,
+                         knn_backend backend, knn_result *out,
+                         knn_report *report);
 
 /* The search on one backend, streamed in blocks where its nodes do not fit
- * (knn_stream.c): always for req->block_nodes > 0; on the GPU when they
+ * (knn_stream.c): always for knobs->block_nodes > 0; on the GPU when they
  * pass half of req->memory_bytes, or when the whole search ran out of
  * device memory. Same contract and bits as knn_search_on. */
-knn_status knn_search_blocks(const knn_request *req, knn_backend backend,
-                             knn_result *out, knn_report *report);
+knn_status knn_search_blocks(const knn_request *req, const knn_knobs *knobs,
+                             knn_backend backend, knn_result *out,
+                             knn_report *report);
 
 /* Implemented in src/cuda/ when built with CUDA, else in knn_gpu_none.c. */
-knn_status knn_gpu_search(const knn_request *req, knn_result *out,
-                          knn_report *report);
+knn_status knn_gpu_search(const knn_request *req, const knn_knobs *knobs,
+                          knn_result *out, knn_report *report);
 
 /* The CUDA backend as its shared object (knngpu_cuda.so) hands it over:
  * its entry points, called only through this table from the package's
  * own shared object (knn_gpu_loader.c). */
 typedef struct {
-    knn_status (*search)(const knn_request *req, knn_result *out,
-                         knn_report *report);
+    knn_status (*search)(const knn_request *req, const knn_knobs *knobs,
+                         knn_result *out, knn_report *report);
     void (*query)(knn_gpu_info *info);
     void (*release)(void);
 } knn_gpu_backend;

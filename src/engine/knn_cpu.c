@@ -138,11 +138,10 @@ static void knn_cpu_plan(knn_cpu *cpu)
                         (KNN_POOL_FIRST_CAP(req->k) * sizeof(knn_cand) +
                          req->k * sizeof(double));
     /* Sharing each product both ways halves the products; the shared
-     * scores are scanned from the cache too (knn_cpu_share_rounds), so on
-     * 2 cores it pays from about 16 features: 20000 x 32 N(0,1) Pearson
-     * 0.26 s shared against 0.30 s not, 20000 x 50 0.30 s against 0.38 s,
-     * 20000 x 8 about even. Sharing needs a pool for every node, within
-     * KNN_CPU_SHARE_POOLS of the budget. */
+     * scores are scanned from the cache too (knn_cpu_share_rounds), so it
+     * pays from about 16 features (inst/bench/shapes.R on the CPU, 20000
+     * nodes of 8, 32 and 50 features). Sharing needs a pool for every
+     * node, within KNN_CPU_SHARE_POOLS of the budget. */
     cpu->symmetric = cpu->self &&
                      pool_bytes <= KNN_CPU_SHARE_POOLS * bytes &&
                      (req->p >= KNN_CPU_SHARE_MIN_FEATURES ||

@@ -66,11 +66,11 @@ static const knn_gpu_backend *knn_cuda_backend_get(void)
     return knn_cuda;
 }
 
-knn_status knn_gpu_search(const knn_request *req, knn_result *out,
-                          knn_report *report)
+knn_status knn_gpu_search(const knn_request *req, const knn_knobs *knobs,
+                          knn_result *out, knn_report *report)
 {
     const knn_gpu_backend *cuda = knn_cuda_backend_get();
-    if (cuda) return cuda->search(req, out, report);
+    if (cuda) return cuda->search(req, knobs, out, report);
     snprintf(report->message, sizeof report->message, "%s",
              knn_cuda_missing);
     return KNN_E_NOGPU;

@@ -14,10 +14,11 @@
     "built without CUDA: no CUDA toolkit was found at install time"
 #endif
 
-knn_status knn_gpu_search(const knn_request *req, knn_result *out,
-                          knn_report *report)
+knn_status knn_gpu_search(const knn_request *req, const knn_knobs *knobs,
+                          knn_result *out, knn_report *report)
 {
     (void)req;
+    (void)knobs;
     (void)out;
     snprintf(report->message, sizeof report->message, "%s",
              KNN_NO_CUDA_REASON);

@@ -1,15 +1,14 @@
 /*
  * knn_search.c: the engine's front door. Checks a request once, so that
  * backends can trust it, then hands it to the chosen backend (in blocks,
- * knn_stream.c, where its nodes do not fit).
+ * knn_stream.c, where its nodes do not fit; knn_dispatch.c picks the
+ * backend's search).
  */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include "knn_backend.h"
 #include "knn_exact.h"
-#include "knn_clusters.h"
-#include "knn_kdtree.h"
 
 static knn_status knn_invalid(knn_report *report, const char *why)
 {
@@ -34,9 +33,12 @@ static int knn_has_nonfinite(const knn_request *req)
                                               req->n_query, NULL, 0) > 0);
 }
 
-knn_status knn_search(const knn_request *req, knn_backend backend,
-                      knn_result *out, knn_report *report)
+knn_status knn_search(const knn_request *req, const knn_knobs *knobs,
+                      knn_backend backend, knn_result *out,
+                      knn_report *report)
 {
+    static const knn_knobs defaults;
+    if (!knobs) knobs = &defaults;
     memset(report, 0, sizeof *report);
     if ((int)req->metric < 0 || req->metric >= KNN_N_METRICS)
         return knn_invalid(report, "unknown metric");
@@ -74,20 +76,10 @@ knn_status knn_search(const knn_request *req, knn_backend backend,
                  "a node is constant (or all zero, for cosine)");
         return KNN_E_DEGENERATE;
     }
-    knn_status st = knn_search_blocks(req, backend, out, report);
+    knn_status st = knn_search_blocks(req, knobs, backend, out, report);
     if (st == KNN_OK && out->from && !out->ends_written)
         knn_edge_ends(out->from, out->rank,
                       req->query ? req->n_query : req->n_ref, req->k,
                       out->index_base, req->threads);
     return st;
-}
-
-knn_status knn_search_on(const knn_request *req, knn_backend backend,
-                         knn_result *out, knn_report *report)
-{
-    if (backend == KNN_BACKEND_GPU) return knn_gpu_search(req, out, report);
-    if (knn_kdtree_suits(req)) return knn_kdtree_search(req, out, report);
-    if (knn_clusters_suits(req))
-        return knn_clusters_search(req, out, report);
-    return knn_cpu_search(req, out, report);
 }

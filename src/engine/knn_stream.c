@@ -36,9 +36,10 @@ static double knn_node_bytes(const knn_request *req)
 /* Nodes of one side of a block search (half of what may be on the device
  * at once: the other half is left to the tiles) for a budget in bytes;
  * 0 when the whole search fits. */
-static int knn_stream_block(const knn_request *req, double budget)
+static int knn_stream_block(const knn_request *req, const knn_knobs *knobs,
+                            double budget)
 {
-    if (req->block_nodes > 0) return req->block_nodes;
+    if (knobs->block_nodes > 0) return knobs->block_nodes;
     if (budget <= 0.0) return 0;
     double nodes = req->n_ref + (req->query ? req->n_query : 0);
     double fit = 0.5 * budget / knn_node_bytes(req);
@@ -202,7 +203,8 @@ static int knn_stream_min(int a, int b)
 
 /* One block search, query rows q0..q0+nq against reference nodes
  * r0..r0+nr, merged into m. */
-static knn_status knn_stream_pair(const knn_request *req, knn_backend backend,
+static knn_status knn_stream_pair(const knn_request *req,
+                                  const knn_knobs *knobs, knn_backend backend,
                                   knn_merge *m, int q0, int nq, int r0,
                                   int nr, knn_report *total, int first)
 {
@@ -216,7 +218,8 @@ static knn_status knn_stream_pair(const knn_request *req, knn_backend backend,
     sub.query = queries + (size_t)q0 * req->p;
     sub.n_query = nq;
     sub.k = kb;
-    sub.block_nodes = 0;
+    knn_knobs sub_knobs = *knobs;
+    sub_knobs.block_nodes = 0;
     /* The budget covers the block's nodes (at most half of it) and its
      * tiles together. */
     sub.memory_bytes = 0.5 * req->memory_bytes;
@@ -225,7 +228,7 @@ static knn_status knn_stream_pair(const knn_request *req, knn_backend backend,
     sub.cb.progress = NULL;
     knn_result part = {m->b_index, m->b_distance, m->b_weight, 1, 0};
     knn_report rep;
-    knn_status st = knn_search_on(&sub, backend, &part, &rep);
+    knn_status st = knn_search_on(&sub, &sub_knobs, backend, &part, &rep);
     if (st != KNN_OK) {
         snprintf(total->message, sizeof total->message, "%s", rep.message);
         return st;
@@ -238,7 +241,8 @@ static knn_status knn_stream_pair(const knn_request *req, knn_backend backend,
 
 /* Runs req (validated by knn_search) on the backend in blocks of `block`
  * nodes per side; fills out and report as one search would. */
-static knn_status knn_stream_run(const knn_request *req, knn_backend backend,
+static knn_status knn_stream_run(const knn_request *req,
+                                 const knn_knobs *knobs, knn_backend backend,
                                  int block, knn_result *out,
                                  knn_report *report)
 {
@@ -263,7 +267,7 @@ static knn_status knn_stream_run(const knn_request *req, knn_backend backend,
         int nq = knn_stream_min(q_block, n_q - q0);
         memset(m.count, 0, (size_t)nq * sizeof(int));
         for (int r0 = 0; r0 < req->n_ref && st == KNN_OK; r0 += r_block) {
-            st = knn_stream_pair(&whole, backend, &m, q0, nq, r0,
+            st = knn_stream_pair(&whole, knobs, backend, &m, q0, nq, r0,
                                  knn_stream_min(r_block, req->n_ref - r0),
                                  report, searches++ == 0);
             if (st == KNN_OK && req->cb.progress)
@@ -282,11 +286,12 @@ static knn_status knn_stream_run(const knn_request *req, knn_backend backend,
     return KNN_OK;
 }
 
-knn_status knn_search_blocks(const knn_request *req, knn_backend backend,
-                             knn_result *out, knn_report *report)
+knn_status knn_search_blocks(const knn_request *req, const knn_knobs *knobs,
+                             knn_backend backend, knn_result *out,
+                             knn_report *report)
 {
-    int block = knn_stream_block(req, backend == KNN_BACKEND_GPU
-                                          ? req->memory_bytes : 0.0);
+    int block = knn_stream_block(req, knobs, backend == KNN_BACKEND_GPU
+                                                 ? req->memory_bytes : 0.0);
     /* Only the GPU backend allocates the caller's result late, once its
      * devices search (knn_result.allocate); the others write it from the
      * start. */
@@ -295,16 +300,17 @@ knn_status knn_search_blocks(const knn_request *req, knn_backend backend,
         st = knn_result_allocate(out, report->message,
                                  sizeof report->message);
     if (st != KNN_OK) return st;
-    if (block > 0) return knn_stream_run(req, backend, block, out, report);
-    st = knn_search_on(req, backend, out, report);
+    if (block > 0)
+        return knn_stream_run(req, knobs, backend, block, out, report);
+    st = knn_search_on(req, knobs, backend, out, report);
     if (backend != KNN_BACKEND_GPU) return st;
     if (st != KNN_E_NOMEM) return st;
     /* The nodes (or the tiles beside them) did not fit: stream them
      * through what the device has free. */
-    block = knn_stream_block(req, knn_gpu_free_bytes(req));
+    block = knn_stream_block(req, knobs, knn_gpu_free_bytes(req));
     if (block <= 0) return st;
     memset(report, 0, sizeof *report);
     st = knn_result_allocate(out, report->message, sizeof report->message);
     if (st != KNN_OK) return st;
-    return knn_stream_run(req, backend, block, out, report);
+    return knn_stream_run(req, knobs, backend, block, out, report);
 }

@@ -84,3 +84,59 @@ test_that("a large matrix's node layout (several threads) is its transpose", {
         knnSearch(t(x), k = 4, by = "columns",
                   device = "cpu")[c("index", "distance")])
 })
+
+test_that("the nodes' annotation reaches the node table and igraph", {
+    skip_if_not_installed("SummarizedExperiment")
+    x <- randomMatrix(40, 6, 55)
+    dimnames(x) <- list(paste0("g", 1:40), paste0("s", 1:6))
+    se <- SummarizedExperiment::SummarizedExperiment(
+        list(exprs = x),
+        rowData = data.frame(symbol = paste0("SYM", 1:40), name = 1:40,
+                             list = I(as.list(1:40))),
+        colData = data.frame(group = rep(c("a", "b"), 3)))
+    nodes <- attr(knnGraph(se, k = 3, device = "cpu"), "nodes")
+    expect_identical(names(nodes), c("name", "symbol", "name.1"))
+    expect_identical(nodes$symbol, paste0("SYM", 1:40))
+    samples <- attr(knnGraph(se, k = 2, by = "columns", device = "cpu"),
+                    "nodes")
+    expect_identical(samples$group, rep(c("a", "b"), 3))
+    expect_identical(names(attr(knnGraph(x, k = 3, device = "cpu"),
+                                "nodes")), "name")
+    skip_if_not_installed("igraph")
+    g <- toIgraph(knnGraph(se, k = 3, device = "cpu"))
+    expect_identical(igraph::V(g)$symbol, paste0("SYM", 1:40))
+    skip_if_not_installed("Biobase")
+    eset <- Biobase::ExpressionSet(
+        x, featureData = Biobase::AnnotatedDataFrame(
+            data.frame(chr = rep(1:4, 10), row.names = rownames(x))))
+    expect_identical(attr(knnGraph(eset, k = 3, device = "cpu"),
+                          "nodes")$chr, rep(1:4, 10))
+})
+
+test_that("a samples x genes matrix left to by = \"rows\" gets a message", {
+    set.seed(56)
+    datExpr <- matrix(rnorm(12 * 200), 12, 200,
+                      dimnames = list(paste0("GSM", 1:12),
+                                      paste0(1000 + 1:200, "_at")))
+    expect_message(knnGraph(datExpr, k = 3, device = "cpu"),
+                   "graph of 12 samples.*by = \"columns\"")
+    expect_message(knnGraph(as.data.frame(datExpr), k = 3, device = "cpu"),
+                   "columns named like genes")
+    expect_message(knnSearch(datExpr, k = 3, device = "cpu"),
+                   "WGCNA's datExpr")
+    symbols <- datExpr
+    colnames(symbols) <- paste0(c("TP", "ACT", "GAPD", "Cd"), 1:200)
+    expect_message(knnGraph(symbols, k = 3, device = "cpu"), "like genes")
+    quiet <- function(...) expect_no_message(knnGraph(..., device = "cpu"))
+    quiet(datExpr, k = 3, by = "rows")
+    quiet(datExpr, k = 3, by = "columns")
+    quiet(t(datExpr), k = 3)                       # genes x samples
+    cells <- matrix(rnorm(500 * 10), 500, 10,
+                    dimnames = list(paste0("cell", 1:500),
+                                    paste0("PC", 1:10)))
+    quiet(cells, k = 3)                            # cells x PCs
+    wide <- matrix(rnorm(5 * 100), 5, 100,
+                   dimnames = list(NULL, paste0("Sample", 1:100)))
+    quiet(wide, k = 2)                             # samples as columns
+    quiet(unname(datExpr), k = 3)                  # no names to judge
+})

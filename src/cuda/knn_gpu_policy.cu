@@ -1,0 +1,240 @@
+/*
+ * knn_gpu_policy.cu: every automatic choice of the GPU search, from the
+ * thresholds of knn_gpu_policy.cuh (host code; nothing here allocates or
+ * launches). The course of a device's search is:
+ *
+ * - the arithmetic it starts with (knn_gemm_choose: TF32 unless the
+ *   request forces one) and whether it may change it (knn_gemm_adaptive);
+ * - its path, planned before the first tile (knn_gpu_plan.cu asks):
+ *   the fused kernel (knn_fused_choose) or a panel of products and a
+ *   selection kernel (knn_select_choose, knn_tile_algo), and for a self
+ *   search on the fused path whether it computes each pair once in a
+ *   shared walk (knn_pairs_choose, knn_dev_could_pair);
+ * - after each tile, whether the search stays, refines its TF32
+ *   candidates in float32 from then on, or climbs to the next arithmetic
+ *   (knn_dev_next_step; knn_gpu_loop.cu's knn_dev_climb carries the
+ *   climb out, in the order knn_gpu.cuh gives).
+ *
+ * The request's knobs (knn_knobs.select) and precision force a choice
+ * where tests and measurements need one; the bits are the same on every
+ * course.
+ */
+#include "knn_gpu_tiles.cuh"
+
+/* ---- the course -------------------------------------------------------- */
+
+/* The one place a device's course changes: the plan (its path), the
+ * policy's steps after a tile (refine, climb), a shared walk's end and
+ * leaving it. */
+void knn_course_set(knn_gpu_dev *d, knn_course next)
+{
+    d->course = next;
+}
+
+void knn_course_path(knn_gpu_dev *d, knn_gpu_path path)
+{
+    knn_course c = d->course;
+    c.path = path;
+    knn_course_set(d, c);
+}
+
+void knn_course_refine(knn_gpu_dev *d)
+{
+    knn_course c = d->course;
+    c.refine = 1;
+    knn_course_set(d, c);
+}
+
+void knn_course_refuse_walk(knn_gpu_dev *d)
+{
+    knn_course c = d->course;
+    c.walk_refused = 1;
+    knn_course_set(d, c);
+}
+
+int knn_dev_fused(const knn_gpu_dev *d)
+{
+    return d->course.path != KNN_PATH_PANEL;
+}
+
+int knn_slot_fused(const knn_gpu_slot *sl)
+{
+    return sl->course.path == KNN_PATH_FUSED;
+}
+
+int knn_slot_gathered(const knn_gpu_slot *sl)
+{
+    return sl->course.path == KNN_PATH_GATHER;
+}
+
+/* ---- the start: arithmetic and path ------------------------------------ */
+
+/* TF32 unless the request forces an arithmetic. */
+knn_gemm_mode knn_gemm_choose(knn_precision force)
+{
+    if (force == KNN_PRECISION_FP32) return KNN_GEMM_FP32;
+    if (force == KNN_PRECISION_FP64) return KNN_GEMM_FP64;
+    return force == KNN_PRECISION_TF32X3 ? KNN_GEMM_TF32X3 : KNN_GEMM_TF32;
+}
+
+/* Only a search left to choose, of a product metric, changes it. */
+int knn_gemm_adaptive(knn_precision force, knn_metric metric)
+{
+    return force == KNN_PRECISION_AUTO && knn_uses_product(metric);
+}
+
+/* The fused path where the kernel can run (product metrics in TF32,
+ * k <= KNN_FUSED_MAX_K) and, unless forced, where it wins: the plain walk
+ * up to KNN_FUSED_AUTO_MAX_K at up to KNN_FUSED_AUTO_MAX_FEATURES (past
+ * them cuBLAS computes the products faster), a shared walk at any number
+ * of features (each pair computed once), and either only with a block of
+ * rows per KNN_FUSED_SMS_PER_BLOCK SMs. */
+int knn_fused_choose(knn_select_force force, knn_metric metric,
+                     knn_gemm_mode gemm, int k, int p, int rows,
+                     int sm_count, int shared_walk)
+{
+    if (force == KNN_SELECT_FORCE_WARP || force == KNN_SELECT_FORCE_RADIX)
+        return 0;
+    if (!knn_uses_product(metric) || gemm != KNN_GEMM_TF32 ||
+        k > KNN_FUSED_MAX_K || p >= KNN_FUSED_HALF_MAX_FEATURES)
+        return 0;
+    if (force == KNN_SELECT_FORCE_FUSED ||
+        force == KNN_SELECT_FORCE_FUSED_ROWS)
+        return 1;
+    long long blocks = (rows + KNN_FUSED_ROWS - 1) / KNN_FUSED_ROWS;
+    return ((k <= KNN_FUSED_AUTO_MAX_K &&
+             p <= KNN_FUSED_AUTO_MAX_FEATURES) || shared_walk) &&
+           blocks * KNN_FUSED_SMS_PER_BLOCK >= sm_count;
+}
+
+/* The warp kernel for small k and tall row tiles, else the radix one. */
+knn_select_algo knn_select_choose(knn_select_force force, int rows, int k)
+{
+    if (force == KNN_SELECT_FORCE_RADIX) return KNN_SELECT_RADIX;
+    if (force == KNN_SELECT_FORCE_WARP && k <= KNN_WARP_MAX_K)
+        return KNN_SELECT_WARP;
+    /* The reference's width enters through the plan: a row tile's rows x
+     * columns are capped at 2^31 floats, so rows >= KNN_WARP_MIN_ROWS
+     * already means at most 131072 columns, the narrow references where
+     * the warp kernel was measured to win. */
+    if (k <= KNN_WARP_AUTO_MAX_K && rows >= KNN_WARP_MIN_ROWS)
+        return KNN_SELECT_WARP;
+    return KNN_SELECT_RADIX;
+}
+
+/* A shared walk for a self search on the fused path in more than one
+ * tile, up to KNN_PAIRS_MAX_K; unless forced, past KNN_PAIRS_AUTO_SMALL_K
+ * only from KNN_PAIRS_AUTO_MIN_NODES nodes, where the owners' work per
+ * row and the search's fixed costs weigh less. */
+int knn_pairs_choose(knn_select_force force, int self, int k, int n_ref,
+                     int tile_rows)
+{
+    if (force == KNN_SELECT_CHOOSE && k > KNN_PAIRS_AUTO_SMALL_K &&
+        n_ref < KNN_PAIRS_AUTO_MIN_NODES)
+        return 0;
+    return self && force != KNN_SELECT_FORCE_FUSED_ROWS &&
+           k <= KNN_PAIRS_MAX_K && tile_rows < n_ref && n_ref > 1;
+}
+
+/* Whether a search on the fused path would take a shared walk
+ * (knn_gpu_pairs.cu) in tiles of `rows` rows (0: of whatever size). */
+int knn_dev_could_pair(const knn_gpu_dev *d, int rows)
+{
+    const knn_request *req = d->req;
+    return !d->course.walk_refused &&
+           knn_pairs_choose(d->knobs->select, d->self, req->k, req->n_ref,
+                            rows);
+}
+
+/* ---- each tile: the selection and the next step ------------------------ */
+
+/* Whether a tile in arithmetic `gemm` may rescore its candidates in
+ * float32 (knn_gpu_select.cu, knn_refine): TF32 tiles of a product metric;
+ * the radix kernel does (knn_tile_refined). */
+int knn_refine_possible(const knn_gpu_dev *d, knn_gemm_mode gemm)
+{
+    return gemm == KNN_GEMM_TF32 && d->nodes.margin2_fp32 != NULL;
+}
+
+/* The selection kernel of a panel tile of `rows` rows. Once TF32 has
+ * found too many candidates for the plain selection (course.refine),
+ * the radix kernel, which refines them, replaces the warp kernel, unless
+ * the request forced that one. */
+knn_select_algo knn_tile_algo(const knn_gpu_dev *d, int rows)
+{
+    const knn_request *req = d->req;
+    knn_select_force force = d->knobs->select;
+    knn_select_algo algo = knn_select_choose(force, rows, req->k);
+    if (algo == KNN_SELECT_WARP && d->course.refine &&
+        force == KNN_SELECT_CHOOSE)
+        return KNN_SELECT_RADIX;
+    return algo;
+}
+
+/* Whether a tile of `rows` rows in arithmetic `gemm` refines its TF32
+ * candidates: the panel path's radix kernel does. */
+int knn_tile_refined(const knn_gpu_dev *d, int rows, knn_gemm_mode gemm)
+{
+    return !knn_dev_fused(d) && knn_refine_possible(d, gemm) &&
+           knn_tile_algo(d, rows) == KNN_SELECT_RADIX;
+}
+
+/* The TF32 candidates of the slot's rows before any refinement, given
+ * `found` after it. A fused tile's rows count their survivors, which hold
+ * every candidate (a node under the final threshold passed every looser
+ * one before) where the candidates' own count stops at the slots. */
+double knn_slot_wide(const knn_gpu_slot *sl, double found)
+{
+    if (!sl->refined && !knn_slot_fused(sl)) return found;
+    double wide = 0.0;
+    for (int r = 0; r < sl->rows; r++)
+        wide += sl->refined ? sl->wide[r] : sl->survivors[r];
+    return wide;
+}
+
+/* Whether refining `wide` TF32 candidates of `rows` rows costs more than
+ * split TF32's products would. Rescoring a candidate reads its p fast
+ * values; the split adds two products of p values for every one of the
+ * n_ref columns, on tensor cores. Both grow with p, so the crossover is a
+ * share of n_ref (KNN_REFINE_NODES_PER_CANDIDATE). */
+static int knn_refine_too_costly(double wide, int rows, int n_ref)
+{
+    return wide > rows * (n_ref / KNN_REFINE_NODES_PER_CANDIDATE);
+}
+
+/* A tile is crowded when its rows average more candidates than
+ * knn_rung_too_wide allows or, on the panel path, one overflows its
+ * slots: the re-rank of the extra candidates, or the tile's redo, would
+ * cost more than the faster products save. (A fused tile's survivors
+ * overflow for other reasons too: the thresholds they passed were looser
+ * at first.) A crowded split TF32 or float32 tile has the search climb
+ * to float64. A crowded TF32 tile that did not refine has the search
+ * refine from then on, where the request left the selection to the
+ * engine; a crowded tile that did refine has it climb. Either way the
+ * search climbs once its TF32 candidates are so many that refining them
+ * costs more than split TF32's products (knn_refine_too_costly). A tile
+ * that ran before the search last changed course tells nothing of the
+ * course it is on now; nor does one gathered from a shared walk, whose
+ * tiles were judged as they ran. */
+knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
+                                const knn_gpu_slot *sl, double found,
+                                int overflow)
+{
+    if (!d->course.may_climb || knn_slot_gathered(sl) ||
+        sl->course.gemm != d->course.gemm ||
+        sl->course.refine != d->course.refine)
+        return KNN_RUNG_STAY;
+    const knn_request *req = d->req;
+    int crowded = overflow || knn_rung_too_wide(found, sl->rows, req->k);
+    if (sl->course.gemm != KNN_GEMM_TF32)
+        return crowded ? KNN_RUNG_CLIMB : KNN_RUNG_STAY;
+    double wide = knn_slot_wide(sl, found);
+    int costly = knn_refine_too_costly(wide, sl->rows, req->n_ref);
+    if (!crowded)
+        return sl->refined && costly &&
+                       knn_rung_too_wide(wide, sl->rows, req->k)
+                   ? KNN_RUNG_CLIMB : KNN_RUNG_STAY;
+    return !costly && !sl->refined && !d->course.refine &&
+                   d->knobs->select == KNN_SELECT_CHOOSE
+               ? KNN_RUNG_REFINE : KNN_RUNG_CLIMB;
+}

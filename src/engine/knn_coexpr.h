@@ -1,0 +1,82 @@
+/*
+ * knn_coexpr.h: the co-expression measures of WGCNA users (plain C11, no
+ * R headers).
+ *
+ * bicor: WGCNA's biweight midcorrelation, maxPOutliers = 1, with its
+ * fallback to Pearson for a node whose median absolute deviation is zero.
+ * It is a per-node transform followed by dot products: knn_bicor_nodes()
+ * computes the transform once in float64, and the engine's cosine search
+ * (knn_search) ranks the transformed nodes with its exact keys, on either
+ * backend.
+ *
+ * Pairwise-complete correlations (use = "pairwise.complete.obs"): missing
+ * values are NaN, and each pair is correlated over the features both of its
+ * nodes have, as stats::cor(use = "pairwise.complete.obs") and WGCNA's
+ * bicor(use = "p") define it: Pearson, |Pearson| and cosine of the two
+ * nodes restricted to their shared features; bicor of them, its medians
+ * and deviations taken over the shared features. knn_pairwise_search()
+ * runs on the CPU. Its keys are float64, two passes over the shared
+ * features (exact sums for nodes of small integers, so that exact ties
+ * stay ties). For Pearson, |Pearson| and cosine, candidates come first
+ * from one float64 matrix product per tile of rows with a proven bound
+ * (knn_coexpr.c), and only they get keys; bicor computes every pair's
+ * key.
+ *
+ * Layout as in knn.h: p x n, column-major, node-contiguous.
+ */
+#ifndef KNN_COEXPR_H
+#define KNN_COEXPR_H
+
+#include <limits.h>
+#include "knn.h"
+
+/* The index of a result slot with no neighbour (a node with fewer than k
+ * partners that share enough features): R's NA_integer_. Its distance and
+ * weight are NaN. */
+#define KNN_NO_NODE INT_MIN
+
+/* Writes the bicor transform of the n nodes of x (p x n, all values
+ * finite) into out (p x n): the node less its median, times the biweight
+ * (1 - u^2)^2 with u = (x - median) / (9 MAD) (0 where |u| >= 1), scaled
+ * to unit length; a node whose MAD is zero gets the Pearson form (centred,
+ * unit length). A node constant over its features gets zeros, and its
+ * 0-based number is written to `bad` (capacity max_bad). Returns the
+ * number of such nodes. Uses up to `threads` threads; x is left
+ * untouched; never fails but for memory (-1, out unspecified). */
+int knn_bicor_nodes(const double *x, int p, int n, double *out, int *bad,
+                    int max_bad, int threads);
+
+/* The measure of a pairwise-complete search. */
+typedef enum {
+    KNN_PAIRWISE_PEARSON = 0,
+    KNN_PAIRWISE_ABSPEARSON,
+    KNN_PAIRWISE_COSINE,
+    KNN_PAIRWISE_BICOR
+} knn_pairwise_measure;
+
+typedef struct {
+    knn_pairwise_measure measure;
+    int p;                /* features per node, >= 1 */
+    int k;                /* neighbours per query */
+    const double *ref;    /* p x n_ref, NaN where missing; read only */
+    int n_ref;
+    const double *query;  /* p x n_query, or NULL: self search of ref */
+    int n_query;
+    int min_shared;       /* a pair sharing fewer features has no key */
+    int threads;          /* <= 0: the OpenMP default */
+    knn_callbacks cb;
+} knn_pairwise_request;
+
+/* Finds each query node's k best reference nodes by the pairwise-complete
+ * measure: ordered by the reported distance (1 - r, or 1 - |r|), then by
+ * the smaller index. A pair with fewer than min_shared shared features,
+ * or whose measure is undefined on them (a node constant there), has no
+ * key; a query node with fewer than k partners fills its last slots with
+ * KNN_NO_NODE. Writes out's index, distance and weight (n_query x k, in
+ * out's layout and index base; out->from and out->rank are not written).
+ * Returns KNN_OK; KNN_E_NONFINITE for an infinite value, KNN_E_NOMEM, or
+ * KNN_E_INTERRUPTED (report->message set, out unspecified). */
+knn_status knn_pairwise_search(const knn_pairwise_request *req,
+                               knn_result *out, knn_report *report);
+
+#endif
