@@ -9,9 +9,9 @@
 ##   --n      nodes per case (comma-separated)
 ##   --kinds  data kinds of inst/bench/shapes-data.R (default: the classes
 ##            below), at their full feature counts
-##   --reps   runs of each method per case, alternated (method 1, 2, ...,
-##            then again), so that other processes on the machine weigh on
-##            each alike; the table holds medians
+##   --reps   runs of each method per case, alternated (each round of
+##            the methods starts one further), so that other processes on
+##            the machine weigh on each alike; the table holds medians
 ##   --kmknn  run BiocNeighbors::findKNN(x, k, BNPARAM = KmknnParam())
 ##
 ## Columns: auto (what knnSearch() chooses), scan (forced
@@ -77,7 +77,11 @@ for (n in sizes) for (kind in kinds) {
     times <- matrix(NA_real_, reps, length(methods),
                     dimnames = list(NULL, names(methods)))
     share <- NA_character_
-    for (r in seq_len(reps)) for (m in names(methods)) {
+    ## Each round starts at the next method: a method run right after
+    ## another (KMKNN's BLAS threads spin on for a while) pays for it, so
+    ## no method always follows the same one.
+    for (r in seq_len(reps)) for (m in names(methods)[
+        (seq_along(methods) + r - 2L) %% length(methods) + 1L]) {
         got <- seconds(function() methods[[m]](x))
         times[r, m] <- got$seconds
         if (m == "clusters") {

@@ -57,10 +57,13 @@
 /* Thresholds of the automatic choice, measured by inst/bench/clusters.R
  * (its header says which columns set which): from this many reference
  * nodes the partition costs less than it saves on structured data; past
- * this share of the pairs multiplied in the sample, the product scan is
- * faster. */
+ * this share of the pairs multiplied in the sample, the product scan
+ * (which computes each pair once in a self search) is faster: at 20000
+ * x 50 the two took the same time at 46% of the pairs (pca) and the scan
+ * was faster at 100% (normal, heavy); at 5000 x 50 the clusters were
+ * faster at every share. */
 #define KNN_KM_MIN_NODES 1000
-#define KNN_KM_MAX_SHARE 0.35
+#define KNN_KM_MAX_SHARE 0.45
 /* Row clusters whose first rows are searched to measure the share. */
 #define KNN_KM_PILOT 8
 /* Rounds of k-means: later rounds move few nodes, and any partition
