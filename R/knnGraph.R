@@ -99,13 +99,14 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
         stop("'x' needs at least 2 nodes to build a graph", call. = FALSE)
     }
     k <- .checkK(k, source$n - 1L)
+    if (is.null(snn)) .checkEdgeCount(source$n, k)
     BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM,
                              checkpoint)
     way <- .searchUse(use, device[1L], source)
     res <- if (is.null(BPPARAM)) {
-        .runEngine(.readNodes(source), NULL, k, metric, device[1L], threads,
-                   progress, verbose, devices, edges = is.null(snn),
-                   precision = precision, use = way,
+        .runEngine(.readNodes(source, threads = threads), NULL, k, metric,
+                   device[1L], threads, progress, verbose, devices,
+                   edges = is.null(snn), precision = precision, use = way,
                    min.shared = use$min.shared)
     } else {
         .edgeList(.searchInBlocks(source, NULL, k, metric, device[1L],
@@ -151,22 +152,12 @@ knnGraph <- function(x, k = 10, metric = "pearson", by = c("rows", "columns"),
 }
 
 ## Undirected edges: each pair once (from < to), keeping its better rank;
-## "mutual" keeps pairs that both ends chose. A pair's key is a double,
-## exact for any number of nodes R can index.
+## "mutual" keeps pairs that both ends chose. In C (knn_symmetry_pairs),
+## in memory of the order of the edges themselves.
 .symmetrize <- function(edges, symmetrize, n) {
     if (symmetrize == "none") return(edges)
-    lo <- pmin(edges$from, edges$to)
-    hi <- pmax(edges$from, edges$to)
-    edges$from <- lo
-    edges$to <- hi
-    edges <- edges[order(lo, hi, edges$rank), , drop = FALSE]
-    pair <- (edges$from - 1) * as.double(n) + edges$to
-    repeated <- duplicated(pair)
-    keep <- !repeated
-    if (symmetrize == "mutual") keep <- keep & pair %in% pair[repeated]
-    edges <- edges[keep, , drop = FALSE]
-    rownames(edges) <- NULL
-    edges
+    list2DF(.Call(C_knn_symmetrize, edges$to, edges$weight, edges$distance,
+                  as.integer(nrow(edges) %/% n), symmetrize == "mutual"))
 }
 
 .snnEdges <- function(index, snn) {

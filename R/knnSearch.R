@@ -247,7 +247,8 @@ knnSearch <- function(x, query = NULL, k = 10, metric = "pearson",
     filepath <- .checkFilepath(filepath)
     way <- .searchUse(use, device[1L], ref, q)
     res <- if (is.null(BPPARAM) && is.null(filepath)) {
-        .runEngine(.readNodes(ref), if (!is.null(q)) .readNodes(q), k,
+        .runEngine(.readNodes(ref, threads = threads),
+                   if (!is.null(q)) .readNodes(q, threads = threads), k,
                    metric, device[1L], threads, progress, verbose, devices,
                    precision = precision, use = way,
                    min.shared = use$min.shared)

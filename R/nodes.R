@@ -33,7 +33,11 @@
             stop(sprintf("'%s' has non-numeric columns: %s", arg,
                          .nameNodes(names(x)[!numeric])), call. = FALSE)
         }
-        return(as.matrix(x))
+        m <- as.matrix(x)
+        ## No columns or no rows: as.matrix() gives logical(0); the empty
+        ## input is then refused as such (.nodeSource).
+        if (!is.numeric(m)) storage.mode(m) <- "double"
+        return(m)
     }
     x
 }
@@ -120,6 +124,7 @@
                            "SummarizedExperiment or an ExpressionSet"), arg),
              call. = FALSE)
     }
+    if (kind == "sparse") .checkSparse(m, arg)
     what <- if (by == "rows") "rows" else "columns"
     shape <- if (by == "rows") dim(m) else rev(dim(m))  # nodes, features
     if (shape[1L] < 1L) {
@@ -204,8 +209,10 @@
 ## The nodes `rows` (all when NULL) of a source in the engine's layout, as
 ## .asNodes() returns them. Non-finite values and nodes the metric cannot
 ## use are left to the engine, which finds them as it reads the values
-## anyway (.stopBadNodes names them).
-.readNodes <- function(source, rows = NULL) {
+## anyway (.stopBadNodes names them). threads: as the search's (NULL: the
+## option's), for the layout's own threads.
+.readNodes <- function(source, rows = NULL, threads = NULL) {
+    threads <- .checkThreads(threads)
     m <- source$matrix
     labels <- source$labels
     ## A worker that unserialised an HDF5Matrix has not loaded the package
@@ -217,9 +224,9 @@
         labels <- labels[rows]
     }
     values <- if (source$kind == "dense") {
-        .Call(C_knn_nodes, m, source$by == "rows")
+        .Call(C_knn_nodes, m, source$by == "rows", threads)
     } else {
-        .readBlocks(m, source)
+        .readBlocks(m, source, threads)
     }
     list(values = values, labels = labels, what = source$what,
          arg = source$arg)
@@ -231,14 +238,14 @@
 ## getAutoBlockSize()) sets the blocks of a DelayedArray; a sparse matrix
 ## is transposed first when its rows are the nodes (cheap while sparse),
 ## so its blocks are column slices.
-.readBlocks <- function(m, source) {
+.readBlocks <- function(m, source, threads) {
     if (source$kind == "sparse" && source$by == "rows") m <- Matrix::t(m)
     by_rows <- source$kind == "delayed" && source$by == "rows"
     n <- if (by_rows) nrow(m) else ncol(m)
     values <- .allocLayout(source, n)
     for (block in .nodeBlocks(m, source$kind, by_rows)) {
         dense <- .readBlock(m, block, by_rows, source)
-        values[, block] <- .Call(C_knn_nodes, dense, by_rows)
+        values[, block] <- .Call(C_knn_nodes, dense, by_rows, threads)
     }
     values
 }

@@ -154,7 +154,7 @@
     }
     blocks <- .splitRows(rows, .blockCount(BPPARAM, length(rows)))
     handle <- .shareSources(ref, query)
-    on.exit(unlink(handle$path))
+    on.exit(unlink(dirname(handle$path), recursive = TRUE))
     store <- .blockStore(checkpoint, handle, k, blocks)
     on.exit({
         if (!store$keep) unlink(store$dir, recursive = TRUE)
@@ -225,9 +225,26 @@
     if (all(vapply(sources, .fileBacked, logical(1)))) {
         return(list(token = token, sources = sources, path = character()))
     }
-    path <- file.path(.transferDir(), paste0(token, ".rds"))
+    path <- .privateFile(.transferDir(), token)
     saveRDS(sources, path, compress = FALSE)
+    Sys.chmod(path, "0600", use_umask = FALSE)
     list(token = token, sources = NULL, path = path)
+}
+
+## A path for a file only this user reads, in a shared directory: inside
+## a directory of its own, new (mkdir fails on any existing name, a
+## planted link included, so nothing is followed) and of mode 0700.
+## Unlink the file's directory to remove both.
+.privateFile <- function(dir, token) {
+    for (attempt in seq_len(100L)) {
+        home <- tempfile(paste0(token, "-"), tmpdir = dir)
+        if (dir.create(home, showWarnings = FALSE, mode = "0700")) {
+            Sys.chmod(home, "0700", use_umask = FALSE)
+            return(file.path(home, "sources.rds"))
+        }
+    }
+    stop("could not create a directory of its own in option ",
+         "'knngpu.transfer.dir'", call. = FALSE)
 }
 
 ## getOption("knngpu.transfer.dir", tempdir()), checked: one existing

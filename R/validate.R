@@ -27,6 +27,36 @@
         x == round(x)
 }
 
+## A sparse matrix whose slots contradict each other (pointers out of
+## order, row indices out of range or repeated) crashes the Matrix code
+## that reads it: its own validity check names the problem first.
+.checkSparse <- function(m, arg) {
+    problem <- tryCatch({
+        methods::validObject(m, complete = TRUE)
+        NULL
+    }, error = conditionMessage)
+    if (!is.null(problem)) {
+        stop(sprintf("'%s' is not a valid sparse matrix: %s", arg, problem),
+             call. = FALSE)
+    }
+    invisible(m)
+}
+
+## A graph of n nodes with k edges each must fit in a data frame, whose
+## rows R counts in int: refused before any search.
+.checkEdgeCount <- function(n, k) {
+    edges <- as.double(n) * k
+    if (edges > .Machine$integer.max) {
+        stop(sprintf(paste("'k' = %d on %d nodes gives %.0f edges, more",
+                           "than a data frame holds (%d rows): lower 'k',",
+                           "or use knnSearch() for the n x k neighbour",
+                           "matrices (long vectors), or split the nodes",
+                           "with knnSearch(x, query = ...)"),
+                     k, n, edges, .Machine$integer.max), call. = FALSE)
+    }
+    invisible(edges)
+}
+
 .checkK <- function(k, available) {
     if (!.isWholeNumber(k) || k < 1 || k > available) {
         stop(sprintf(paste("'k' must be a whole number from 1 to %d",

@@ -76,3 +76,14 @@ void knn_r_callbacks_done(knn_r_session *session)
 {
     if (session->bar != R_NilValue) cli_progress_done(session->bar);
 }
+
+void knn_r_raise(SEXP condition)
+{
+    SEXP ns = PROTECT(R_FindNamespace(mkString("knngpu")));
+    const char *fn = inherits(condition, "error") ? "stop"
+                                                  : ".signalInterrupt";
+    SEXP call = PROTECT(lang2(install(fn), condition));
+    eval(call, ns);
+    UNPROTECT(2);
+    error("knngpu: interrupted");
+}

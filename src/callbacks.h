@@ -28,4 +28,9 @@ int knn_r_catch(knn_r_session *session, SEXP (*body)(void *), void *data);
 /* Closes the progress bar, if any. */
 void knn_r_callbacks_done(knn_r_session *session);
 
+/* Raises again the condition an interrupt poll caught (session->caught's
+ * element): an interrupt as R's own (R/validate.R, .signalInterrupt), an
+ * error as it was. Does not return. Call after everything is freed. */
+void knn_r_raise(SEXP condition);
+
 #endif

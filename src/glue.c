@@ -6,10 +6,15 @@
  */
 #include <R.h>
 #include <Rinternals.h>
+#include <limits.h>
 #include <stdlib.h>
 #include <string.h>
 #include "callbacks.h"
 #include "knn.h"
+
+/* The most rows an R data frame holds (R_xlen_t vectors may be longer,
+ * but row names and most of R's data frame code stop at int). */
+#define KNN_MAX_EDGES 2147483647
 
 static const char *knn_status_name(knn_status st)
 {
@@ -181,10 +186,44 @@ static int knn_knob(SEXP knobs, const char *name)
  * list(from, to, weight, distance, rank, info) with one element per edge,
  * grouped by `from`, ranks ascending. Nodes are 1-based.
  * An interrupt or refused nodes give knn_problem()'s list. */
+/* Stops with an R error unless C_knn_search's arguments have the types
+ * and shapes the engine trusts (the engine checks the values it is given:
+ * k, the metric, sizes); before anything is allocated. */
+static void knn_search_check(SEXP ref, SEXP query, SEXP devices,
+                             SEXP edges, SEXP algorithm, SEXP precision,
+                             SEXP knobs, int k)
+{
+    if (TYPEOF(ref) != REALSXP || !isMatrix(ref))
+        error("knngpu: 'ref' must be a double matrix (features x nodes)");
+    if (!isNull(query) && (TYPEOF(query) != REALSXP || !isMatrix(query) ||
+                           nrows(query) != nrows(ref)))
+        error("knngpu: 'query' must be a double matrix with the %d "
+              "features of 'ref'", nrows(ref));
+    if (TYPEOF(devices) != INTSXP)
+        error("knngpu: 'devices' must be an integer vector");
+    if (TYPEOF(knobs) != INTSXP ||
+        (XLENGTH(knobs) > 0 && isNull(getAttrib(knobs, R_NamesSymbol))))
+        error("knngpu: 'knobs' must be a named integer vector");
+    int algo = asInteger(algorithm), prec = asInteger(precision);
+    int select = knn_knob(knobs, "select");
+    if (algo < KNN_ALGO_AUTO || algo > KNN_ALGO_TREE ||
+        prec < KNN_PRECISION_AUTO || prec > KNN_PRECISION_TF32X3 ||
+        select < KNN_SELECT_CHOOSE || select > KNN_SELECT_FORCE_FUSED_ROWS ||
+        knn_knob(knobs, "block_nodes") < 0)
+        error("knngpu: 'algorithm', 'precision' or 'knobs' holds an "
+              "unknown code");
+    if (asLogical(edges) == TRUE && isNull(query) &&
+        (double)ncols(ref) * k > KNN_MAX_EDGES)
+        error("knngpu: %d nodes with k = %d give more edges than a data "
+              "frame holds (%d rows)", ncols(ref), k, KNN_MAX_EDGES);
+}
+
 SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
                   SEXP threads, SEXP memory, SEXP devices, SEXP progress,
                   SEXP edges, SEXP algorithm, SEXP precision, SEXP knobs)
 {
+    knn_search_check(ref, query, devices, edges, algorithm, precision, knobs,
+                     asInteger(k));
     int nprot = 0;
     knn_request req;
     memset(&req, 0, sizeof req);
@@ -240,17 +279,19 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
     return res;
 }
 
-/* x: numeric matrix (double or integer). Returns the nodes in the engine's
- * p x n layout, a double matrix; one whose columns are the nodes is already
- * in that layout and is returned as it is. */
-SEXP C_knn_nodes(SEXP x, SEXP by_rows)
+/* x: numeric matrix (double or integer); threads: as a search's.
+ * Returns the nodes in the engine's p x n layout, a double matrix; one
+ * whose columns are the nodes is already in that layout and is returned as
+ * it is. */
+SEXP C_knn_nodes(SEXP x, SEXP by_rows, SEXP threads)
 {
     int nrow = nrows(x), ncol = ncols(x), rows = asLogical(by_rows) == TRUE;
     if (!rows && TYPEOF(x) == REALSXP) return x;
     SEXP dbl = PROTECT(coerceVector(x, REALSXP));
     SEXP values = PROTECT(allocMatrix(REALSXP, rows ? ncol : nrow,
                                       rows ? nrow : ncol));
-    knn_layout_nodes(REAL(dbl), nrow, ncol, rows, REAL(values));
+    knn_layout_nodes(REAL(dbl), nrow, ncol, rows, REAL(values),
+                     asInteger(threads));
     UNPROTECT(2);
     return values;
 }
@@ -268,54 +309,215 @@ static SEXP knn_bad_nodes(const int *bad, int found, int cap)
 }
 
 /* x: p x n double matrix. Returns the nodes holding NA, NaN or Inf (at most
- * max_bad of them, in order; knn_bad_nodes). */
+ * max_bad of them, in order; knn_bad_nodes). On one thread: it runs once,
+ * on the way to an error. */
 SEXP C_knn_nonfinite(SEXP x, SEXP max_bad)
 {
     int cap = asInteger(max_bad);
     int *bad = (int *)R_alloc((size_t)cap, sizeof(int));
-    int found = knn_nonfinite_nodes(REAL(x), nrows(x), ncols(x), bad, cap);
+    int found = knn_nonfinite_nodes(REAL(x), nrows(x), ncols(x), bad, cap,
+                                    1);
     return knn_bad_nodes(bad, found, cap);
 }
 
 /* x: p x n double matrix. Returns the degenerate nodes (at most max_rows of
- * them, in order; knn_bad_nodes). */
+ * them, in order; knn_bad_nodes), on one thread as C_knn_nonfinite. */
 SEXP C_knn_degenerate(SEXP x, SEXP metric, SEXP max_rows)
 {
     int cap = asInteger(max_rows);
     int *rows = (int *)R_alloc((size_t)cap, sizeof(int));
     int found = knn_degenerate_nodes((knn_metric)asInteger(metric), REAL(x),
-                                     nrows(x), ncols(x), rows, cap);
+                                     nrows(x), ncols(x), rows, cap, 1);
     return knn_bad_nodes(rows, found, cap);
 }
 
-/* index: n x k 1-based integer matrix of a self search. Returns
- * list(from, to, weight) with 1-based from < to. */
-SEXP C_knn_snn(SEXP index, SEXP type)
-{
-    int n = nrows(index), k = ncols(index);
+/* The SNN graph's arrays on their way into R: the engine's malloc'd
+ * arrays, freed whether or not R's allocations succeed. */
+typedef struct {
     int *from, *to;
-    double *w;
+    double *weight;
     size_t m;
-    knn_status st = knn_snn_graph(INTEGER(index), n, k, 1,
-                                  (knn_snn_type)asInteger(type), &from, &to,
-                                  &w, &m);
-    if (st != KNN_OK) error("knngpu: out of memory building the SNN graph");
+} knn_snn_arrays;
 
+static SEXP knn_snn_to_r(void *data)
+{
+    const knn_snn_arrays *g = data;
     const char *names[] = {"from", "to", "weight"};
     SEXP res = PROTECT(knn_named_list(3, names));
-    SEXP rf = allocVector(INTSXP, (R_xlen_t)m);
+    SEXP rf = allocVector(INTSXP, (R_xlen_t)g->m);
     SET_VECTOR_ELT(res, 0, rf);
-    SEXP rt = allocVector(INTSXP, (R_xlen_t)m);
+    SEXP rt = allocVector(INTSXP, (R_xlen_t)g->m);
     SET_VECTOR_ELT(res, 1, rt);
-    SEXP rw = allocVector(REALSXP, (R_xlen_t)m);
+    SEXP rw = allocVector(REALSXP, (R_xlen_t)g->m);
     SET_VECTOR_ELT(res, 2, rw);
-    memcpy(INTEGER(rf), from, m * sizeof(int));
-    memcpy(INTEGER(rt), to, m * sizeof(int));
-    memcpy(REAL(rw), w, m * sizeof(double));
-    free(from);
-    free(to);
-    free(w);
+    memcpy(INTEGER(rf), g->from, g->m * sizeof(int));
+    memcpy(INTEGER(rt), g->to, g->m * sizeof(int));
+    memcpy(REAL(rw), g->weight, g->m * sizeof(double));
     UNPROTECT(1);
+    return res;
+}
+
+static void knn_snn_release(void *data, Rboolean jump)
+{
+    knn_snn_arrays *g = data;
+    (void)jump;
+    free(g->from);
+    free(g->to);
+    free(g->weight);
+    g->from = g->to = NULL;
+    g->weight = NULL;
+}
+
+/* Stops with an R error unless index is an n x k integer matrix of node
+ * numbers 1..n (no NA) and type a knn_snn_type: the engine trusts both. */
+static void knn_snn_check(SEXP index, SEXP type)
+{
+    if (TYPEOF(index) != INTSXP || !isMatrix(index) || nrows(index) < 1 ||
+        ncols(index) < 1)
+        error("knngpu: the SNN graph needs a non-empty integer matrix of "
+              "neighbours");
+    int t = asInteger(type);
+    if (t < KNN_SNN_RANK || t > KNN_SNN_JACCARD)
+        error("knngpu: unknown SNN weighting %d", t);
+    R_xlen_t len = XLENGTH(index);
+    int n = nrows(index);
+    const int *v = INTEGER(index);
+    for (R_xlen_t i = 0; i < len; i++)
+        if (v[i] < 1 || v[i] > n)
+            error("knngpu: the SNN graph's neighbours must be node numbers "
+                  "from 1 to %d; entry %.0f is %s", n, (double)i + 1,
+                  v[i] == NA_INTEGER ? "NA" : "out of range");
+}
+
+/* index: n x k 1-based integer matrix of a self search. Returns
+ * list(from, to, weight) with 1-based from < to. Polls for interrupts,
+ * which it raises again once every array is freed. */
+SEXP C_knn_snn(SEXP index, SEXP type)
+{
+    knn_snn_check(index, type);
+    int n = nrows(index), k = ncols(index);
+    knn_r_session session;
+    knn_callbacks cb;
+    knn_r_callbacks(&session, 0, n, &cb);
+    PROTECT(session.bar);
+    PROTECT(session.caught);
+    knn_snn_arrays g = {NULL, NULL, NULL, 0};
+    knn_status st = knn_snn_graph(INTEGER(index), n, k, 1,
+                                  (knn_snn_type)asInteger(type), &cb,
+                                  &g.from, &g.to, &g.weight, &g.m);
+    if (st == KNN_E_INTERRUPTED) {
+        knn_r_raise(VECTOR_ELT(session.caught, 0));
+        UNPROTECT(2);
+        return R_NilValue;
+    }
+    UNPROTECT(2);
+    if (st != KNN_OK)
+        error("knngpu: out of memory building the SNN graph of %d nodes "
+              "with k = %d: lower k, or build it on a machine with more "
+              "memory", n, k);
+    if (g.m > (size_t)KNN_MAX_EDGES) {
+        size_t m = g.m;
+        knn_snn_release(&g, FALSE);
+        error("knngpu: the SNN graph has %.0f edges, more than a data frame "
+              "holds (%d rows): lower k, or use knnSearch() for the "
+              "neighbour matrices", (double)m, KNN_MAX_EDGES);
+    }
+    SEXP cont = PROTECT(R_MakeUnwindCont());
+    SEXP res = R_UnwindProtect(knn_snn_to_r, &g, knn_snn_release, &g, cont);
+    UNPROTECT(1);
+    return res;
+}
+
+/* What C_knn_symmetrize keeps across R's allocations: the reverse lists
+ * and the pairs' edges, freed whether or not those succeed. */
+typedef struct {
+    knn_symmetry sym;
+    size_t *edge;
+    SEXP to, weight, distance;
+    int n, k, mutual;
+    size_t m;
+} knn_sym_job;
+
+static SEXP knn_sym_to_r(void *data)
+{
+    knn_sym_job *j = data;
+    const char *names[] = {"from", "to", "weight", "distance", "rank"};
+    SEXP res = PROTECT(knn_named_list(5, names));
+    SEXPTYPE types[] = {INTSXP, INTSXP, REALSXP, REALSXP, INTSXP};
+    for (int c = 0; c < 5; c++)
+        SET_VECTOR_ELT(res, c, allocVector(types[c], (R_xlen_t)j->m));
+    j->edge = malloc((j->m ? j->m : 1) * sizeof(size_t));
+    if (!j->edge)
+        error("knngpu: out of memory symmetrising %.0f edges: lower k",
+              (double)j->m);
+    size_t m;
+    int *from = INTEGER(VECTOR_ELT(res, 0)), *to = INTEGER(VECTOR_ELT(res, 1));
+    knn_symmetry_pairs(&j->sym, INTEGER(j->to), j->n, j->k, 1, j->mutual,
+                       NULL, from, to, j->edge, &m);
+    double *w = REAL(VECTOR_ELT(res, 2)), *d = REAL(VECTOR_ELT(res, 3));
+    int *rank = INTEGER(VECTOR_ELT(res, 4));
+    for (size_t x = 0; x < m; x++) {
+        size_t e = j->edge[x];
+        w[x] = REAL(j->weight)[e];
+        d[x] = REAL(j->distance)[e];
+        rank[x] = (int)(e % (size_t)j->k) + 1;
+    }
+    UNPROTECT(1);
+    return res;
+}
+
+static void knn_sym_release(void *data, Rboolean jump)
+{
+    knn_sym_job *j = data;
+    (void)jump;
+    knn_symmetry_free(&j->sym);
+    free(j->edge);
+    j->edge = NULL;
+}
+
+/* to, weight, distance: a self search's directed edge list of n nodes x k
+ * in edge order (knnGraph's), to 1-based; mutual: TRUE keeps the pairs
+ * both ends chose. Returns list(from, to, weight, distance, rank), each
+ * pair once, from < to, in (from, to) order (knn_symmetry_pairs). Polls
+ * for interrupts, which it raises again once its memory is freed. */
+SEXP C_knn_symmetrize(SEXP to, SEXP weight, SEXP distance, SEXP k,
+                      SEXP mutual)
+{
+    int kk = asInteger(k);
+    if (TYPEOF(to) != INTSXP || TYPEOF(weight) != REALSXP ||
+        TYPEOF(distance) != REALSXP || kk < 1 || XLENGTH(to) % kk != 0 ||
+        XLENGTH(weight) != XLENGTH(to) || XLENGTH(distance) != XLENGTH(to) ||
+        XLENGTH(to) / kk > INT_MAX)
+        error("knngpu: a directed edge list of n x k integer targets and "
+              "double weights and distances is needed");
+    knn_sym_job j = {{NULL, NULL}, NULL, to, weight, distance,
+                     (int)(XLENGTH(to) / kk), kk, asLogical(mutual) == TRUE,
+                     0};
+    const int *t = INTEGER(to);
+    for (R_xlen_t e = 0; e < XLENGTH(to); e++)
+        if (t[e] < 1 || t[e] > j.n)
+            error("knngpu: edge %.0f's target is not a node from 1 to %d",
+                  (double)e + 1, j.n);
+    if (knn_symmetry_build(&j.sym, t, j.n, kk, 1) != KNN_OK)
+        error("knngpu: out of memory symmetrising %d nodes x %d edges: "
+              "lower k", j.n, kk);
+    knn_r_session session;
+    knn_callbacks cb;
+    knn_r_callbacks(&session, 0, j.n, &cb);
+    PROTECT(session.bar);
+    PROTECT(session.caught);
+    knn_status st = knn_symmetry_pairs(&j.sym, t, j.n, kk, 1, j.mutual, &cb,
+                                       NULL, NULL, NULL, &j.m);
+    if (st != KNN_OK) {
+        knn_symmetry_free(&j.sym);
+        if (st == KNN_E_INTERRUPTED)
+            knn_r_raise(VECTOR_ELT(session.caught, 0));
+        error("knngpu: out of memory symmetrising %d nodes x %d edges: "
+              "lower k", j.n, kk);
+    }
+    SEXP cont = PROTECT(R_MakeUnwindCont());
+    SEXP res = R_UnwindProtect(knn_sym_to_r, &j, knn_sym_release, &j, cont);
+    UNPROTECT(3);
     return res;
 }
 

@@ -9,10 +9,11 @@
 
 SEXP C_knn_search(SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP,
                   SEXP, SEXP, SEXP, SEXP);
-SEXP C_knn_nodes(SEXP, SEXP);
+SEXP C_knn_nodes(SEXP, SEXP, SEXP);
 SEXP C_knn_nonfinite(SEXP, SEXP);
 SEXP C_knn_degenerate(SEXP, SEXP, SEXP);
 SEXP C_knn_snn(SEXP, SEXP);
+SEXP C_knn_symmetrize(SEXP, SEXP, SEXP, SEXP, SEXP);
 SEXP C_knn_gpu_info(void);
 SEXP C_knn_gpu_library(SEXP);
 SEXP C_knn_metric_table(void);
@@ -21,10 +22,11 @@ SEXP C_knn_pairwise(SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP);
 
 static const R_CallMethodDef knn_call_methods[] = {
     {"C_knn_search", (DL_FUNC)&C_knn_search, 13},
-    {"C_knn_nodes", (DL_FUNC)&C_knn_nodes, 2},
+    {"C_knn_nodes", (DL_FUNC)&C_knn_nodes, 3},
     {"C_knn_nonfinite", (DL_FUNC)&C_knn_nonfinite, 2},
     {"C_knn_degenerate", (DL_FUNC)&C_knn_degenerate, 3},
     {"C_knn_snn", (DL_FUNC)&C_knn_snn, 2},
+    {"C_knn_symmetrize", (DL_FUNC)&C_knn_symmetrize, 5},
     {"C_knn_gpu_info", (DL_FUNC)&C_knn_gpu_info, 0},
     {"C_knn_gpu_library", (DL_FUNC)&C_knn_gpu_library, 1},
     {"C_knn_metric_table", (DL_FUNC)&C_knn_metric_table, 0},

@@ -66,8 +66,8 @@ static int ref_cmp(const void *a, const void *b)
     return (x->index > y->index) - (x->index < y->index);
 }
 
-/* Canonical nodes: u, sum, css (correlations) or 2^-e scaled (distances). */
-static void ref_canon(knn_metric m, const double *x, int p, int n, int e,
+/* Canonical nodes: u, sum, css (correlations) or as given (distances). */
+static void ref_canon(knn_metric m, const double *x, int p, int n,
                       double *u, double *sum, double *css)
 {
     double *tmp = malloc(sizeof(double) * p);
@@ -79,7 +79,7 @@ static void ref_canon(knn_metric m, const double *x, int p, int n, int e,
                 tmp[f] = m == KNN_SPEARMAN ? knn_rank2(xj, p, f) : xj[f];
             knn_canon_corr(m, tmp, p, uj, &sum[j], &css[j]);
         } else {
-            for (int f = 0; f < p; f++) uj[f] = ldexp(xj[f], -e);
+            for (int f = 0; f < p; f++) uj[f] = xj[f];
         }
     }
     free(tmp);
@@ -92,21 +92,15 @@ static void ref_search(knn_metric m, const double *ref, int n_ref,
 {
     int self = query == NULL;
     int nq = self ? n_ref : n_query;
-    double amax = knn_max_abs(ref, (int)((size_t)p * n_ref));
-    if (!self) {
-        double qa = knn_max_abs(query, (int)((size_t)p * n_query));
-        if (qa > amax) amax = qa;
-    }
-    int e = knn_exponent(amax);
     double *ur = malloc(sizeof(double) * p * n_ref);
     double *sr = malloc(sizeof(double) * n_ref), *cr = malloc(sizeof(double) * n_ref);
-    ref_canon(m, ref, p, n_ref, e, ur, sr, cr);
+    ref_canon(m, ref, p, n_ref, ur, sr, cr);
     double *uq = ur, *sq = sr, *cq = cr;
     if (!self) {
         uq = malloc(sizeof(double) * p * n_query);
         sq = malloc(sizeof(double) * n_query);
         cq = malloc(sizeof(double) * n_query);
-        ref_canon(m, query, p, n_query, e, uq, sq, cq);
+        ref_canon(m, query, p, n_query, uq, sq, cq);
     }
 #pragma omp parallel for schedule(dynamic, 8)
     for (int i = 0; i < nq; i++) {
@@ -118,7 +112,7 @@ static void ref_search(knn_metric m, const double *ref, int n_ref,
             const double *uj = ur + (size_t)j * p;
             pairs[c].key = knn_key_distance(m, knn_is_correlation(m)
                 ? knn_key_corr(m, ui, uj, p, sq[i], cq[i], sr[j], cr[j])
-                : knn_key_dist(m, ui, uj, p), e);
+                : knn_key_dist(m, ui, uj, p));
             pairs[c].index = j;
             c++;
         }
@@ -131,7 +125,7 @@ static void ref_search(knn_metric m, const double *ref, int n_ref,
                 ? knn_key_corr(m, ui, uj, p, sq[i], cq[i], sr[pairs[r].index],
                                cr[pairs[r].index])
                 : knn_key_dist(m, ui, uj, p);
-            knn_key_output(m, key, e, &distance[at], &weight[at]);
+            knn_key_output(m, key, &distance[at], &weight[at]);
         }
         free(pairs);
     }

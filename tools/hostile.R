@@ -24,11 +24,15 @@ correlations <- c("pearson", "cosine", "spearman", "abspearson")
 ## A case: R code run after `prelude` (which defines the data helpers), and
 ## what it must end in: expect = "error" with `pattern` (the message must
 ## match it), or expect = "answer", where the code leaves `got` and `want`
-## (lists of index and distance matrices) to compare.
+## (lists of index and distance matrices) to compare. `env`: environment
+## variables of its process ("NAME=value"); `vmem`: its address-space
+## limit (ulimit -v, in kB), as a cluster's scheduler sets it.
 cases <- list()
-add <- function(name, code, expect, pattern = NULL) {
+add <- function(name, code, expect, pattern = NULL, env = character(),
+                vmem = NULL) {
     cases[[length(cases) + 1L]] <<- list(name = name, code = code,
-                                         expect = expect, pattern = pattern)
+                                         expect = expect, pattern = pattern,
+                                         env = env, vmem = vmem)
 }
 errorCase <- function(name, code, pattern) add(name, code, "error", pattern)
 answerCase <- function(name, code) add(name, code, "answer")
@@ -254,6 +258,37 @@ errorCase("findKNN: character", paste(
     "BiocNeighbors::findKNN(matrix(letters, 13), k = 3,",
     "BNPARAM = KnngpuParam(device = dev))"), "'X' must be a numeric matrix")
 
+## Where users run it: an address-space limit, an absurd OpenMP setting.
+## The search finishes with the reference's answer, or stops with an error
+## that names what to lower, in its normal time (a hang is the timeout).
+finishes <- function(call) paste(
+    "res <- tryCatch({", call, "; 'done'}, error = function(e)",
+    "if (grepl(\"'threads'|knngpu.cpu.memory\", conditionMessage(e)))",
+    "'named' else conditionMessage(e));",
+    "got <- list(res = res %in% c('done', 'named'));",
+    "want <- list(res = TRUE)")
+limitCase <- function(name, code, env = character(), vmem = NULL) {
+    add(paste("limits:", name), code, "answer", env = env, vmem = vmem)
+}
+exact <- paste("m <- 'euclidean'; x <- base(); got <-",
+               "knnSearch(x, k = 3, metric = m, device = 'cpu'%s);",
+               "want <- refKnn(x, 3, m)")
+limitCase("OMP_NUM_THREADS = 3000, threads = 2",
+          sprintf(exact, ", threads = 2"), env = "OMP_NUM_THREADS=3000")
+limitCase("threads = 1024 under 4 GB", sprintf(exact, ", threads = 1024"),
+          vmem = 4e6)
+limitCase("OMP_STACKSIZE = 64K", sprintf(exact, ", threads = 2"),
+          env = "OMP_STACKSIZE=64K")
+limitCase("20000 x 10, threads = 4, under 1 GB", finishes(paste(
+    "x <- matrix(rnorm(20000 * 10), ncol = 10); knnSearch(x, k = 10,",
+    "metric = 'euclidean', device = 'cpu', threads = 4)")), vmem = 1e6)
+limitCase("100000 x 50 graph under 1 GB", finishes(paste(
+    "x <- matrix(rnorm(1e5 * 50), ncol = 50); knnGraph(x, k = 10,",
+    "metric = 'euclidean', device = 'cpu')")), vmem = 1e6)
+limitCase("SNN weights of 20000 nodes, k = 30, under 1 GB", finishes(paste(
+    "x <- matrix(rnorm(20000 * 10), ncol = 10); knnGraph(x, k = 30,",
+    "metric = 'euclidean', device = 'cpu', snn = 'rank')")), vmem = 1e6)
+
 ## The R code every case runs first.
 prelude <- c(
     "suppressPackageStartupMessages(library(knngpu))",
@@ -324,9 +359,21 @@ runCase <- function(case) {
                  "                     tolerance = 1e-10))) 'ANSWER: right'",
                  "    else 'ANSWER: wrong', '\\n')"), script)
     start <- proc.time()[["elapsed"]]
-    out <- suppressWarnings(system2(
-        "timeout", c(timeout, file.path(R.home("bin"), "Rscript"), script),
-        stdout = TRUE, stderr = TRUE))
+    ## An address-space limit cannot hold the sanitizers' shadow memory.
+    if (!is.null(case$vmem) && nzchar(Sys.getenv("KNNGPU_SANITIZED"))) {
+        return(list(name = case$name, outcome = "skipped", passed = TRUE,
+                    detail = "limit under the sanitizers", seconds = 0))
+    }
+    command <- paste("exec env", paste(shQuote(case$env), collapse = " "),
+                     "timeout", timeout,
+                     shQuote(file.path(R.home("bin"), "Rscript")),
+                     shQuote(script))
+    if (!is.null(case$vmem)) {
+        command <- paste("ulimit -v", format(case$vmem, scientific = FALSE),
+                         "&&", command)
+    }
+    out <- suppressWarnings(system2("sh", c("-c", shQuote(command)),
+                                    stdout = TRUE, stderr = TRUE))
     status <- attr(out, "status")
     if (is.null(status)) status <- 0L
     unlink(dir, recursive = TRUE)

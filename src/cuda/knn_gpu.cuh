@@ -143,7 +143,7 @@ knn_status knn_context_upload(knn_gpu_context *ctx,
 typedef struct {
     int p, n_ref, n_nodes;
     void *block;      /* one allocation holding the arrays below but exact */
-    double *exact;    /* canonical u (correlations) or 2^-e scaled nodes */
+    double *exact;    /* canonical u (correlations) or the nodes as given */
     double *sum;      /* correlations: per-node sum and css of u */
     double *css;
     float *fast;      /* product metrics: fast vectors f, ldf x n_nodes */
@@ -172,7 +172,8 @@ typedef struct {
     double *norm_max; /* largest over the ref nodes: the margins' inputs */
     double *kappa_max; /* correlations: the largest cancellation (>= 1),
                           the margins' input */
-    int scale_exp;    /* distances: e of the 2^-e scaling */
+    int scale_exp;    /* distances with products: the fast vectors' frame
+                         divides nodes by 2^scale_exp; else 0 */
 } knn_gpu_nodes;
 
 /* One row tile's arguments to the selection kernels. The panel holds, for

@@ -6,10 +6,12 @@
  * thread per value) then knn_canon_corr per node, one thread per node, in
  * place; from u the same thread writes the float32 fast vector
  * f = (u - sum/p) / sqrt(css/p) (cosine: u / sqrt(css)) and its kappa.
- * Distance metrics: every value scaled by 2^-e (e from the largest |value|
- * of ref and all queries; a power of two, so exact), then the fast vectors
- * are the scaled nodes minus the ref feature means (centring shrinks |f| and
- * so the margin, and leaves distances alone), one thread per node.
+ * Distance metrics: the nodes stay as given, for the exact keys, which
+ * scale each pair on its own (knn_key_dist); the fast vectors are the
+ * nodes scaled by 2^-e as they are read (e from the largest |value| of ref
+ * and all queries; a power of two, so exact) minus the ref feature means
+ * (centring shrinks |f| and so the margin, and leaves distances alone),
+ * one warp per node. Manhattan has no fast vectors and no scale.
  * Reductions (max |x|, kappa, max |f|) use atomicMax on the bits of
  * non-negative doubles, whose integer order is their numeric order.
  */
@@ -75,21 +77,28 @@ __global__ static void knn_max_abs_kernel(const double *x, size_t n_vals,
     if ((threadIdx.x & 31) == 0) knn_atomic_max_nonneg(out, m);
 }
 
-__global__ static void knn_scale_kernel(double *x, size_t n_vals, int e)
+/* The frame of the fast vectors: a value divided by 2^e, with ldexp's
+ * bits (factor: knn_ldexp_factor(-e)). */
+typedef struct {
+    int e;
+    double factor;
+} knn_frame;
+
+__device__ __forceinline__ double knn_in_frame(knn_frame fr, double v)
 {
-    size_t t = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t < n_vals) x[t] = ldexp(x[t], -e);
+    return fr.factor != 0.0 ? v * fr.factor : ldexp(v, -fr.e);
 }
 
 /* Block b sums feature f over its share of the ref nodes, in node order. */
 __global__ static void knn_mean_part_kernel(const double *x, int p, int n_ref,
-                                            double *parts)
+                                            knn_frame fr, double *parts)
 {
     int per = (n_ref + KNN_MEAN_PARTS - 1) / KNN_MEAN_PARTS;
     int j0 = blockIdx.x * per, j1 = min(n_ref, j0 + per);
     for (int f = threadIdx.x; f < p; f += blockDim.x) {
         double s = 0.0;
-        for (int j = j0; j < j1; j++) s += x[(size_t)j * p + f];
+        for (int j = j0; j < j1; j++)
+            s += knn_in_frame(fr, x[(size_t)j * p + f]);
         parts[(size_t)blockIdx.x * p + f] = s;
     }
 }
@@ -107,7 +116,8 @@ __global__ static void knn_mean_final_kernel(double *parts, int p, int n_ref)
  * reads): f = scaled node - means, |f|^2, |node - means| and their largest
  * over the ref nodes (norm_max of the distance margin). */
 __global__ static void knn_dist_fast_kernel(const double *x, int p, int n,
-                                            int n_ref, const double *mean,
+                                            int n_ref, knn_frame fr,
+                                            const double *mean,
                                             float *fast, int ldf,
                                             float *sqnorm, double *norm,
                                             double *norm_max)
@@ -119,7 +129,7 @@ __global__ static void knn_dist_fast_kernel(const double *x, int p, int n,
     float *fg = fast + (size_t)g * ldf;
     double ss = 0.0, sf = 0.0;
     for (int f = lane; f < p; f += 32) {
-        double d = xg[f] - mean[f];
+        double d = knn_in_frame(fr, xg[f]) - mean[f];
         float v = (float)d;
         fg[f] = v;
         ss += d * d;
@@ -139,7 +149,8 @@ __global__ static void knn_dist_fast_kernel(const double *x, int p, int n,
  * about the origin to terms[0] and terms[1]. The lanes' partial sums of
  * squares are combined first, as the term needs the whole norm. */
 __global__ static void knn_translation_kernel(const double *x, int p,
-                                              int n_ref, const double *mean,
+                                              int n_ref, knn_frame fr,
+                                              const double *mean,
                                               double *terms)
 {
     int g = (int)(((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
@@ -148,9 +159,9 @@ __global__ static void knn_translation_kernel(const double *x, int p,
     const double *xg = x + (size_t)g * p;
     double centred = 0.0, origin = 0.0;
     for (int f = lane; f < p; f += 32) {
-        double d = xg[f] - mean[f];
+        double v = knn_in_frame(fr, xg[f]), d = v - mean[f];
         centred += d * d;
-        origin += xg[f] * xg[f];
+        origin += v * v;
     }
     for (int o = 16; o > 0; o >>= 1) {
         centred += __shfl_xor_sync(0xffffffffu, centred, o);
@@ -337,7 +348,7 @@ static knn_status knn_prepare_corr(knn_metric m, double *x, knn_gpu_nodes *nd,
  * centre, or zeroes them where the origin is the better translation
  * (knn_translation_term, knn_exact.h: the rule the CPU follows too). */
 static knn_status knn_choose_translation(const knn_gpu_nodes *nd,
-                                         const double *x,
+                                         const double *x, knn_frame fr,
                                          const knn_prep_scratch *sc,
                                          char *message, cudaStream_t stream)
 {
@@ -346,7 +357,7 @@ static knn_status knn_choose_translation(const knn_gpu_nodes *nd,
                                           stream));
     knn_translation_kernel<<<knn_blocks((size_t)nd->n_ref * 32),
                              KNN_PREP_THREADS, 0, stream>>>(
-        x, nd->p, nd->n_ref, sc->mean_parts, sc->terms);
+        x, nd->p, nd->n_ref, fr, sc->mean_parts, sc->terms);
     KNN_LAUNCH_TRY(message, "knn_translation_kernel");
     KNN_CUDA_TRY(message, cudaMemcpyAsync(terms, sc->terms, sizeof terms,
                                           cudaMemcpyDeviceToHost, stream));
@@ -365,6 +376,13 @@ static knn_status knn_prepare_dist(knn_metric m, double *x, knn_gpu_nodes *nd,
 {
     size_t n_vals = (size_t)nd->p * nd->n_nodes;
     nd->exact = x;
+    nd->scale_exp = 0;
+    if (!knn_uses_product(m)) {
+        KNN_CUDA_TRY(message, cudaMemsetAsync(nd->margin2, 0,
+                                              nd->n_nodes * sizeof(double),
+                                              stream));
+        return KNN_OK;
+    }
     KNN_CUDA_TRY(message,
                  cudaMemsetAsync(sc->scalar, 0, sizeof(double), stream));
     knn_max_abs_kernel<<<1024, KNN_PREP_THREADS, 0, stream>>>(x, n_vals,
@@ -375,29 +393,21 @@ static knn_status knn_prepare_dist(knn_metric m, double *x, knn_gpu_nodes *nd,
                                           cudaMemcpyDeviceToHost, stream));
     KNN_CUDA_TRY(message, cudaStreamSynchronize(stream));
     nd->scale_exp = knn_exponent(amax > query_max_abs ? amax : query_max_abs);
-    knn_scale_kernel<<<knn_blocks(n_vals), KNN_PREP_THREADS, 0, stream>>>(
-        x, n_vals, nd->scale_exp);
-    KNN_LAUNCH_TRY(message, "knn_scale_kernel");
-    if (!knn_uses_product(m)) {
-        KNN_CUDA_TRY(message, cudaMemsetAsync(nd->margin2, 0,
-                                              nd->n_nodes * sizeof(double),
-                                              stream));
-        return KNN_OK;
-    }
+    knn_frame fr = {nd->scale_exp, knn_ldexp_factor(-nd->scale_exp)};
 
     knn_mean_part_kernel<<<KNN_MEAN_PARTS, KNN_PREP_THREADS, 0, stream>>>(
-        x, nd->p, nd->n_ref, sc->mean_parts);
+        x, nd->p, nd->n_ref, fr, sc->mean_parts);
     KNN_LAUNCH_TRY(message, "knn_mean_part_kernel");
     knn_mean_final_kernel<<<knn_blocks(nd->p), KNN_PREP_THREADS, 0,
                             stream>>>(sc->mean_parts, nd->p, nd->n_ref);
     KNN_LAUNCH_TRY(message, "knn_mean_final_kernel");
-    KNN_TRY(knn_choose_translation(nd, x, sc, message, stream));
+    KNN_TRY(knn_choose_translation(nd, x, fr, sc, message, stream));
     KNN_CUDA_TRY(message,
                  cudaMemsetAsync(nd->norm_max, 0, sizeof(double), stream));
     knn_dist_fast_kernel<<<knn_blocks((size_t)nd->n_nodes * 32),
                            KNN_PREP_THREADS, 0, stream>>>(
-        x, nd->p, nd->n_nodes, nd->n_ref, sc->mean_parts, nd->fast, nd->ldf,
-        nd->sqnorm, nd->norm, nd->norm_max);
+        x, nd->p, nd->n_nodes, nd->n_ref, fr, sc->mean_parts, nd->fast,
+        nd->ldf, nd->sqnorm, nd->norm, nd->norm_max);
     KNN_LAUNCH_TRY(message, "knn_dist_fast_kernel");
     return KNN_OK;
 }

@@ -11,9 +11,12 @@
  *  - Manhattan: a direct float64 kernel. A 16 x 16 thread block computes a
  *    64 x 64 tile of pairs, 4 x 4 per thread, staging 16 features of both
  *    node sets in shared memory at a time. Each pair's sum runs over the
- *    features in order with the same rounded operations as knn_key_dist, so
- *    the panel holds the canonical key rounded to float32; rounding is
- *    monotone, so the k-th panel value bounds the exact top k with no margin.
+ *    features in order with the same rounded operations as knn_key_dist
+ *    (on the nodes as given; a pair whose plain sum is not its key reads
+ *    its nodes again for the scaled sum), so the panel holds the
+ *    canonical key rounded to float32 (past its range, to 0 or infinity);
+ *    rounding is monotone, so the k-th panel value bounds the exact top k
+ *    with no margin.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -184,11 +187,11 @@ knn_manhattan_kernel(const double *x_rows, const double *x_ref, int p,
     __shared__ double sc[KNN_MH_FEAT][KNN_MH_TILE + 1];
     int tx = threadIdx.x, ty = threadIdx.y, tid = ty * KNN_MH_SIDE + tx;
     int row0 = blockIdx.y * KNN_MH_TILE, col0 = blockIdx.x * KNN_MH_TILE;
-    double acc[KNN_MH_PER][KNN_MH_PER];
+    knn_dist_acc acc[KNN_MH_PER][KNN_MH_PER];
 #pragma unroll
     for (int i = 0; i < KNN_MH_PER; i++)
 #pragma unroll
-        for (int j = 0; j < KNN_MH_PER; j++) acc[i][j] = 0.0;
+        for (int j = 0; j < KNN_MH_PER; j++) acc[i][j] = {0.0};
 
     for (int f0 = 0; f0 < p; f0 += KNN_MH_FEAT) {
         knn_mh_stage(sr, x_rows, p, rows, row0, f0, tid);
@@ -201,8 +204,9 @@ knn_manhattan_kernel(const double *x_rows, const double *x_ref, int p,
                 double a = sr[f][ty + KNN_MH_SIDE * i];
 #pragma unroll
                 for (int j = 0; j < KNN_MH_PER; j++)
-                    acc[i][j] = KNN_ADD(acc[i][j],
-                        fabs(KNN_SUB(a, sc[f][tx + KNN_MH_SIDE * j])));
+                    knn_key_dist_more(KNN_MANHATTAN, &a,
+                                      &sc[f][tx + KNN_MH_SIDE * j], 1,
+                                      &acc[i][j]);
             }
         }
         __syncthreads();
@@ -214,7 +218,9 @@ knn_manhattan_kernel(const double *x_rows, const double *x_ref, int p,
         for (int j = 0; j < KNN_MH_PER; j++) {
             int c = col0 + tx + KNN_MH_SIDE * j;
             if (r < rows && c < n_ref)
-                panel[(size_t)r * ld + c] = (float)acc[i][j];
+                panel[(size_t)r * ld + c] = (float)knn_key_dist_finish(
+                    KNN_MANHATTAN, acc[i][j].s, x_rows + (size_t)r * p,
+                    x_ref + (size_t)c * p, p);
         }
     }
 }

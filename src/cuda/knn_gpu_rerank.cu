@@ -4,8 +4,9 @@
  * 1. Keys: one warp per query row, a lane per candidate slot, 32 slots at
  *    a time. Each lane computes its candidate's canonical key as the C
  *    engine does (knn_key_corr_of_dot over knn_dot_more, or
- *    knn_key_dist_more, of knn_exact.h: sequential over the features,
- *    rounded operations), so the bits are the same. The candidates'
+ *    knn_key_dist_more and knn_key_dist_finish over the nodes as given, of
+ *    knn_exact.h: sequential over the features, rounded operations), so
+ *    the bits are the same. The candidates'
  *    values are read 32 features at a time into shared memory, a whole
  *    warp per candidate (coalesced, where a lane reading its own node's
  *    values would touch 32 nodes per load), and each lane then runs
@@ -66,25 +67,29 @@ knn_key_kernel(knn_rerank_args a)
     for (int s0 = a.offsets[r]; s0 < end; s0 += 32) {
         int n = min(32, end - s0), s = s0 + lane;
         int j = lane < n ? a.cand_index[s] : 0;
-        double acc = 0.0; /* the dot product, or the distance sum */
+        double dot = 0.0; /* correlations: the dot product */
+        knn_dist_acc acc = {0.0}; /* distances: the plain sum */
         for (int f0 = 0; f0 < p; f0 += KNN_KEY_CHUNK) {
             int w = min(KNN_KEY_CHUNK, p - f0);
             knn_key_stage(tile, nd->exact, p, j, n, f0, w, lane);
             __syncwarp();
-            if (lane < n)
-                acc = corr ? knn_dot_more(xi + f0, tile[lane], w, acc)
-                           : knn_key_dist_more(a.metric, xi + f0, tile[lane],
-                                               w, acc);
+            if (lane < n) {
+                if (corr) dot = knn_dot_more(xi + f0, tile[lane], w, dot);
+                else knn_key_dist_more(a.metric, xi + f0, tile[lane], w,
+                                       &acc);
+            }
             __syncwarp();
         }
         if (lane >= n) continue;
-        double key = corr ? knn_key_corr_of_dot(a.metric, acc, p, nd->sum[i],
+        /* A pair whose plain sum is not its key (overflow, or tiny: rare)
+         * reads its nodes again for the scaled sum, from global memory. */
+        double key = corr ? knn_key_corr_of_dot(a.metric, dot, p, nd->sum[i],
                                                 nd->css[i], nd->sum[j],
                                                 nd->css[j])
-                          : acc;
+                          : knn_key_dist_finish(a.metric, acc.s, xi,
+                                                nd->exact + (size_t)j * p, p);
         a.cand_key[s] = key;
-        a.sort_key[s] = knn_order_bits64(
-            knn_key_distance(a.metric, key, nd->scale_exp));
+        a.sort_key[s] = knn_order_bits64(knn_key_distance(a.metric, key));
         a.sort_val[s] = s;
     }
 }
@@ -155,8 +160,7 @@ __global__ static void knn_output_kernel(knn_rerank_args a)
     int rank = (int)(a.by_row ? t % a.k : t / a.rows);
     int s = a.sort_val_out[a.offsets[r] + rank];
     double distance, weight;
-    knn_key_output(a.metric, a.cand_key[s], a.nodes.scale_exp, &distance,
-                   &weight);
+    knn_key_output(a.metric, a.cand_key[s], &distance, &weight);
     a.out_index[t] = a.cand_index[s] + a.index_base;
     a.out_distance[t] = distance;
     a.out_weight[t] = weight;

@@ -238,24 +238,25 @@ knn_status knn_search(const knn_request *req, const knn_knobs *knobs,
 
 /* Copies the nodes of a column-major nrow x ncol matrix into `out` in the
  * engine's layout (p x n, node-contiguous): the rows are the nodes when
- * by_rows (a transpose), else the columns (a copy). x is left untouched;
- * never fails. */
+ * by_rows (a transpose), else the columns (a copy). Uses up to `threads`
+ * threads (knn_threads). x is left untouched; never fails. */
 void knn_layout_nodes(const double *x, int nrow, int ncol, int by_rows,
-                      double *out);
+                      double *out, int threads);
 
 /* Writes into `bad` (capacity max_bad) the 0-based nodes of the p x n
  * matrix x that hold NA, NaN or Inf; returns how many there are in all.
- * Never fails. */
+ * Uses up to `threads` threads; never fails. */
 int knn_nonfinite_nodes(const double *x, int p, int n, int *bad,
-                        int max_bad);
+                        int max_bad, int threads);
 
 /* Writes into `rows` (capacity max_rows) the 0-based nodes of the p x n matrix
  * x that the metric cannot use: constant nodes for the correlation metrics,
  * all-zero nodes for cosine; none for distance metrics, and none holding a
  * non-finite value (those are knn_nonfinite_nodes' to report). Returns how many
- * there are in all (which may exceed max_rows). Never fails. */
+ * there are in all (which may exceed max_rows). Uses up to `threads`
+ * threads; never fails. */
 int knn_degenerate_nodes(knn_metric metric, const double *x, int p, int n,
-                         int *rows, int max_rows);
+                         int *rows, int max_rows, int threads);
 
 /* Fills the ends of a directed edge list of n nodes x k neighbours in edge
  * order (row-major, see knn_result): from[e] = i + base and rank[e] = r + 1
@@ -282,13 +283,41 @@ static inline void knn_edge_ends_range(int *from, int *rank, size_t a,
 typedef enum { KNN_SNN_RANK = 0, KNN_SNN_NUMBER, KNN_SNN_JACCARD } knn_snn_type;
 
 /* Builds the undirected SNN graph of a self-search result: `index` is n x k,
- * column-major, its nodes counted from `base` (0, or R's 1). Allocates
- * *from, *to (counted from base too, from < to) and *weight with malloc;
- * the caller frees them. Returns KNN_E_NOMEM (outputs NULL) when memory
- * runs out. */
+ * column-major, its nodes counted from `base` (0, or R's 1), every one in
+ * [base, base + n) (the caller checks). Allocates *from, *to (counted from
+ * base too, from < to) and *weight with malloc; the caller frees them.
+ * Polls cb's interrupt callback (cb may be NULL). Returns KNN_E_NOMEM when
+ * memory runs out, KNN_E_INTERRUPTED when the callback asks to stop; the
+ * outputs are then NULL and everything is freed. */
 knn_status knn_snn_graph(const int *index, int n, int k, int base,
-                         knn_snn_type type, int **from, int **to,
-                         double **weight, size_t *n_edges);
+                         knn_snn_type type, const knn_callbacks *cb,
+                         int **from, int **to, double **weight,
+                         size_t *n_edges);
+
+/* The undirected graph of a self search's directed edge list: `to` holds
+ * n x k targets in edge order (edge e = i k + r joins node i to to[e] at
+ * rank r + 1), counted from `base`, every one in [base, base + n) (the
+ * caller checks). Each pair of nodes once, lo < hi, with the edge of the
+ * better rank (the lo -> hi edge on a tie), every pair or (mutual) those
+ * both ends chose, in (lo, hi) order. */
+typedef struct {
+    size_t *start; /* n + 1 offsets into edge */
+    size_t *edge;  /* edges from larger nodes, by target, in edge order */
+} knn_symmetry;
+
+/* Builds the reverse lists (O(n k) memory). Returns KNN_E_NOMEM (s left
+ * empty). */
+knn_status knn_symmetry_build(knn_symmetry *s, const int *to, int n, int k,
+                              int base);
+void knn_symmetry_free(knn_symmetry *s);
+
+/* Counts the pairs into *count and, where lo_out is not NULL, writes each
+ * pair's nodes (from base) and its edge. Polls cb (may be NULL). Returns
+ * KNN_E_NOMEM or KNN_E_INTERRUPTED (outputs unspecified). */
+knn_status knn_symmetry_pairs(const knn_symmetry *s, const int *to, int n,
+                              int k, int base, int mutual,
+                              const knn_callbacks *cb, int *lo_out,
+                              int *hi_out, size_t *edge_out, size_t *count);
 
 /* What the GPU backend sees. */
 typedef struct {

@@ -560,8 +560,7 @@ static double knn_km_order_value(const void *ctx, int qi, int rj)
     const knn_km *km = ctx;
     return knn_key_distance(km->space.metric,
                             knn_nodes_key(&km->space, km->query, qi,
-                                          &km->ref, rj),
-                            km->space.scale_exp);
+                                          &km->ref, rj));
 }
 
 /* Bound on |fast score - canonical key| (and on |fast score - |f_i -
@@ -909,7 +908,8 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
     km->n_query = km->self ? req->n_ref : req->n_query;
     km->p = req->p;
     km->k = req->k;
-    km->threads = knn_threads(req->threads);
+    km->threads = knn_threads_fitting(knn_threads(req->threads),
+                                      KNN_BLAS_BUFFER, KNN_BLAS_SHARE);
     km->slack = fmax(0x1p-40, (8.0 * req->p + 64.0) * KNN_U64);
     if (km->threads > 1) {
         km->blas_before = knn_blas_hold_one_thread();
@@ -918,10 +918,10 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
     knn_status st = knn_space_init(&km->space, req);
     if (st == KNN_OK)
         st = knn_nodes_prepare(&km->ref, &km->space, req->ref, req->n_ref, 1,
-                               1, km->threads);
+                               1, km->threads, &req->cb);
     if (st == KNN_OK && !km->self)
         st = knn_nodes_prepare(&km->query_nodes, &km->space, req->query,
-                               req->n_query, 0, 1, km->threads);
+                               req->n_query, 0, 1, km->threads, &req->cb);
     if (st != KNN_OK) return st;
     km->query = km->self ? &km->ref : &km->query_nodes;
 

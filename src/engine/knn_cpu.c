@@ -52,8 +52,19 @@
  * spends twice as long scanning as multiplying). */
 #define KNN_CPU_PRODUCT_WORK 4e9
 #define KNN_CPU_SCAN_WORK 64.0
+/* An offer a pool takes (a heap update and its cache misses) costs about
+ * as much as this many products: with large k, most of a row's first
+ * offers are taken, and a tile planned by its products alone runs far
+ * longer between polls than KNN_CPU_PRODUCT_WORK says. */
+#define KNN_CPU_TAKE_WORK 4000.0
 /* Features from which a self search shares products (knn_cpu_plan). */
 #define KNN_CPU_SHARE_MIN_FEATURES 16
+/* A row tile's re-rank runs in parts of about this much work per thread
+ * (a candidate costs its key, p steps, and its share of the sort),
+ * between which Ctrl-C is polled: with large k, one tile's re-rank is
+ * long (the interrupt tests of test-knnSearch.R hold it to a second). */
+#define KNN_CPU_RERANK_WORK 2e7
+#define KNN_CPU_RERANK_SORT 16.0
 #define KNN_CPU_DIRECT_WORK 5e7
 
 /* Fast vectors of a block of nodes, formed when a tile needs them
@@ -128,12 +139,17 @@ static double knn_cpu_shared_rows(const knn_cpu *cpu)
  * reference columns as leave room for a useful row tile, then as many rows
  * as memory and the work bound allow. A streamed search has no tile, so
  * the budget goes to the fast vectors alone. */
+/* Bytes the request's tiles may take. */
+static double knn_cpu_budget(const knn_request *req)
+{
+    return req->memory_bytes > 0 ? req->memory_bytes : KNN_CPU_DEFAULT_BYTES;
+}
+
 static void knn_cpu_plan(knn_cpu *cpu)
 {
     const knn_request *req = cpu->req;
     int product = knn_uses_product(req->metric);
-    double bytes = req->memory_bytes > 0 ? req->memory_bytes
-                                         : KNN_CPU_DEFAULT_BYTES;
+    double bytes = knn_cpu_budget(req);
     double pool_bytes = (double)req->n_ref *
                         (KNN_POOL_FIRST_CAP(req->k) * sizeof(knn_cand) +
                          req->k * sizeof(double));
@@ -157,9 +173,12 @@ static void knn_cpu_plan(knn_cpu *cpu)
                             cpu->streamed ? bytes / (16.0 * p) : INFINITY));
     cols = fmax(cols, fmin(req->n_ref, 64.0));
     double per_score = product ? req->p + KNN_CPU_SCAN_WORK : req->p;
+    /* Offers a row's pool takes from a tile: the k first, then about k / i
+     * of the i-th (random order). */
+    double taken = fmin(cols, req->k * (1.0 + log(fmax(1.0, cols / req->k))));
     double rows = fmin((bytes - 8.0 * cols * p) /
                            (8.0 * ((cpu->streamed ? 0.0 : cols) + p)),
-                       work / (cols * per_score));
+                       work / (cols * per_score + taken * KNN_CPU_TAKE_WORK));
     if (cpu->symmetric && cpu->streamed)
         rows = fmin(rows, knn_cpu_shared_rows(cpu));
     rows = fmin(fmax(rows, 64.0), KNN_CPU_MAX_ROW_TILE);
@@ -231,15 +250,18 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
     cpu->self = req->query == NULL;
     cpu->n_query = cpu->self ? req->n_ref : req->n_query;
     cpu->threads = knn_threads(req->threads);
+    if (knn_uses_product(req->metric))
+        cpu->threads = knn_threads_fitting(cpu->threads, KNN_BLAS_BUFFER,
+                                           KNN_BLAS_SHARE);
     cpu->score = knn_score_of(req->metric);
     knn_cpu_choose_rung(cpu, req->precision);
     knn_status st = knn_space_init(&cpu->space, req);
     if (st == KNN_OK)
         st = knn_nodes_prepare(&cpu->ref, &cpu->space, req->ref, req->n_ref,
-                               1, 1, cpu->threads);
+                               1, 1, cpu->threads, &req->cb);
     if (st == KNN_OK && !cpu->self)
         st = knn_nodes_prepare(&cpu->query_nodes, &cpu->space, req->query,
-                               req->n_query, 0, 1, cpu->threads);
+                               req->n_query, 0, 1, cpu->threads, &req->cb);
     if (st == KNN_OK) st = knn_cpu_halves(cpu);
     if (st != KNN_OK) return st;
     cpu->query = cpu->self ? &cpu->ref : &cpu->query_nodes;
@@ -321,8 +343,7 @@ static double knn_cpu_key(const knn_cpu *cpu, int qi, int rj)
 static double knn_cpu_order_value(const void *ctx, int qi, int rj)
 {
     const knn_cpu *cpu = ctx;
-    return knn_key_distance(cpu->space.metric, knn_cpu_key(cpu, qi, rj),
-                            cpu->space.scale_exp);
+    return knn_key_distance(cpu->space.metric, knn_cpu_key(cpu, qi, rj));
 }
 
 static void knn_cpu_reset_pool(const knn_cpu *cpu, knn_pool *pool, int qi)
@@ -939,12 +960,23 @@ static knn_status knn_cpu_row_tile(knn_cpu *cpu, int q0, int nr,
     }
 
     double sizes = 0.0, t0 = knn_seconds();
-    #pragma omp parallel for num_threads(cpu->threads) schedule(dynamic, 8) \
-        reduction(+ : sizes)
-    for (int i = 0; i < nr; i++) {
-        knn_pool *pool = knn_cpu_pool(cpu, q0 + i, q0);
-        knn_cpu_finish(cpu, pool, q0 + i, out);
-        sizes += pool->size + pool->compacted;
+    for (int i0 = 0, i1; i0 < nr; i0 = i1) {
+        double work = 0.0;
+        for (i1 = i0; i1 < nr && work < KNN_CPU_RERANK_WORK * cpu->threads;
+             i1++)
+            work += knn_cpu_pool(cpu, q0 + i1, q0)->size *
+                    (req->p + KNN_CPU_RERANK_SORT);
+        #pragma omp parallel for num_threads(cpu->threads) \
+            schedule(dynamic, 8) reduction(+ : sizes)
+        for (int i = i0; i < i1; i++) {
+            knn_pool *pool = knn_cpu_pool(cpu, q0 + i, q0);
+            knn_cpu_finish(cpu, pool, q0 + i, out);
+            sizes += pool->size + pool->compacted;
+        }
+        if (i1 < nr && knn_cpu_interrupted(req)) {
+            cpu->seconds_rerank += knn_seconds() - t0;
+            return KNN_E_INTERRUPTED;
+        }
     }
     cpu->seconds_rerank += knn_seconds() - t0;
     *pooled += sizes;
@@ -986,8 +1018,9 @@ static void knn_cpu_describe_failure(const knn_cpu *cpu, knn_status st,
 {
     if (st == KNN_E_NOMEM)
         snprintf(report->message, sizeof report->message,
-                 "out of memory on the CPU (tile %d x %d)", cpu->row_tile,
-                 cpu->col_tile);
+                 "out of memory on the CPU with %d threads and %.0f MB for "
+                 "tiles: lower 'threads' or options(knngpu.cpu.memory)",
+                 cpu->threads, knn_cpu_budget(cpu->req) / 1048576.0);
     else if (st == KNN_E_INTERRUPTED)
         snprintf(report->message, sizeof report->message,
                  "stopped between tiles; all memory released");

@@ -8,7 +8,9 @@
  *   - no fused multiply-add (device code uses the _rn intrinsics, which the
  *     compiler never contracts; the C engine is built without contraction);
  *   - scaling is by powers of two only (frexp/ldexp), which is exact, so
- *     values like 1e200 or 1e-200 neither overflow nor lose ties.
+ *     values like 1e200 or 1e-200 neither overflow nor lose ties; each
+ *     node (correlations) or pair of nodes (distances) takes its own
+ *     power of two, so no node's magnitude changes another's answer.
  *
  * Keys: smaller is closer; results are ordered by the distance reported
  * for a key (knn_key_distance), then by the smaller node index.
@@ -18,9 +20,15 @@
  * for integer-valued nodes (or integers times one power of two) the shift
  * is an integer, so every quantity is exact and mathematically tied
  * correlations are tied bit for bit, also between nodes that differ by a
- * power-of-two scale (knn_exact_integers). Distance
- * metrics rank by the sum of squared (or absolute) differences of the
- * globally scaled nodes.
+ * power-of-two scale (knn_exact_integers). Distance metrics rank by the
+ * reported distance itself, the sum of squared (or absolute) differences
+ * of the nodes as given, summed as dist() sums them, or, where that sum
+ * overflows or is small enough for underflowing terms to matter, with
+ * each pair's terms scaled by the power of two of its largest difference
+ * (knn_key_dist): dist()'s bits wherever dist() neither overflows nor
+ * underflows, and the scaled exact value where it would. Their fast
+ * scores live in a frame scaled by one power of two for all nodes
+ * (scale_exp), which only the candidate bounds see.
  *
  * Fast candidate arithmetic (float32 or float64 products) is tied to these
  * keys by the margins at the end of this file: a node whose fast score lies
@@ -260,61 +268,197 @@ KNN_HD static inline double knn_key_corr(knn_metric m, const double *ui,
                                sum_j, css_j);
 }
 
-/* The canonical distance sum s continued over features a[0..n), b[0..n):
- * a key computed in pieces, in feature order, has the bits of one computed
- * whole. */
-KNN_HD static inline double knn_key_dist_more(knn_metric m, const double *a,
-                                              const double *b, int n,
-                                              double s)
+/* A pair's distance sum as it runs over the features: s * 2^(w e), w = 2
+ * for squares and 1 for Manhattan, where every difference so far is below
+ * 2^e in magnitude. Terms are the differences scaled by 2^-e, so no term
+ * overflows and none that matters underflows; when a larger difference
+ * comes, s moves to its power of two, a scaling by a power of two, exact
+ * where s stays normal (and otherwise too small to move the sum). The
+ * bits are those of a sum scaled by the largest difference from the
+ * start, and so of the unscaled sum wherever that has no overflow or
+ * subnormal term. */
+typedef struct {
+    double s;
+    int e;
+    double top;    /* 2^e (INFINITY past the doubles), 0 before any term */
+    double factor; /* knn_ldexp_factor(-e) */
+} knn_dist_sum;
+
+#define KNN_DIST_SUM_E0 (-1100)
+
+KNN_HD static inline void knn_dist_sum_init(knn_dist_sum *acc)
 {
+    acc->s = 0.0;
+    acc->e = KNN_DIST_SUM_E0;
+    acc->top = 0.0;
+    acc->factor = 0.0;
+}
+
+KNN_HD static inline double knn_dist_sum_term(knn_metric m, double s,
+                                              double x)
+{
+    return m == KNN_MANHATTAN ? KNN_ADD(s, fabs(x))
+                              : KNN_ADD(s, KNN_MUL(x, x));
+}
+
+/* The slow path of knn_dist_sum_add: a zero, a difference of a new power
+ * of two, or one past the largest double (halved first). */
+KNN_HD static inline void knn_dist_sum_wide(knn_dist_sum *acc, knn_metric m,
+                                            double a, double b, double d)
+{
+    if (d == 0.0) return;
+    int shift = 0;
+    if (!(fabs(d) <= DBL_MAX)) {
+        d = KNN_SUB(KNN_MUL(a, 0.5), KNN_MUL(b, 0.5));
+        shift = 1;
+    }
+    int e = knn_exponent(d) + shift;
+    if (e > acc->e) {
+        int w = m == KNN_MANHATTAN ? 1 : 2;
+        acc->s = ldexp(acc->s, w * (acc->e - e));
+        acc->e = e;
+        acc->top = e <= 1023 ? ldexp(1.0, e) : INFINITY;
+        acc->factor = knn_ldexp_factor(-e);
+    }
+    acc->s = knn_dist_sum_term(m, acc->s, ldexp(d, shift - acc->e));
+}
+
+/* Adds the term of one feature, values a and b. */
+KNN_HD static inline void knn_dist_sum_add(knn_dist_sum *acc, knn_metric m,
+                                           double a, double b)
+{
+    double d = KNN_SUB(a, b);
+    if (fabs(d) < acc->top) {
+        double x = acc->factor != 0.0 ? KNN_MUL(d, acc->factor)
+                                      : ldexp(d, -acc->e);
+        acc->s = knn_dist_sum_term(m, acc->s, x);
+        return;
+    }
+    knn_dist_sum_wide(acc, m, a, b, d);
+}
+
+/* The distance a finished sum stands for, rounded once from the scaled
+ * sum: Euclidean sqrt(s) 2^e, squared Euclidean s 4^e, Manhattan s 2^e
+ * (INFINITY past the largest double, subnormal or 0 below the smallest
+ * normal). */
+KNN_HD static inline double knn_dist_sum_value(knn_metric m,
+                                               const knn_dist_sum *acc)
+{
+    if (acc->s == 0.0) return 0.0;
+    if (m == KNN_EUCLIDEAN) return ldexp(sqrt(acc->s), acc->e);
+    if (m == KNN_SQEUCLIDEAN) return ldexp(acc->s, 2 * acc->e);
+    return ldexp(acc->s, acc->e);
+}
+
+/* A pair's distance key, scaled exactly: the sum of knn_dist_sum over
+ * every feature. */
+KNN_HD static inline double knn_key_dist_scaled(knn_metric m, const double *a,
+                                                const double *b, int p)
+{
+    knn_dist_sum acc;
+    knn_dist_sum_init(&acc);
+    for (int f = 0; f < p; f++) knn_dist_sum_add(&acc, m, a[f], b[f]);
+    return knn_dist_sum_value(m, &acc);
+}
+
+/* The plain sum of a pair's terms as it runs: dist()'s arithmetic. */
+typedef struct {
+    double s;
+} knn_dist_acc;
+
+/* The smallest plain sum that is a key: a term below the normal doubles
+ * (a difference below 2^-511 squared, or a subnormal one) is lost from
+ * the plain sum by at most 2^-1074, and p of them, at least 2^-900 below
+ * the sum, lie far under its rounding. */
+#define KNN_PLAIN_MIN 0x1p-900
+
+/* The plain sum continued over features a[0..n), b[0..n): computed in
+ * pieces, in feature order, it has the bits of one computed whole. */
+KNN_HD static inline void knn_key_dist_more(knn_metric m, const double *a,
+                                            const double *b, int n,
+                                            knn_dist_acc *acc)
+{
+    double s = acc->s;
     if (m == KNN_MANHATTAN) {
         for (int f = 0; f < n; f++) s = KNN_ADD(s, fabs(KNN_SUB(a[f], b[f])));
     } else {
         for (int f = 0; f < n; f++) s = knn_sqdiff_term(s, a[f], b[f]);
     }
-    return s;
+    acc->s = s;
 }
 
-/* Canonical key of a pair of distance-metric nodes, both already scaled by
- * the same power of two. */
+/* Whether a finished plain sum is the key: from KNN_PLAIN_MIN to the
+ * largest double. */
+KNN_HD static inline int knn_key_dist_plain(double s)
+{
+    return s >= KNN_PLAIN_MIN && s <= DBL_MAX;
+}
+
+/* The key from a finished plain sum s of the whole of a and b: s where
+ * knn_key_dist_plain, else the exactly scaled sum. */
+KNN_HD static inline double knn_key_dist_finish(knn_metric m, double s,
+                                                const double *a,
+                                                const double *b, int p)
+{
+    if (!knn_key_dist_plain(s)) return knn_key_dist_scaled(m, a, b, p);
+    return m == KNN_EUCLIDEAN ? sqrt(s) : s;
+}
+
+/* Canonical key of a pair of distance-metric nodes, as given: the
+ * distance reported for the pair. Where the plain sum (dist()'s own
+ * arithmetic, in feature order) is from KNN_PLAIN_MIN to the largest
+ * double, that sum; elsewhere (it overflowed, or is tiny enough that
+ * underflowing terms could matter) each term scaled by the power of two
+ * of the pair's largest difference (knn_dist_sum). No other node changes
+ * either. */
 KNN_HD static inline double knn_key_dist(knn_metric m, const double *a,
                                          const double *b, int p)
 {
-    return knn_key_dist_more(m, a, b, p, 0.0);
+    knn_dist_acc acc = {0.0};
+    knn_key_dist_more(m, a, b, p, &acc);
+    return knn_key_dist_finish(m, acc.s, a, b, p);
 }
 
-/* Distance reported for a key; scale_exp is the power of two the
- * distance-metric nodes were divided by. It never decreases as the key
- * grows, but distinct keys can round to one distance (sqrt, 1 - r, an
- * underflowing ldexp), so results are ordered by this value and then by
- * the node index: the tie rule then holds on what users see, k-th place
- * included; knn_candidate_bound keeps every node that ties the k-th at
- * this value among the candidates. */
-KNN_HD static inline double knn_key_distance(knn_metric m, double key,
-                                             int scale_exp)
+/* Distance reported for a key: 1 - r for correlations; a distance
+ * metric's key is its distance. It never decreases as the key grows, but
+ * distinct correlation keys can round to one distance, so results are
+ * ordered by this value and then by the node index: the tie rule then
+ * holds on what users see, k-th place included. */
+KNN_HD static inline double knn_key_distance(knn_metric m, double key)
 {
     if (knn_is_correlation(m)) {
         double r = key <= 0.0 ? sqrt(-key) : -sqrt(key);
         return KNN_SUB(1.0, r);
     }
-    if (m == KNN_EUCLIDEAN) return ldexp(sqrt(key), scale_exp);
-    if (m == KNN_SQEUCLIDEAN) return ldexp(key, 2 * scale_exp);
-    return ldexp(key, scale_exp);
+    return key;
 }
 
-/* The largest key whose reported distance can equal that of `key`: keys
- * beyond it report a larger distance. Rounding makes this a band: sqrt
- * and 1 - r round distinct keys together (relative 4 units for the square
- * root, 8 absolute for correlations, doubled here), and where the reported
+/* The distance a fast score stands for in the frame of the fast vectors,
+ * where distance-metric nodes are divided by 2^scale_exp (Manhattan's
+ * scores are keys: scale_exp 0). For candidate bounds only. */
+KNN_HD static inline double knn_frame_distance(knn_metric m, double score,
+                                               int scale_exp)
+{
+    if (knn_is_correlation(m)) return knn_key_distance(m, score);
+    if (m == KNN_EUCLIDEAN) return ldexp(sqrt(score), scale_exp);
+    if (m == KNN_SQEUCLIDEAN) return ldexp(score, 2 * scale_exp);
+    return ldexp(score, scale_exp);
+}
+
+/* The largest score, in the frame of the fast vectors, whose exact value
+ * can report the distance that `key` (a score there) does: beyond it the
+ * reported distance is larger. Rounding makes this a band: sqrt and 1 - r
+ * round distinct values together (relative 4 units for the square root,
+ * 8 absolute for correlations, doubled here), and where the reported
  * distance underflows (to subnormals or zero) or overflows, a whole range
- * of keys reports one value (rows scaled by 1e-300, squared distances past
+ * of scores reports one value (rows at 1e-300, squared distances past
  * 1e308); that range's edge gets a factor of 4 to spare for the rounding
  * at the subnormal boundary. */
 KNN_HD static inline double knn_key_tie_top(knn_metric m, double key,
                                             int scale_exp)
 {
     if (knn_is_correlation(m)) return key + 16.0 * KNN_U64;
-    double d = knn_key_distance(m, key > 0.0 ? key : 0.0, scale_exp);
+    double d = knn_frame_distance(m, key > 0.0 ? key : 0.0, scale_exp);
     if (d > DBL_MAX) return INFINITY;
     if (d >= DBL_MIN)
         return m == KNN_EUCLIDEAN ? key * (1.0 + 8.0 * KNN_U64) : key;
@@ -339,10 +483,9 @@ KNN_HD static inline double knn_candidate_bound(knn_metric m, double kth,
 
 /* Weight and distance reported for a key (see knn_key_distance). */
 KNN_HD static inline void knn_key_output(knn_metric m, double key,
-                                         int scale_exp, double *distance,
-                                         double *weight)
+                                         double *distance, double *weight)
 {
-    *distance = knn_key_distance(m, key, scale_exp);
+    *distance = knn_key_distance(m, key);
     if (knn_is_correlation(m)) *weight = key <= 0.0 ? sqrt(-key) : -sqrt(key);
     else *weight = KNN_DIV(1.0, KNN_ADD(1.0, *distance));
 }

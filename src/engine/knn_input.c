@@ -18,10 +18,11 @@
  * neither of which one core saturates. */
 #define KNN_LAYOUT_BLOCK 32
 
-static void knn_transpose(const double *x, int nrow, int ncol, double *out)
+static void knn_transpose(const double *x, int nrow, int ncol, double *out,
+                          int threads)
 {
-    int nt = (double)nrow * ncol < KNN_PARALLEL_CHECK_MIN ? 1
-                                                          : knn_threads(0);
+    int nt = (double)nrow * ncol < KNN_PARALLEL_CHECK_MIN
+        ? 1 : knn_threads(threads);
     (void)nt; /* read only by the pragma, absent without OpenMP */
     #pragma omp parallel for num_threads(nt) schedule(static)
     for (int r0 = 0; r0 < nrow; r0 += KNN_LAYOUT_BLOCK) {
@@ -44,19 +45,20 @@ static int knn_all_finite(const double *x, int p)
 }
 
 void knn_layout_nodes(const double *x, int nrow, int ncol, int by_rows,
-                      double *out)
+                      double *out, int threads)
 {
-    if (by_rows) knn_transpose(x, nrow, ncol, out);
+    if (by_rows) knn_transpose(x, nrow, ncol, out, threads);
     else memcpy(out, x, (size_t)nrow * ncol * sizeof(double));
 }
 
 /* Whether every value is finite, read by several threads: the check runs
  * on every call and is bound by memory bandwidth, which one core does not
  * saturate. */
-static int knn_all_nodes_finite(const double *x, int p, int n)
+static int knn_all_nodes_finite(const double *x, int p, int n, int threads)
 {
     int ok = 1;
-    int nt = (double)p * n < KNN_PARALLEL_CHECK_MIN ? 1 : knn_threads(0);
+    int nt = (double)p * n < KNN_PARALLEL_CHECK_MIN ? 1
+                                                    : knn_threads(threads);
     (void)nt; /* read only by the pragma, absent without OpenMP */
     #pragma omp parallel for num_threads(nt) schedule(static) \
         reduction(&&: ok)
@@ -65,9 +67,10 @@ static int knn_all_nodes_finite(const double *x, int p, int n)
     return ok;
 }
 
-int knn_nonfinite_nodes(const double *x, int p, int n, int *bad, int max_bad)
+int knn_nonfinite_nodes(const double *x, int p, int n, int *bad, int max_bad,
+                        int threads)
 {
-    if (knn_all_nodes_finite(x, p, n)) return 0;
+    if (knn_all_nodes_finite(x, p, n, threads)) return 0;
     int found = 0;
     for (int j = 0; j < n; j++) {
         if (knn_all_finite(x + (size_t)j * p, p)) continue;
@@ -100,11 +103,12 @@ static int knn_is_degenerate(knn_metric metric, const double *x, int p)
  * knn_all_nodes_finite: the check runs on every search, and a node
  * whose first values are all zero reads on. */
 static int knn_any_degenerate(knn_metric metric, const double *x, int p,
-                              int n)
+                              int n, int threads)
 {
     if (!knn_is_correlation(metric)) return 0;
     int any = 0;
-    int nt = (double)p * n < KNN_PARALLEL_CHECK_MIN ? 1 : knn_threads(0);
+    int nt = (double)p * n < KNN_PARALLEL_CHECK_MIN ? 1
+                                                    : knn_threads(threads);
     (void)nt; /* read only by the pragma, absent without OpenMP */
     #pragma omp parallel for num_threads(nt) schedule(static) \
         reduction(||: any)
@@ -114,9 +118,9 @@ static int knn_any_degenerate(knn_metric metric, const double *x, int p,
 }
 
 int knn_degenerate_nodes(knn_metric metric, const double *x, int p, int n,
-                         int *rows, int max_rows)
+                         int *rows, int max_rows, int threads)
 {
-    if (!knn_any_degenerate(metric, x, p, n)) return 0;
+    if (!knn_any_degenerate(metric, x, p, n, threads)) return 0;
     int found = 0;
     for (int j = 0; j < n; j++) {
         if (!knn_is_degenerate(metric, x + (size_t)j * p, p)) continue;

@@ -5,7 +5,7 @@
  * reference nodes visits O(k + log n) leaves per query instead.
  *
  * Exactness: every distance is the canonical key of knn_exact.h computed
- * from the same scaled nodes as the product path (knn_nodes_key), and each
+ * from the nodes as given, as the product path does (knn_nodes_key), and each
  * query keeps its k best by (reported distance, index) in a heap, so the
  * answer is the same bits as the product path's. A subtree is skipped only
  * when a lower bound on every key inside it, shrunk by the bound's own
@@ -19,7 +19,8 @@
  * in tree order (p values each, contiguous), with their tight bounding box
  * and smallest node index.
  * Queries run in parallel in chunks; the interrupt callback is polled and
- * progress reported between chunks. Memory is O(n p + n k).
+ * progress reported between chunks, and polled while the tree is built.
+ * Memory is O(n p + n k).
  */
 #include <float.h>
 #include <math.h>
@@ -37,6 +38,11 @@
 #define KNN_KD_LEAF 24
 /* Queries between two interrupt polls: about 10 ms of work at p = 3. */
 #define KNN_KD_CHUNK 16384
+/* The build polls too (millions of points take long): its sort, in runs
+ * of this many rows merged a pass at a time, and its recursion, every
+ * this many points placed (a few milliseconds each). */
+#define KNN_KD_SORT_RUN 65536
+#define KNN_KD_BUILD_POLL 1e6
 /* Deepest tree: log2(2^31 / KNN_KD_LEAF) levels, with room to spare. */
 #define KNN_KD_STACK 96
 
@@ -53,11 +59,27 @@ typedef struct {
     double *box;       /* per tree node: p lower then p upper bounds */
     int n_points;      /* distinct points */
     int *order;        /* tree position -> the point's smallest node */
-    double *points;    /* canonical points in tree order, p x n_points */
+    double *points;    /* the points in tree order, p x n_points */
     int *first, *count; /* tree position -> its nodes in `members` */
     int *members;      /* reference nodes by point in tree order, each
                           point's ascending */
+    const knn_callbacks *cb; /* polled while building */
+    double unpolled;   /* points placed since the last poll */
+    int stopped;       /* the callback asked to stop the build */
 } knn_kd_tree;
+
+/* Whether the build is to stop: polls cb after KNN_KD_BUILD_POLL points
+ * (`placed` more now). */
+static int knn_kd_stop(knn_kd_tree *t, double placed)
+{
+    if (t->stopped) return 1;
+    t->unpolled += placed;
+    if (t->unpolled < KNN_KD_BUILD_POLL) return 0;
+    t->unpolled = 0.0;
+    if (t->cb && t->cb->interrupted && t->cb->interrupted(t->cb->ctx))
+        t->stopped = 1;
+    return t->stopped;
+}
 
 int knn_kdtree_suits(const knn_request *req)
 {
@@ -95,6 +117,45 @@ static int knn_kd_row_cmp(const void *a, const void *b)
     return (r->index > s->index) - (r->index < s->index);
 }
 
+/* Sorts rows[0..n) by knn_kd_row_cmp: runs of KNN_KD_SORT_RUN rows by
+ * qsort, then passes that merge pairs of runs (a stable merge of a total
+ * order, so the result is qsort's), polling between them. Returns
+ * KNN_E_NOMEM or KNN_E_INTERRUPTED (rows then in some order). */
+static knn_status knn_kd_sort_rows(knn_kd_tree *t, knn_kd_row *rows, int n)
+{
+    for (int a = 0; a < n; a += KNN_KD_SORT_RUN) {
+        int m = n - a < KNN_KD_SORT_RUN ? n - a : KNN_KD_SORT_RUN;
+        qsort(rows + a, (size_t)m, sizeof *rows, knn_kd_row_cmp);
+        if (knn_kd_stop(t, 16.0 * m)) return KNN_E_INTERRUPTED;
+    }
+    if (n <= KNN_KD_SORT_RUN) return KNN_OK;
+    knn_kd_row *tmp = malloc((size_t)n * sizeof *tmp);
+    if (!tmp) return KNN_E_NOMEM;
+    knn_kd_row *src = rows, *dst = tmp;
+    for (size_t run = KNN_KD_SORT_RUN; run < (size_t)n; run *= 2) {
+        for (size_t a = 0; a < (size_t)n; a += 2 * run) {
+            size_t mid = a + run < (size_t)n ? a + run : (size_t)n;
+            size_t end = a + 2 * run < (size_t)n ? a + 2 * run : (size_t)n;
+            size_t i = a, j = mid, o = a;
+            while (i < mid && j < end)
+                dst[o++] = knn_kd_row_cmp(&src[j], &src[i]) < 0 ? src[j++]
+                                                                : src[i++];
+            while (i < mid) dst[o++] = src[i++];
+            while (j < end) dst[o++] = src[j++];
+            if (knn_kd_stop(t, 2.0 * (end - a))) {
+                free(tmp);
+                return KNN_E_INTERRUPTED;
+            }
+        }
+        knn_kd_row *swap = src;
+        src = dst;
+        dst = swap;
+    }
+    if (src != rows) memcpy(rows, src, (size_t)n * sizeof *rows);
+    free(tmp);
+    return KNN_OK;
+}
+
 static int knn_kd_same_point(const knn_kd_row *r, const knn_kd_row *s)
 {
     for (int f = 0; f < r->p; f++)
@@ -105,7 +166,8 @@ static int knn_kd_same_point(const knn_kd_row *r, const knn_kd_row *s)
 /* Groups the n reference nodes by point: fills t->members (grouped,
  * ascending within a group), t->order with each point's smallest node,
  * and group_at[node] = its group for those nodes, *starts (n_points + 1
- * offsets into members, allocated here). Returns KNN_E_NOMEM. */
+ * offsets into members, allocated here). Returns KNN_E_NOMEM or
+ * KNN_E_INTERRUPTED. */
 static knn_status knn_kd_group(knn_kd_tree *t, const knn_nodes *ref,
                                int *group_at, int **starts)
 {
@@ -117,11 +179,15 @@ static knn_status knn_kd_group(knn_kd_tree *t, const knn_nodes *ref,
         return KNN_E_NOMEM;
     }
     for (int i = 0; i < n; i++) {
-        rows[i].x = ref->canon + (size_t)i * p;
+        rows[i].x = ref->raw + (size_t)i * p;
         rows[i].p = p;
         rows[i].index = i;
     }
-    qsort(rows, (size_t)n, sizeof *rows, knn_kd_row_cmp);
+    knn_status st = knn_kd_sort_rows(t, rows, n);
+    if (st != KNN_OK) {
+        free(rows);
+        return st;
+    }
     int g = 0;
     for (int i = 0; i < n; i++) {
         t->members[i] = rows[i].index;
@@ -190,11 +256,13 @@ static void knn_kd_select(int *order, const double *canon, int p, int f,
     }
 }
 
-/* Builds the subtree of points order[lo..hi); returns its node number. */
+/* Builds the subtree of points order[lo..hi); returns its node number.
+ * Once the build is to stop (knn_kd_stop) it leaves subtrees unbuilt. */
 static int knn_kd_build_node(knn_kd_tree *t, const double *canon, int lo,
                              int hi)
 {
     int p = t->p, id = t->n_nodes++;
+    knn_kd_stop(t, hi - lo);
     knn_kd_node *nd = &t->nodes[id];
     double *box = t->box + (size_t)id * 2 * p;
     knn_kd_fit_box(t, canon, lo, hi, box);
@@ -204,7 +272,7 @@ static int knn_kd_build_node(knn_kd_tree *t, const double *canon, int lo,
     int widest = 0;
     for (int f = 1; f < p; f++)
         if (box[p + f] - box[f] > box[p + widest] - box[widest]) widest = f;
-    if (hi - lo <= KNN_KD_LEAF) {
+    if (hi - lo <= KNN_KD_LEAF || t->stopped) {
         nd->min_index = t->order[lo];
         for (int i = lo + 1; i < hi; i++)
             if (t->order[i] < nd->min_index) nd->min_index = t->order[i];
@@ -224,11 +292,13 @@ static int knn_kd_build_node(knn_kd_tree *t, const double *canon, int lo,
     return id;
 }
 
-static knn_status knn_kd_build(knn_kd_tree *t, const knn_nodes *ref, int p)
+static knn_status knn_kd_build(knn_kd_tree *t, const knn_nodes *ref, int p,
+                               const knn_callbacks *cb)
 {
     int n = ref->n;
     memset(t, 0, sizeof *t);
     t->p = p;
+    t->cb = cb;
     int cap = 2 * (n / (KNN_KD_LEAF / 2) + 1);
     int *group_at = malloc((size_t)n * sizeof(int)), *starts = NULL;
     t->nodes = malloc((size_t)cap * sizeof *t->nodes);
@@ -248,7 +318,10 @@ static knn_status knn_kd_build(knn_kd_tree *t, const knn_nodes *ref, int p)
     int *grouped = st == KNN_OK ? malloc((size_t)n * sizeof(int)) : NULL;
     if (st == KNN_OK && !grouped) st = KNN_E_NOMEM;
     if (st == KNN_OK) {
-        knn_kd_build_node(t, ref->canon, 0, d);
+        knn_kd_build_node(t, ref->raw, 0, d);
+        if (t->stopped) st = KNN_E_INTERRUPTED;
+    }
+    if (st == KNN_OK) {
         /* Points and their nodes in tree order: a leaf's scan then reads
          * both in sequence (in the grouping's order, each accepted point
          * cost a cache miss: 1.7 times the search time at 200000 x 3). */
@@ -256,7 +329,7 @@ static knn_status knn_kd_build(knn_kd_tree *t, const knn_nodes *ref, int p)
         for (int i = 0; i < d; i++) {
             int g = group_at[t->order[i]];
             memcpy(t->points + (size_t)i * p,
-                   ref->canon + (size_t)t->order[i] * p, p * sizeof(double));
+                   ref->raw + (size_t)t->order[i] * p, p * sizeof(double));
             t->first[i] = at;
             t->count[i] = starts[g + 1] - starts[g];
             memcpy(grouped + at, t->members + starts[g],
@@ -268,23 +341,23 @@ static knn_status knn_kd_build(knn_kd_tree *t, const knn_nodes *ref, int p)
     }
     free(group_at);
     free(starts);
-    if (st != KNN_OK) knn_kd_free(t);
+    if (st != KNN_OK) {
+        free(grouped);
+        knn_kd_free(t);
+    }
     return st;
 }
 
 /* A query's k best so far: a max-heap by (distance, index), worst on top.
- * `reject` is the largest key that can still tie the worst entry's
- * distance (knn_key_tie_top), so most points are turned away by their key
- * alone, before their distance (a square root and a scaling) is computed. */
+ * A distance metric's key is the distance it reports (knn_key_dist). */
 typedef struct {
-    double key, dist;
+    double dist;
     int index;
 } knn_kd_item;
 
 typedef struct {
     knn_kd_item *items;
     int size, k;
-    double reject;
 } knn_kd_heap;
 
 static int knn_kd_worse(const knn_kd_item *a, const knn_kd_item *b)
@@ -312,75 +385,86 @@ static void knn_kd_heap_replace_top(knn_kd_heap *h, const knn_kd_item *x)
     h->items[c] = *x;
 }
 
-/* Offers node j at (key, dist); returns whether the heap took it. */
-static int knn_kd_heap_offer(knn_kd_heap *h, const knn_space *sp,
-                             double key, double dist, int j)
+/* Offers node j at distance dist; returns whether the heap took it. */
+static int knn_kd_heap_offer(knn_kd_heap *h, double dist, int j)
 {
-    knn_kd_item x = {key, dist, j};
+    knn_kd_item x = {dist, j};
     if (h->size == h->k) {
         if (!knn_kd_worse(&h->items[0], &x)) return 0;
         knn_kd_heap_replace_top(h, &x);
-    } else {
-        int c = h->size++;
-        while (c > 0) {
-            int up = (c - 1) / 2;
-            if (knn_kd_worse(&h->items[up], &x)) break;
-            h->items[c] = h->items[up];
-            c = up;
-        }
-        h->items[c] = x;
-        if (h->size < h->k) return 1;
+        return 1;
     }
-    h->reject = knn_key_tie_top(sp->metric, h->items[0].key, sp->scale_exp);
+    int c = h->size++;
+    while (c > 0) {
+        int up = (c - 1) / 2;
+        if (knn_kd_worse(&h->items[up], &x)) break;
+        h->items[c] = h->items[up];
+        c = up;
+    }
+    h->items[c] = x;
     return 1;
 }
 
-/* Offers the nodes of tree position i, at `key` from the query, in
+/* Offers the nodes of tree position i, at `dist` from the query, in
  * ascending index: once one is turned away, the rest (same distance,
  * larger index) would be too. */
-static void knn_kd_offer_point(const knn_kd_tree *t, const knn_space *sp,
-                               int i, double key, int itself,
-                               knn_kd_heap *h)
+static void knn_kd_offer_point(const knn_kd_tree *t, int i, double dist,
+                               int itself, knn_kd_heap *h)
 {
-    double dist = knn_key_distance(sp->metric, key, sp->scale_exp);
     const int *nodes = t->members + t->first[i];
     for (int m = 0; m < t->count[i]; m++) {
         if (nodes[m] == itself) continue;
-        if (!knn_kd_heap_offer(h, sp, key, dist, nodes[m])) return;
+        if (!knn_kd_heap_offer(h, dist, nodes[m])) return;
     }
 }
 
-/* A lower bound on the key of any point in the box from q: the box's own
- * key bound, shrunk by its rounding (relative 2(p + 2) units for the bound
- * and as much for a point's key, plus as many of the smallest subnormal
- * where terms underflow). */
+/* The point of [lo, hi] nearest to v. */
+static inline double knn_kd_clamp(double v, double lo, double hi)
+{
+    return v < lo ? lo : v > hi ? hi : v;
+}
+
+/* A lower bound on the distance of any point in the box from q: the key
+ * of the box's nearest point (knn_key_dist, whose plain and scaled sums
+ * each grow with the differences and lie within relative (p + 2) units of
+ * the exact distance), shrunk by that rounding (relative 2(p + 2) units
+ * for the bound and as much for a point's key, plus as many of the
+ * smallest subnormal where the result underflows). */
 static double knn_kd_box_key(const knn_space *sp, const double *q,
                              const double *box)
 {
     int p = sp->p;
-    double s = 0.0;
+    knn_dist_acc plain = {0.0};
     for (int f = 0; f < p; f++) {
-        double g = q[f] < box[f] ? box[f] - q[f]
-                 : q[f] > box[p + f] ? q[f] - box[p + f] : 0.0;
-        s += sp->metric == KNN_MANHATTAN ? g : g * g;
+        double c = knn_kd_clamp(q[f], box[f], box[p + f]);
+        knn_key_dist_more(sp->metric, &c, q + f, 1, &plain);
+    }
+    double s = plain.s;
+    if (knn_key_dist_plain(s)) {
+        if (sp->metric == KNN_EUCLIDEAN) s = sqrt(s);
+    } else {
+        knn_dist_sum acc;
+        knn_dist_sum_init(&acc);
+        for (int f = 0; f < p; f++)
+            knn_dist_sum_add(&acc, sp->metric,
+                             knn_kd_clamp(q[f], box[f], box[p + f]), q[f]);
+        s = knn_dist_sum_value(sp->metric, &acc);
     }
     double slack = 4.0 * (p + 4.0);
     s = s * (1.0 - slack * KNN_U64) - slack * DBL_TRUE_MIN;
     return s > 0.0 ? s : 0.0;
 }
 
-/* Whether a subtree whose keys are at least `bound` can hold a node that
- * beats the heap's worst entry: a smaller distance, or the same one with
- * a smaller index. Keys past h->reject report a larger distance, so the
- * distance itself is needed only for subtrees that could tie. */
-static int knn_kd_may_improve(const knn_kd_heap *h, const knn_space *sp,
-                              double bound, int min_index)
+/* Whether a subtree whose distances are at least `bound` can hold a node
+ * that beats the heap's worst entry: a smaller distance, or the same one
+ * with a smaller index. */
+static int knn_kd_may_improve(const knn_kd_heap *h, double bound,
+                              int min_index)
 {
     if (h->size < h->k) return 1;
-    if (bound > h->reject) return 0;
+    if (bound > h->items[0].dist) return 0;
     if (min_index < h->items[0].index) return 1;
-    return knn_key_distance(sp->metric, bound, sp->scale_exp) <
-           h->items[0].dist;
+    return bound < h->items[0].dist;
 }
 
 /* The k nearest reference nodes of query node qi (skipping `itself`). */
@@ -389,25 +473,24 @@ static void knn_kd_query(const knn_kd_tree *t, const knn_space *sp,
                          knn_kd_heap *h)
 {
     int p = sp->p;
-    const double *q = query->canon + (size_t)qi * p;
+    const double *q = query->raw + (size_t)qi * p;
     int stack[KNN_KD_STACK];
     double bounds[KNN_KD_STACK];
     int top = 0;
     stack[top] = 0;
     bounds[top++] = 0.0;
     h->size = 0;
-    h->reject = INFINITY;
     while (top > 0) {
         top--;
         const knn_kd_node *nd = &t->nodes[stack[top]];
-        if (!knn_kd_may_improve(h, sp, bounds[top], nd->min_index))
+        if (!knn_kd_may_improve(h, bounds[top], nd->min_index))
             continue;
         if (nd->left < 0) {
             for (int i = nd->lo; i < nd->hi; i++) {
-                double key = knn_key_dist(sp->metric, q,
-                                          t->points + (size_t)i * p, p);
-                if (key <= h->reject)
-                    knn_kd_offer_point(t, sp, i, key, itself, h);
+                double dist = knn_key_dist(sp->metric, q,
+                                           t->points + (size_t)i * p, p);
+                if (h->size < h->k || dist <= h->items[0].dist)
+                    knn_kd_offer_point(t, i, dist, itself, h);
             }
             continue;
         }
@@ -440,7 +523,7 @@ static void knn_kd_emit(knn_kd_heap *h, const knn_space *sp, int qi, int nq,
         const knn_kd_item *x = &h->items[r];
         size_t at = knn_result_at(out, (size_t)nq, k, (size_t)qi, r);
         out->index[at] = x->index + out->index_base;
-        knn_key_output(sp->metric, x->key, sp->scale_exp, &out->distance[at],
+        knn_key_output(sp->metric, x->dist, &out->distance[at],
                        &out->weight[at]);
     }
 }
@@ -456,8 +539,7 @@ static knn_status knn_kd_query_range(const knn_kd_tree *t,
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
-        knn_kd_heap h = {malloc((size_t)k * sizeof(knn_kd_item)), 0, k,
-                         INFINITY};
+        knn_kd_heap h = {malloc((size_t)k * sizeof(knn_kd_item)), 0, k};
         if (!h.items) failed = 1;
         #pragma omp for schedule(dynamic, 256)
         for (int qi = q0; qi < q1; qi++) {
@@ -487,11 +569,11 @@ knn_status knn_kdtree_search(const knn_request *req, knn_result *out,
     knn_status st = knn_space_init(&space, req);
     if (st == KNN_OK)
         st = knn_nodes_prepare(&ref, &space, req->ref, req->n_ref, 1, 0,
-                               threads);
+                               threads, &req->cb);
     if (st == KNN_OK && !self)
         st = knn_nodes_prepare(&query_nodes, &space, req->query,
-                               req->n_query, 0, 0, threads);
-    if (st == KNN_OK) st = knn_kd_build(&tree, &ref, req->p);
+                               req->n_query, 0, 0, threads, &req->cb);
+    if (st == KNN_OK) st = knn_kd_build(&tree, &ref, req->p, &req->cb);
     const knn_nodes *query = self ? &ref : &query_nodes;
     double t1 = knn_seconds();
     for (int q0 = 0; st == KNN_OK && q0 < nq; q0 += KNN_KD_CHUNK) {
@@ -514,11 +596,12 @@ knn_status knn_kdtree_search(const knn_request *req, knn_result *out,
         report->col_tile = tree.n_points;
     } else if (st == KNN_E_NOMEM) {
         snprintf(report->message, sizeof report->message,
-                 "out of memory on the CPU building a k-d tree of %d nodes",
-                 req->n_ref);
+                 "out of memory on the CPU building a k-d tree of %d nodes "
+                 "with %d threads: lower 'threads', or search fewer nodes "
+                 "at a time", req->n_ref, threads);
     } else if (st == KNN_E_INTERRUPTED) {
         snprintf(report->message, sizeof report->message,
-                 "stopped between query chunks; all memory released");
+                 "stopped by the user; all memory released");
     }
     knn_kd_free(&tree);
     knn_nodes_free(&ref);

@@ -83,7 +83,8 @@ knn_status knn_space_init(knn_space *space, const knn_request *req)
     space->metric = req->metric;
     space->p = p;
     space->kappa = 1.0;
-    if (knn_is_correlation(req->metric)) return KNN_OK;
+    if (!knn_uses_product(req->metric) || knn_is_correlation(req->metric))
+        return KNN_OK;
 
     double amax = knn_nodes_max_abs(req->ref, p, req->n_ref);
     if (req->query)
@@ -91,7 +92,6 @@ knn_status knn_space_init(knn_space *space, const knn_request *req)
     amax = fmax(amax, req->max_abs);
     space->scale_exp = knn_exponent(amax);
     space->scale_factor = knn_ldexp_factor(-space->scale_exp);
-    if (!knn_uses_product(req->metric)) return KNN_OK;
 
     space->colmean = calloc((size_t)p, sizeof(double));
     double *scaled = malloc((size_t)p * sizeof(double));
@@ -126,13 +126,6 @@ void knn_nodes_free(knn_nodes *nodes)
     memset(nodes, 0, sizeof *nodes);
 }
 
-/* Distance metrics keep canonical vectors only where they do not multiply:
- * their keys come from the input, scaled on the fly (knn_prepare.h). */
-static int knn_keeps_canon(knn_metric metric, int products)
-{
-    return knn_is_correlation(metric) || !products;
-}
-
 static knn_status knn_nodes_alloc(knn_nodes *nodes, const knn_space *space,
                                   const double *x, int n, int products)
 {
@@ -141,7 +134,7 @@ static knn_status knn_nodes_alloc(knn_nodes *nodes, const knn_space *space,
     nodes->n = n;
     nodes->raw = x;
     int failed = 0;
-    if (knn_keeps_canon(space->metric, products)) {
+    if (corr) {
         nodes->canon = malloc((size_t)space->p * n * sizeof(double));
         failed |= !nodes->canon;
     }
@@ -164,8 +157,8 @@ static knn_status knn_nodes_alloc(knn_nodes *nodes, const knn_space *space,
  * where a scale of extreme exponent takes ldexp itself. */
 #define KNN_PIECE 64
 
-/* Features [f0, f0 + n) of distance node j's canonical values, formed
- * from the input (the product path keeps no canonical copy). */
+/* Features [f0, f0 + n) of distance node j scaled into the frame of the
+ * fast vectors. */
 static void knn_dist_scaled(const knn_space *space, const knn_nodes *nodes,
                             int j, int f0, int n, double *out)
 {
@@ -244,25 +237,31 @@ static double knn_prepare_corr(knn_nodes *nodes, const knn_space *space,
     return knn_corr_kappa(space->metric, u, p, nodes->css[j]);
 }
 
-/* Distance node j: its canonical copy where kept, and the squared norm of
- * its fast vector where the search multiplies (fast: p scratch values).
- * Returns |fast|. */
+/* Distance node j: the squared norm of its fast vector where the search
+ * multiplies (fast: p scratch values). Returns |fast|. */
 static double knn_prepare_dist(knn_nodes *nodes, const knn_space *space,
-                               const double *x, int j, double *fast)
+                               int j, double *fast)
 {
     int p = space->p;
-    if (nodes->canon)
-        knn_space_scale(space, x + (size_t)j * p, p,
-                        nodes->canon + (size_t)j * p);
     if (!nodes->norm2) return 0.0;
     knn_node_fast(space, nodes, j, 0, fast);
     nodes->norm2[j] = knn_dot(fast, fast, p);
     return sqrt(nodes->norm2[j]);
 }
 
+/* Nodes are prepared in parts of about this much work per thread (a
+ * value costs one step, a Spearman rank log2(p) more), between which
+ * Ctrl-C is polled: ranking thousands of nodes of 20000 values is long. */
+#define KNN_PREPARE_WORK 2e7
+
+static int knn_prepare_interrupted(const knn_callbacks *cb)
+{
+    return cb && cb->interrupted && cb->interrupted(cb->ctx);
+}
+
 knn_status knn_nodes_prepare(knn_nodes *nodes, knn_space *space,
                              const double *x, int n, int is_ref, int products,
-                             int threads)
+                             int threads, const knn_callbacks *cb)
 {
     int p = space->p;
     int corr = knn_is_correlation(space->metric);
@@ -271,29 +270,41 @@ knn_status knn_nodes_prepare(knn_nodes *nodes, knn_space *space,
                                                     space->metric));
     if (st != KNN_OK) return st;
 
+    int nt = knn_threads(threads);
+    double per_node = p * (space->metric == KNN_SPEARMAN
+                           ? 2.0 + log2(p + 1.0) : 2.0);
+    double part = KNN_PREPARE_WORK * nt / per_node;
+    int step = part < 1.0 ? 1 : part < n ? (int)part : n;
     double kappa = space->kappa, norm_max = space->norm_max;
     int failed = 0;
-    #pragma omp parallel num_threads(knn_threads(threads)) \
-        reduction(max : kappa, norm_max) reduction(| : failed)
-    {
-        double *rank2 = malloc((size_t)p * sizeof(double));
-        double *fast = malloc((size_t)p * sizeof(double));
-        knn_ranked *scratch = malloc((size_t)p * sizeof(knn_ranked));
-        if (!rank2 || !fast || !scratch) failed = 1;
-        #pragma omp for schedule(static)
-        for (int j = 0; j < n; j++) {
-            if (failed) continue;
-            if (corr) {
-                kappa = fmax(kappa, knn_prepare_corr(nodes, space, x, j,
-                                                     rank2, scratch));
-            } else {
-                double norm = knn_prepare_dist(nodes, space, x, j, fast);
-                if (is_ref) norm_max = fmax(norm_max, norm);
+    for (int j0 = 0; j0 < n && !failed; j0 += step) {
+        int j1 = n - j0 < step ? n : j0 + step;
+        #pragma omp parallel num_threads(nt) \
+            reduction(max : kappa, norm_max) reduction(| : failed)
+        {
+            double *rank2 = malloc((size_t)p * sizeof(double));
+            double *fast = malloc((size_t)p * sizeof(double));
+            knn_ranked *scratch = malloc((size_t)p * sizeof(knn_ranked));
+            if (!rank2 || !fast || !scratch) failed = 1;
+            #pragma omp for schedule(static)
+            for (int j = j0; j < j1; j++) {
+                if (failed) continue;
+                if (corr) {
+                    kappa = fmax(kappa, knn_prepare_corr(nodes, space, x, j,
+                                                         rank2, scratch));
+                } else {
+                    double norm = knn_prepare_dist(nodes, space, j, fast);
+                    if (is_ref) norm_max = fmax(norm_max, norm);
+                }
             }
+            free(rank2);
+            free(fast);
+            free(scratch);
         }
-        free(rank2);
-        free(fast);
-        free(scratch);
+        if (!failed && j1 < n && knn_prepare_interrupted(cb)) {
+            knn_nodes_free(nodes);
+            return KNN_E_INTERRUPTED;
+        }
     }
     if (failed) {
         knn_nodes_free(nodes);
@@ -304,63 +315,34 @@ knn_status knn_nodes_prepare(knn_nodes *nodes, knn_space *space,
     return KNN_OK;
 }
 
-/* Distance key of two nodes without canonical copies: the input scaled a
- * piece at a time, summed in feature order as knn_key_dist does. */
-static double knn_key_dist_scaled(const knn_space *space,
-                                  const knn_nodes *query, int qi,
-                                  const knn_nodes *ref, int rj)
-{
-    double a[KNN_PIECE], b[KNN_PIECE], s = 0.0;
-    for (int f0 = 0; f0 < space->p; f0 += KNN_PIECE) {
-        int n = space->p - f0 < KNN_PIECE ? space->p - f0 : KNN_PIECE;
-        knn_dist_scaled(space, query, qi, f0, n, a);
-        knn_dist_scaled(space, ref, rj, f0, n, b);
-        s = knn_key_dist_more(space->metric, a, b, n, s);
-    }
-    return s;
-}
-
 double knn_nodes_key(const knn_space *space, const knn_nodes *query, int qi,
                      const knn_nodes *ref, int rj)
 {
     int p = space->p;
-    if (!knn_is_correlation(space->metric)) {
-        if (!query->canon || !ref->canon)
-            return knn_key_dist_scaled(space, query, qi, ref, rj);
-        return knn_key_dist(space->metric, query->canon + (size_t)qi * p,
-                            ref->canon + (size_t)rj * p, p);
-    }
+    if (!knn_is_correlation(space->metric))
+        return knn_key_dist(space->metric, query->raw + (size_t)qi * p,
+                            ref->raw + (size_t)rj * p, p);
     return knn_key_corr(space->metric, query->canon + (size_t)qi * p,
                         ref->canon + (size_t)rj * p, p, query->sum[qi],
                         query->css[qi], ref->sum[rj], ref->css[rj]);
 }
 
-/* KNN_KEYS canonical sums of node a with nodes b[0..KNN_KEYS), each of
- * knn_exact.h's terms in feature order: dot products (correlations) or
- * squared differences. The sums are named, not an array, so that they
- * stay in registers. */
+/* KNN_KEYS canonical dot products of node a with nodes b[0..KNN_KEYS),
+ * each of knn_exact.h's terms in feature order. The sums are named, not an
+ * array, so that they stay in registers. */
 #if KNN_KEYS != 4
 #error "knn_canonical_sums keeps four sums"
 #endif
-static void knn_canonical_sums(int correlation, const double *a,
-                               const double *const *b, int p, double *sums)
+static void knn_canonical_sums(const double *a, const double *const *b,
+                               int p, double *sums)
 {
     const double *b0 = b[0], *b1 = b[1], *b2 = b[2], *b3 = b[3];
     double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
-    if (correlation) {
-        for (int f = 0; f < p; f++) {
-            s0 = knn_dot_term(s0, a[f], b0[f]);
-            s1 = knn_dot_term(s1, a[f], b1[f]);
-            s2 = knn_dot_term(s2, a[f], b2[f]);
-            s3 = knn_dot_term(s3, a[f], b3[f]);
-        }
-    } else {
-        for (int f = 0; f < p; f++) {
-            s0 = knn_sqdiff_term(s0, a[f], b0[f]);
-            s1 = knn_sqdiff_term(s1, a[f], b1[f]);
-            s2 = knn_sqdiff_term(s2, a[f], b2[f]);
-            s3 = knn_sqdiff_term(s3, a[f], b3[f]);
-        }
+    for (int f = 0; f < p; f++) {
+        s0 = knn_dot_term(s0, a[f], b0[f]);
+        s1 = knn_dot_term(s1, a[f], b1[f]);
+        s2 = knn_dot_term(s2, a[f], b2[f]);
+        s3 = knn_dot_term(s3, a[f], b3[f]);
     }
     sums[0] = s0;
     sums[1] = s1;
@@ -368,20 +350,45 @@ static void knn_canonical_sums(int correlation, const double *a,
     sums[3] = s3;
 }
 
+/* The squared-distance keys of node a with nodes b[0..KNN_KEYS): their
+ * plain sums (knn_key_dist_more's, named to stay in registers), each
+ * finished by knn_key_dist_finish. */
+static void knn_squares_keys(knn_metric m, const double *a,
+                             const double *const *b, int p, double *keys)
+{
+    const double *b0 = b[0], *b1 = b[1], *b2 = b[2], *b3 = b[3];
+    double s0 = 0.0, s1 = 0.0, s2 = 0.0, s3 = 0.0;
+    for (int f = 0; f < p; f++) {
+        s0 = knn_sqdiff_term(s0, a[f], b0[f]);
+        s1 = knn_sqdiff_term(s1, a[f], b1[f]);
+        s2 = knn_sqdiff_term(s2, a[f], b2[f]);
+        s3 = knn_sqdiff_term(s3, a[f], b3[f]);
+    }
+    double sums[KNN_KEYS] = {s0, s1, s2, s3};
+    for (int q = 0; q < KNN_KEYS; q++)
+        keys[q] = knn_key_dist_finish(m, sums[q], a, b[q], p);
+}
+
 void knn_nodes_keys(const knn_space *space, const knn_nodes *query, int qi,
                     const knn_nodes *ref, const int *rj, double *keys)
 {
     int p = space->p, correlation = knn_is_correlation(space->metric);
-    if (!query->canon || !ref->canon || space->metric == KNN_MANHATTAN) {
+    if (!correlation) {
+        if (space->metric == KNN_MANHATTAN) {
+            for (int q = 0; q < KNN_KEYS; q++)
+                keys[q] = knn_nodes_key(space, query, qi, ref, rj[q]);
+            return;
+        }
+        const double *b[KNN_KEYS];
         for (int q = 0; q < KNN_KEYS; q++)
-            keys[q] = knn_nodes_key(space, query, qi, ref, rj[q]);
+            b[q] = ref->raw + (size_t)rj[q] * p;
+        knn_squares_keys(space->metric, query->raw + (size_t)qi * p, b, p,
+                         keys);
         return;
     }
     const double *b[KNN_KEYS];
     for (int q = 0; q < KNN_KEYS; q++) b[q] = ref->canon + (size_t)rj[q] * p;
-    knn_canonical_sums(correlation, query->canon + (size_t)qi * p, b, p,
-                       keys);
-    if (!correlation) return;
+    knn_canonical_sums(query->canon + (size_t)qi * p, b, p, keys);
     for (int q = 0; q < KNN_KEYS; q++)
         keys[q] = knn_key_corr_of_dot(space->metric, keys[q], p,
                                       query->sum[qi], query->css[qi],
@@ -412,11 +419,9 @@ static void knn_rerank_order_ties(const knn_space *sp, knn_cand *items,
                                   int n, int k)
 {
     for (int a = 0; a < k && a < n;) {
-        double d = knn_key_distance(sp->metric, items[a].score,
-                                    sp->scale_exp);
+        double d = knn_key_distance(sp->metric, items[a].score);
         int b = a + 1;
-        while (b < n && knn_key_distance(sp->metric, items[b].score,
-                                         sp->scale_exp) == d)
+        while (b < n && knn_key_distance(sp->metric, items[b].score) == d)
             b++;
         for (int i = a + 1; i < b; i++)
             for (int j = i; j > a && items[j].index < items[j - 1].index;
@@ -447,7 +452,7 @@ void knn_nodes_rerank(const knn_space *space, const knn_nodes *query, int qi,
     for (int r = 0; r < k; r++) {
         size_t at = knn_result_at(out, (size_t)n_query, k, (size_t)qi, r);
         out->index[at] = pool->items[r].index + out->index_base;
-        knn_key_output(space->metric, pool->items[r].score, space->scale_exp,
+        knn_key_output(space->metric, pool->items[r].score,
                        &out->distance[at], &out->weight[at]);
     }
 }

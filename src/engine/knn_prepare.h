@@ -1,12 +1,10 @@
 /*
  * knn_prepare.h: nodes as the CPU backend works with them.
  *
- * canon: the canonical form of knn_exact.h, from which every final key is
- * computed (correlations: shifted, scaled u with its sum and css;
- * distances: nodes divided by 2^scale_exp). A distance metric that finds
- * candidates by products keeps no canonical copy: its keys scale the
- * input itself on the fly, which gives the same bits and spares a copy of
- * the data (the O(n p + n k) memory promise).
+ * canon: the canonical form of knn_exact.h from which correlation keys are
+ * computed (shifted, scaled u with its sum and css). Distance keys come
+ * from the input itself, each pair scaled on its own (knn_key_dist), so
+ * distance metrics keep no copy (the O(n p + n k) memory promise).
  * fast: the vectors whose products give the candidate scores (unit-norm
  * centred nodes for correlations, translated scaled nodes for distances),
  * in float64 or rounded to float32 for the float32 rung. They are formed a
@@ -23,7 +21,8 @@
 typedef struct {
     knn_metric metric;
     int p;
-    int scale_exp;    /* distance metrics: nodes are divided by 2^scale_exp */
+    int scale_exp;    /* distance metrics with products: the fast vectors'
+                         frame divides nodes by 2^scale_exp; else 0 */
     double scale_factor; /* knn_ldexp_factor(-scale_exp) */
     double *colmean;  /* distance metrics: centre of the fast vectors (p):
                          the column mean, or 0 (knn_translation_term) */
@@ -33,8 +32,8 @@ typedef struct {
 
 typedef struct {
     int n;
-    const double *raw; /* the input, p x n: distance keys where no canon */
-    double *canon;  /* p x n, or NULL (see above) */
+    const double *raw; /* the input, p x n: distance keys */
+    double *canon;  /* correlation metrics: p x n, else NULL */
     double *sum;    /* correlation metrics: n, else NULL */
     double *css;
     double *norm2;  /* distance metrics with products: |fast|^2 of the
@@ -49,12 +48,13 @@ void knn_space_free(knn_space *space);
 /* Prepares n nodes of x (p x n, which must outlive the nodes) with
  * `threads` threads and folds their cancellation and norms into space (as
  * references when is_ref). `products`: the search multiplies fast vectors
- * (distance metrics then keep norms instead of a canonical copy); a search
- * that does not (the k-d tree, Manhattan) keeps the canonical form.
- * Returns KNN_E_NOMEM (nodes left empty). */
+ * (distance metrics then keep the fast vectors' norms); a search that
+ * does not (the k-d tree, Manhattan) keeps nothing for distance nodes.
+ * Polls cb's interrupt callback (cb may be NULL). Returns KNN_E_NOMEM or
+ * KNN_E_INTERRUPTED (nodes left empty). */
 knn_status knn_nodes_prepare(knn_nodes *nodes, knn_space *space,
                              const double *x, int n, int is_ref, int products,
-                             int threads);
+                             int threads, const knn_callbacks *cb);
 void knn_nodes_free(knn_nodes *nodes);
 
 /* Fast vectors of nodes [first, first + count) into out (p x count), as

@@ -20,17 +20,19 @@ static knn_status knn_invalid(knn_report *report, const char *why)
 static int knn_has_degenerate(const knn_request *req)
 {
     return knn_degenerate_nodes(req->metric, req->ref, req->p, req->n_ref,
-                                NULL, 0) > 0 ||
+                                NULL, 0, req->threads) > 0 ||
            (req->query && knn_degenerate_nodes(req->metric, req->query,
                                                req->p, req->n_query, NULL,
-                                               0) > 0);
+                                               0, req->threads) > 0);
 }
 
 static int knn_has_nonfinite(const knn_request *req)
 {
-    return knn_nonfinite_nodes(req->ref, req->p, req->n_ref, NULL, 0) > 0 ||
+    return knn_nonfinite_nodes(req->ref, req->p, req->n_ref, NULL, 0,
+                               req->threads) > 0 ||
            (req->query && knn_nonfinite_nodes(req->query, req->p,
-                                              req->n_query, NULL, 0) > 0);
+                                              req->n_query, NULL, 0,
+                                              req->threads) > 0);
 }
 
 knn_status knn_search(const knn_request *req, const knn_knobs *knobs,

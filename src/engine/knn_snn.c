@@ -8,13 +8,17 @@
  *
  * For each node a, the nodes b < a sharing a neighbour are found through the
  * reverse lists (which nodes list s, at which rank), so work is
- * O(n k^2) on average and memory O(n k).
+ * O(n k^2) on average and memory O(n k). Offsets are 64-bit: n k and the
+ * edge count may pass 2^31. The interrupt callback is polled every
+ * KNN_SNN_POLL_WORK steps of that work (a few milliseconds).
  */
 #include <stdlib.h>
 #include "knn.h"
 
+#define KNN_SNN_POLL_WORK 4e6
+
 typedef struct {
-    int *start;   /* n + 1 offsets into node/rank */
+    size_t *start; /* n + 1 offsets into node/rank */
     int *node;    /* nodes whose neighbour lists contain s */
     int *rank;    /* the rank of s in that list, 1..k */
 } knn_reverse;
@@ -30,10 +34,10 @@ static int knn_reverse_build(knn_reverse *rev, const int *index, int n, int k,
                              int base)
 {
     size_t nk = (size_t)n * k;
-    rev->start = calloc((size_t)n + 1, sizeof(int));
+    rev->start = calloc((size_t)n + 1, sizeof(size_t));
     rev->node = malloc(nk * sizeof(int));
     rev->rank = malloc(nk * sizeof(int));
-    int *fill = malloc((size_t)n * sizeof(int));
+    size_t *fill = malloc((size_t)n * sizeof(size_t));
     if (!rev->start || !rev->node || !rev->rank || !fill) {
         free(fill);
         knn_reverse_free(rev);
@@ -102,33 +106,45 @@ static double knn_snn_weight(knn_snn_type type, int k, int best, int count)
 }
 
 knn_status knn_snn_graph(const int *index, int n, int k, int base,
-                         knn_snn_type type, int **from, int **to,
-                         double **weight, size_t *n_edges)
+                         knn_snn_type type, const knn_callbacks *cb,
+                         int **from, int **to, double **weight,
+                         size_t *n_edges)
 {
     knn_reverse rev = {0};
     knn_edges edges = {0};
     int *best = malloc((size_t)n * sizeof(int));
     int *count = calloc((size_t)n, sizeof(int));
     int *touched = malloc((size_t)n * sizeof(int));
-    int failed = !best || !count || !touched ||
-                 knn_reverse_build(&rev, index, n, k, base) != 0;
+    knn_status st = !best || !count || !touched ||
+                    knn_reverse_build(&rev, index, n, k, base) != 0
+        ? KNN_E_NOMEM : KNN_OK;
+    double work = 0.0;
 
-    for (int a = 0; a < n && !failed; a++) {
+    for (int a = 0; a < n && st == KNN_OK; a++) {
+        if (work > KNN_SNN_POLL_WORK) {
+            work = 0.0;
+            if (cb && cb->interrupted && cb->interrupted(cb->ctx)) {
+                st = KNN_E_INTERRUPTED;
+                break;
+            }
+        }
         int n_touched = 0;
         for (int ra = 0; ra <= k; ra++) {
             int s = ra == 0 ? a : index[a + (size_t)(ra - 1) * n] - base;
             if (s < a)
                 knn_snn_meet(s, ra, best, count, touched, &n_touched);
-            for (int c = rev.start[s]; c < rev.start[s + 1]; c++)
+            for (size_t c = rev.start[s]; c < rev.start[s + 1]; c++)
                 if (rev.node[c] < a)
                     knn_snn_meet(rev.node[c], ra + rev.rank[c], best, count,
                                  touched, &n_touched);
+            work += 1.0 + (double)(rev.start[s + 1] - rev.start[s]);
         }
-        for (int t = 0; t < n_touched && !failed; t++) {
+        for (int t = 0; t < n_touched; t++) {
             int b = touched[t];
-            failed = knn_edges_push(&edges, b + base, a + base,
-                                    knn_snn_weight(type, k, best[b],
-                                                   count[b])) != 0;
+            if (st == KNN_OK &&
+                knn_edges_push(&edges, b + base, a + base,
+                               knn_snn_weight(type, k, best[b], count[b])))
+                st = KNN_E_NOMEM;
             count[b] = 0;
         }
     }
@@ -136,14 +152,14 @@ knn_status knn_snn_graph(const int *index, int n, int k, int base,
     free(count);
     free(touched);
     knn_reverse_free(&rev);
-    if (failed) {
+    if (st != KNN_OK) {
         free(edges.from);
         free(edges.to);
         free(edges.weight);
         *from = *to = NULL;
         *weight = NULL;
         *n_edges = 0;
-        return KNN_E_NOMEM;
+        return st;
     }
     *from = edges.from;
     *to = edges.to;

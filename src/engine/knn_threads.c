@@ -1,37 +1,146 @@
 /*
- * knn_threads.c: how many threads the engine may use. libgomp's thread
- * pool does not survive fork(): a child (parallel::mclapply) that opens a
- * parallel region after its parent had one hangs for ever. So a child
- * forked after the package loaded runs every region on its own thread.
+ * knn_threads.c: how many threads the engine may use. One function
+ * decides (knn_threads), for every parallel region of the engine, from the
+ * request and this process's limits; OMP_NUM_THREADS plays no part.
+ *
+ * libgomp's thread pool does not survive fork(): a child
+ * (parallel::mclapply) that opens a parallel region after its parent had
+ * one hangs for ever. So a child forked after the package loaded runs
+ * every region on its own thread. libgomp also ends the process when it
+ * cannot start a thread asked for (an address-space limit, ulimit -v, too
+ * small for the stacks) or when a thread's stack overflows (OMP_STACKSIZE
+ * set small): the count is kept to what the limits hold, and where
+ * stacks are too small for the work, regions run on the calling thread,
+ * which has the process's own stack.
+ *
+ * Waiting threads spin (libgomp's barriers, before they sleep; R starts
+ * libgomp, so OMP_WAIT_POLICY is read before the package can set it): on
+ * a machine whose cores other processes keep busy, a thread the scheduler
+ * parks holds every other one at each barrier, and two threads can take
+ * many times as long as one (inst/bench/shared_load.R). So a search takes no
+ * more threads than there are cores that other runnable processes leave,
+ * at least one; the bits do not depend on the count.
  */
+#include <math.h>
 #include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <sys/resource.h>
+#include <unistd.h>
 #include "knn_threads.h"
 
 #ifdef _OPENMP
 #include <omp.h>
 #endif
 
+/* Threads per processor a region may use: more only wait for cores. */
+#define KNN_THREADS_PER_PROC 4
+/* The share of an address-space limit the threads' stacks may reserve. */
+#define KNN_STACK_SHARE 0.25
+/* The smallest stack a worker thread runs the engine and the BLAS on. */
+#define KNN_MIN_STACK (1024.0 * 1024.0)
+/* glibc's stack for a thread where the stack limit is unlimited. */
+#define KNN_UNLIMITED_STACK (32.0 * 1024.0 * 1024.0)
+
 static volatile int knn_forked_child = 0;
+static double knn_stack_bytes = 0.0; /* a worker's stack, 0: not known */
 
 static void knn_mark_child(void)
 {
     knn_forked_child = 1;
 }
 
+/* OMP_STACKSIZE in bytes (a number with an optional B, K, M or G; K when
+ * there is none, as libgomp reads it), or 0 where unset or unreadable. */
+static double knn_omp_stacksize(void)
+{
+    const char *v = getenv("OMP_STACKSIZE");
+    if (!v || !*v) return 0.0;
+    char *end;
+    double n = strtod(v, &end);
+    while (*end == ' ') end++;
+    double unit = 1024.0;
+    switch (*end) {
+    case 'b': case 'B': unit = 1.0; break;
+    case 'k': case 'K': case '\0': unit = 1024.0; break;
+    case 'm': case 'M': unit = 1024.0 * 1024.0; break;
+    case 'g': case 'G': unit = 1024.0 * 1024.0 * 1024.0; break;
+    default: return 0.0;
+    }
+    return n > 0.0 ? n * unit : 0.0;
+}
+
 void knn_threads_init(void)
 {
     pthread_atfork(NULL, NULL, knn_mark_child);
+    knn_stack_bytes = knn_omp_stacksize();
+    if (knn_stack_bytes > 0.0) return;
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_STACK, &rl) != 0) return;
+    knn_stack_bytes = rl.rlim_cur == RLIM_INFINITY ? KNN_UNLIMITED_STACK
+                                                   : (double)rl.rlim_cur;
+}
+
+double knn_address_space_left(void)
+{
+    struct rlimit rl;
+    if (getrlimit(RLIMIT_AS, &rl) != 0 || rl.rlim_cur == RLIM_INFINITY)
+        return INFINITY;
+    double used = 0.0;
+    FILE *f = fopen("/proc/self/statm", "r");
+    if (f) {
+        unsigned long pages = 0;
+        if (fscanf(f, "%lu", &pages) == 1)
+            used = (double)pages * (double)sysconf(_SC_PAGESIZE);
+        fclose(f);
+    }
+    double left = (double)rl.rlim_cur - used;
+    return left > 0.0 ? left : 0.0;
+}
+
+int knn_threads_fitting(int threads, double bytes_each, double share)
+{
+    double fit = share * knn_address_space_left() / bytes_each;
+    if (!(fit < threads)) return threads;
+    return fit < 1.0 ? 1 : (int)fit;
+}
+
+/* Processors that other runnable threads leave to this one: procs less
+ * the runnable threads of the whole system but this one, at least 1
+ * (Linux's /proc/loadavg; procs where it cannot be read). */
+static int knn_procs_left(int procs)
+{
+    FILE *f = fopen("/proc/loadavg", "r");
+    if (!f) return procs;
+    int running = 0;
+    int read = fscanf(f, "%*f %*f %*f %d/", &running);
+    fclose(f);
+    if (read != 1 || running < 1) return procs;
+    int left = procs - (running - 1);
+    return left < 1 ? 1 : left < procs ? left : procs;
 }
 
 int knn_threads(int requested)
 {
     if (knn_forked_child) return 1;
-    if (requested > KNN_MAX_THREADS) requested = KNN_MAX_THREADS;
+    if (knn_stack_bytes > 0.0 && knn_stack_bytes < KNN_MIN_STACK) return 1;
 #ifdef _OPENMP
-    return requested > 0 ? requested : omp_get_max_threads();
+    int procs = omp_get_num_procs();
 #else
-    return requested > 0 ? requested : 1;
+    int procs = 1;
 #endif
+    if (procs < 1) procs = 1;
+    int n = requested > 0 ? requested : procs;
+    int cap = procs < KNN_MAX_THREADS / KNN_THREADS_PER_PROC
+        ? procs * KNN_THREADS_PER_PROC : KNN_MAX_THREADS;
+    if (knn_stack_bytes > 0.0)
+        cap = knn_threads_fitting(cap, knn_stack_bytes, KNN_STACK_SHARE);
+    if (n > cap) n = cap;
+    if (n > 1) {
+        int left = knn_procs_left(procs);
+        if (n > left) n = left;
+    }
+    return n;
 }
 
 int knn_thread_number(void)

@@ -12,10 +12,21 @@ void knn_threads_init(void);
  * and a million of them crash the process. R refuses more (R/validate.R). */
 #define KNN_MAX_THREADS 1024
 
-/* The requested count (at most KNN_MAX_THREADS), or the OpenMP default when
- * requested <= 0; always 1 in a process forked after knn_threads_init()
- * (see knn_threads.c). */
+/* The threads a region runs on: the requested count, or one per
+ * processor this process may run on when requested <= 0, whatever
+ * OMP_NUM_THREADS says; at most KNN_MAX_THREADS, 4 per processor, as many
+ * as the address-space limit holds stacks for, and the processors other
+ * runnable processes leave; 1 where thread stacks are too small, and in a
+ * process forked after knn_threads_init() (see knn_threads.c). */
 int knn_threads(int requested);
+
+/* Bytes of address space the limit (ulimit -v) leaves this process;
+ * INFINITY without a limit. Never fails. */
+double knn_address_space_left(void);
+
+/* The most of `threads` threads (at least 1) that each reserve
+ * bytes_each within `share` of the address space left. */
+int knn_threads_fitting(int threads, double bytes_each, double share);
 
 /* This thread's number in the enclosing parallel region (0 outside one,
  * or without OpenMP). */

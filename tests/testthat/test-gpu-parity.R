@@ -95,3 +95,20 @@ test_that("ties in the reported distance: the GPU orders as the CPU", {
         expectGpuIdentical(x, 7, metric, label = name)
     }
 })
+
+test_that("rows from 1e-300 to 1e300: the GPU gives the CPU's exact bits", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## Each pair is scaled on its own (knn_exact.h, knn_dist_sum), so one
+    ## huge row changes no other row's distances, on either device.
+    set.seed(421)
+    one <- rbind(matrix(rnorm(60 * 8), 60), rep(1e200, 8) * c(1, -1))
+    level <- 10^rep(seq(-300, 300, by = 50), each = 40)
+    span <- matrix(rnorm(length(level) * 6), ncol = 6) * level
+    span <- rbind(span, span[1:80, ] * (1 + 1e-9))
+    for (metric in c("euclidean", "manhattan", "sqeuclidean")) {
+        expectGpuIdentical(one, 3, metric, label = "one huge row")
+        expectGpuIdentical(span, 4, metric, label = "span")
+        expectGpuIdentical(span, 4, metric, query = span[1:100, ] * 1.5,
+                           label = "span query")
+    }
+})

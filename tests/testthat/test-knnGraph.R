@@ -97,3 +97,58 @@ test_that("a result R cannot allocate gives R's own error; R goes on", {
                       progress = FALSE)
     expect_identical(nrow(again), 900L)
 })
+
+test_that("an interrupt stops SNN weights within a second, freeing them", {
+    skip_on_os("windows")
+    skip_if_not(file.exists("/proc/self/status"))
+    ## Random neighbour lists: some 5e8 steps of SNN work (several seconds).
+    ## The memory the child holds after the interrupt is what it held
+    ## before the call, not the edges built so far.
+    rss <- paste("rss <- function() as.numeric(sub('VmRSS:\\\\s*', '',",
+                 "sub(' kB', '', grep('^VmRSS:',",
+                 "readLines('/proc/self/status'), value = TRUE)))) * 1024")
+    got <- rscriptInterrupted(
+        setup = paste(rss, "; set.seed(42); n <- 4e5; k <- 40L;",
+                      "index <- matrix(sample.int(n, n * k, TRUE), n);",
+                      "invisible(gc()); before <- rss()"),
+        code = ".Call(knngpu:::C_knn_snn, index, 0L)",
+        report = "format(rss() - before)", after = 1)
+    expect_identical(got$lines[1L], "interrupt")
+    ## Not under tools/sanitize.sh, whose instrumented build runs several
+    ## times slower and holds freed memory in quarantine.
+    skip_if(nzchar(Sys.getenv("KNNGPU_SANITIZED")), "sanitizer build")
+    expect_lt(as.numeric(got$lines[2L]), 64 * 2^20)
+    expect_lt(got$took, 1)
+})
+
+test_that("SNN weights refuse malformed neighbour lists", {
+    index <- matrix(c(2L, 3L, 1L, 3L, 1L, 2L), 3)
+    expect_identical(.Call(knngpu:::C_knn_snn, index, 1L)$weight, c(3, 3, 3))
+    for (bad in list(0L, NA_integer_, 4L, -5L)) {
+        x <- index
+        x[2L] <- bad
+        expect_error(.Call(knngpu:::C_knn_snn, x, 0L),
+                     "node numbers from 1 to 3; entry 2 is")
+    }
+    expect_error(.Call(knngpu:::C_knn_snn, index * 1.0, 0L), "integer matrix")
+    expect_error(.Call(knngpu:::C_knn_snn, index, 7L), "unknown SNN")
+})
+
+test_that("symmetrising holds no more than the edges in R's memory", {
+    ## The pairs are found in C, in the memory of the edge list itself;
+    ## R holds the result, at most as large as the directed edges.
+    set.seed(43)
+    x <- matrix(rnorm(5000 * 5), ncol = 5)
+    edges <- knnGraph(x, k = 200, metric = "euclidean", device = "cpu",
+                      progress = FALSE)
+    directed <- list2DF(unclass(edges)[c("from", "to", "weight", "distance",
+                                         "rank")])
+    size <- as.numeric(object.size(directed)) / 2^20
+    invisible(gc(reset = TRUE))
+    base <- sum(gc()[, 2L])
+    union <- knngpu:::.symmetrize(directed, "union", 5000)
+    peak <- sum(gc()[, 6L]) - base
+    expect_lt(peak, 1.2 * size)
+    expect_true(all(union$from < union$to))
+    expect_false(anyDuplicated(paste(union$from, union$to)) > 0)
+})

@@ -499,3 +499,170 @@ test_that("'precision' takes one choice, checked before the data is read", {
                      auto[c("index", "distance")])
     expect_identical(attr(default, "precision"), attr(auto, "precision"))
 })
+
+## v * 2^e rounded once (as C's ldexp), for 2^e beyond the doubles too.
+ldexpR <- function(v, e) {
+    while (e > 1000) {
+        v <- v * 2^1000
+        e <- e - 1000
+    }
+    while (e < -2000) {
+        v <- v * 2^-1000
+        e <- e + 1000
+    }
+    if (e < -1000) return(v * 2^-1000 * 2^(e + 1000))
+    v * 2^e
+}
+
+## A pair's distance as knngpu defines it for every finite input: dist()'s
+## plain sum in feature order where that is from 2^-900 to the largest
+## double; else the differences scaled by a power of two of the largest,
+## summed so, scaled back. The bits of dist() where dist() neither
+## overflows nor underflows.
+scaledDistance <- function(a, b, metric) {
+    d <- a - b
+    term <- function(v) if (metric == "manhattan") abs(v) else v^2
+    s <- 0
+    for (v in d) s <- s + term(v)
+    if (s >= 2^-900 && s <= .Machine$double.xmax) {
+        return(if (metric == "euclidean") sqrt(s) else s)
+    }
+    top <- max(abs(d))
+    if (top == 0) return(0)
+    e <- floor(log2(top))
+    s <- 0
+    for (f in seq_along(d)) s <- s + term(ldexpR(d[f], -e))
+    switch(metric, euclidean = ldexpR(sqrt(s), e),
+           sqeuclidean = ldexpR(s, 2 * e), manhattan = ldexpR(s, e))
+}
+
+scaledKnn <- function(x, k, metric) {
+    n <- nrow(x)
+    d <- matrix(Inf, n, n)
+    for (i in seq_len(n)) for (j in seq_len(n)) if (i != j)
+        d[i, j] <- scaledDistance(x[i, ], x[j, ], metric)
+    index <- t(apply(d, 1, function(row) order(row, seq_len(n))[seq_len(k)]))
+    list(index = index,
+         distance = matrix(d[cbind(rep(seq_len(n), k), as.vector(index))], n))
+}
+
+test_that("no row's magnitude changes another row's distances", {
+    set.seed(421)
+    x <- rbind(matrix(rnorm(60 * 8), 60), rep(1e200, 8) * c(1, -1))
+    want <- as.matrix(dist(x))[1:60, 1:60]
+    diag(want) <- Inf
+    for (metric in c("euclidean", "manhattan", "sqeuclidean")) {
+        got <- knnSearch(x, k = 3, metric = metric, device = "cpu")
+        ref <- switch(metric, euclidean = want, sqeuclidean = want^2,
+                      manhattan = {
+                          m <- as.matrix(dist(x, "manhattan"))[1:60, 1:60]
+                          diag(m) <- Inf
+                          m
+                      })
+        top <- unname(t(apply(ref, 1, order))[, 1:3])
+        expect_identical(got$index[1:60, ], top, label = metric)
+        expect_equal(got$distance[1:60, ],
+                     matrix(ref[cbind(rep(1:60, 3), as.vector(top))], 60),
+                     tolerance = 1e-14, label = metric)
+    }
+    ## Rows from 1e-300 to 1e300, with neighbours at their own level, by
+    ## every search path: the scaled exact values, bit for bit.
+    level <- 10^rep(seq(-300, 300, by = 50), each = 6)
+    span <- matrix(rnorm(length(level) * 3), ncol = 3) * level
+    span <- rbind(span, span[1:12, ] * (1 + 1e-9))
+    for (metric in c("euclidean", "manhattan", "sqeuclidean")) {
+        ref <- scaledKnn(span, 4, metric)
+        for (algorithm in c("products", "tree")) {
+            got <- withOptions(list(knngpu.algorithm = algorithm),
+                               knnSearch(span, k = 4, metric = metric,
+                                         device = "cpu"))
+            label <- paste(metric, algorithm)
+            expect_identical(got$index, ref$index, label = label)
+            expect_identical(got$distance, ref$distance, label = label)
+        }
+    }
+})
+
+## What a fresh Rscript running `code` (R source text, after the package
+## loads) prints, with environment variables `env` ("NAME=value").
+rscriptOutput <- function(code, env = character()) {
+    script <- tempfile("knngpu-child", fileext = ".R")
+    on.exit(unlink(script))
+    writeLines(c("suppressPackageStartupMessages(library(knngpu))", code),
+               script)
+    suppressWarnings(system2(
+        file.path(R.home("bin"), "Rscript"), script, stdout = TRUE,
+        stderr = TRUE,
+        env = c(paste0("R_LIBS=", paste(.libPaths(), collapse = ":")), env)))
+}
+
+test_that("the threads asked for are the threads used, whatever OpenMP says", {
+    skip_if_not(file.exists("/proc/self/status"))
+    ## The layout's transpose and the input checks run in parallel at this
+    ## size; with threads = 1 no thread may start, OMP_NUM_THREADS or not.
+    ## An absurd OMP_NUM_THREADS neither starts threads nor ends R.
+    code <- c(
+        "threads <- function() sub('Threads:\\\\s*', '',",
+        "    grep('^Threads:', readLines('/proc/self/status'), value = TRUE))",
+        "x <- matrix(rnorm(3000 * 60), 3000)",
+        "before <- threads()",
+        "r <- knnSearch(x, k = 3, threads = 1, progress = FALSE)",
+        "one <- threads()",
+        "r <- knnSearch(x, k = 3, threads = 2, progress = FALSE)",
+        "cat('THREADS', before, one, threads(), '\\n')")
+    for (env in c("OMP_NUM_THREADS=8", "OMP_NUM_THREADS=3000")) {
+        out <- rscriptOutput(code, env)
+        line <- grep("^THREADS", out, value = TRUE)
+        expect_length(line, 1L)
+        counts <- as.integer(strsplit(line, " ")[[1L]][-1L])
+        expect_identical(counts[2L], counts[1L], label = env)
+        expect_lte(counts[3L], counts[1L] + 1L)
+    }
+})
+
+test_that("an interrupt reaches R within a second in every long step", {
+    skip_on_os("windows")
+    ## Each step below ran for seconds without a poll: ranking the values
+    ## of Spearman's nodes, building a k-d tree, re-ranking a large k.
+    ## The interrupt comes 0.5 s after the call, inside that step.
+    cases <- list(
+        spearman = c(
+            "set.seed(1); x <- matrix(rnorm(20000 * 1000), 20000)",
+            paste("knnSearch(x, k = 3, metric = 'spearman', by = 'columns',",
+                  "device = 'cpu', threads = 1, progress = FALSE)")),
+        tree = c(
+            paste("set.seed(2); x <- matrix(rnorm(3e6 * 3), ncol = 3);",
+                  "options(knngpu.algorithm = 'tree')"),
+            paste("knnSearch(x, k = 1, metric = 'euclidean', device = 'cpu',",
+                  "progress = FALSE)")),
+        rerank = c(
+            paste("set.seed(3); x <- matrix(rnorm(20000 * 10), ncol = 10);",
+                  "q <- x[1:2000, ] + 0.01"),
+            paste("knnSearch(x, q, k = 5000, metric = 'euclidean',",
+                  "device = 'cpu',",
+                  "progress = FALSE)")))
+    for (name in names(cases)) {
+        got <- rscriptInterrupted(setup = cases[[name]][1L],
+                                  code = cases[[name]][2L])
+        expect_identical(got$lines, "interrupt", label = name)
+        if (nzchar(Sys.getenv("KNNGPU_SANITIZED"))) next
+        expect_lt(got$took, 1, label = name)
+    }
+})
+
+test_that("a k-d tree of more points than one sorted run gives the scan's bits", {
+    ## Past 65536 points the tree's sort merges runs (knn_kd_sort_rows);
+    ## duplicates group into one point as before.
+    set.seed(48)
+    x <- matrix(sample(0:300, 70000 * 2, TRUE), ncol = 2) / 7
+    q <- x[1:500, ] + 0.01
+    run <- function(algorithm) {
+        withOptions(list(knngpu.algorithm = algorithm),
+                    knnSearch(x, q, k = 6, metric = "euclidean",
+                              device = "cpu", progress = FALSE))
+    }
+    tree <- run("tree")
+    scan <- run("products")
+    expect_identical(tree$index, scan$index)
+    expect_identical(tree$distance, scan$distance)
+})

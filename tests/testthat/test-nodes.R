@@ -75,9 +75,9 @@ test_that("a large matrix's node layout (several threads) is its transpose", {
     ## Above the size where the layout's transpose goes parallel, with
     ## sides that are not multiples of its 32 x 32 blocks.
     x <- randomMatrix(1001, 301, 54)
-    expect_identical(.Call(knngpu:::C_knn_nodes, x, TRUE), t(x))
+    expect_identical(.Call(knngpu:::C_knn_nodes, x, TRUE, 3L), t(x))
     counts <- matrix(rpois(1001 * 301, 3), 1001)
-    expect_identical(.Call(knngpu:::C_knn_nodes, counts, TRUE),
+    expect_identical(.Call(knngpu:::C_knn_nodes, counts, TRUE, 0L),
                      t(counts) * 1.0)
     expect_identical(
         knnSearch(x, k = 4, device = "cpu")[c("index", "distance")],

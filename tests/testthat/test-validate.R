@@ -123,3 +123,70 @@ test_that("NA, empty and repeated node names are made unique for igraph", {
     expect_message(knnSearch(t(x), k = 2, by = "columns", device = "cpu"),
                    "repeated column names")
 })
+
+test_that("a graph a data frame cannot hold is refused before the search", {
+    ## 5e7 nodes with k = 50 are 2.5e9 edges: refused at once, with the
+    ## limit and the alternatives, never searched.
+    x <- Matrix::sparseMatrix(i = 1:3, j = 1:3, x = 1, dims = c(5e7, 3))
+    took <- system.time(expect_error(
+        knnGraph(x, k = 50, device = "cpu"),
+        "2500000000 edges, more than a data frame holds \\(2147483647.*knnSearch"))
+    expect_lt(took[["elapsed"]], 5)
+})
+
+test_that("invalid sparse matrices and empty data frames get clear errors", {
+    set.seed(7)
+    m <- Matrix::rsparsematrix(20, 5, 0.5)
+    out <- m
+    out@i[3] <- 100L
+    dup <- m
+    dup@i[2] <- dup@i[1]
+    pointers <- m
+    pointers@p[2] <- 1000L
+    for (bad in list(out, dup, pointers)) {
+        expect_error(knnSearch(bad, k = 2, device = "cpu"),
+                     "'x' is not a valid sparse matrix")
+    }
+    expect_error(knnSearch(data.frame(), k = 1), "'x' has no rows")
+    expect_error(knnSearch(data.frame(a = numeric(0)), k = 1),
+                 "'x' has no rows")
+    expect_error(knnSearch(data.frame(a = 1:3)[, 0, drop = FALSE], k = 1),
+                 "'x' has zero features")
+})
+
+test_that("the engine's entry points refuse malformed arguments", {
+    r <- matrix(rnorm(50), 5)
+    knobs <- c(select = 0L, block_nodes = 0L, stage_peers = 0L)
+    search <- function(query = NULL, algorithm = 0L, precision = 0L,
+                       knobs. = knobs, devices = integer(), ref = r) {
+        .Call(knngpu:::C_knn_search, ref, query, 2L, 2L, 0L, 1L, 0, devices,
+              FALSE, FALSE, algorithm, precision, knobs.)
+    }
+    expect_error(search(matrix(rnorm(20), 2)), "the 5 features of 'ref'")
+    expect_error(search(algorithm = 9L), "unknown code")
+    expect_error(search(precision = -1L), "unknown code")
+    expect_error(search(knobs. = c(select = 99L)), "unknown code")
+    expect_error(search(knobs. = 1:2), "named integer vector")
+    expect_error(search(knobs. = c(select = 0.5)), "named integer vector")
+    expect_error(search(devices = 1.5), "integer vector")
+    expect_error(search(ref = as.integer(r)), "double matrix")
+    expect_identical(dim(search()$index), c(10L, 2L))
+})
+
+test_that("files for workers are private to the user", {
+    skip_on_os("windows")
+    dir <- tempfile("knngpu-shared")
+    dir.create(dir)
+    on.exit(unlink(dir, recursive = TRUE))
+    ## A name planted in the shared directory is not followed.
+    file.symlink(file.path(dir, "elsewhere"), file.path(dir, "planted"))
+    handle <- withOptions(list(knngpu.transfer.dir = dir),
+                          knngpu:::.shareSources(
+                              list(kind = "dense", matrix = matrix(1, 2, 2)),
+                              NULL))
+    expect_true(file.exists(handle$path))
+    expect_identical(format(file.info(handle$path)$mode), "600")
+    expect_identical(format(file.info(dirname(handle$path))$mode), "700")
+    expect_identical(dirname(dirname(handle$path)), dir)
+    expect_false(file.exists(file.path(dir, "elsewhere")))
+})
