@@ -64,6 +64,10 @@
  * faster at every share. */
 #define KNN_KM_MIN_NODES 1000
 #define KNN_KM_MAX_SHARE 0.45
+/* Features up to which auto takes the clusters: log-counts of 500
+ * features lost to the scan at an eighth of the pairs, genes at 100
+ * features won (inst/bench/clusters.R, 5000 nodes). */
+#define KNN_KM_MAX_FEATURES 100
 /* Row clusters whose first rows are searched to measure the share. */
 #define KNN_KM_PILOT 8
 /* Rounds of k-means: later rounds move few nodes, and any partition
@@ -145,7 +149,7 @@ typedef struct {
     knn_km_span *spans; /* KNN_KM_ROWS */
     void *gathered;   /* p x KNN_KM_ROWS residuals of the active rows */
     double *prod;     /* KNN_KM_COLS x KNN_KM_ROWS products */
-    double *colterm;  /* KNN_KM_COLS */
+    double *colterm;  /* a column cluster's points' centre terms */
     double *delta;    /* p */
     knn_km_near *near; /* clusters, nearest first */
     double pairs, pooled;
@@ -173,7 +177,7 @@ int knn_clusters_suits(const knn_request *req)
     /* A forced rung asks for the scan's arithmetic. */
     return req->algorithm == KNN_ALGO_AUTO &&
            req->precision == KNN_PRECISION_AUTO &&
-           req->n_ref >= KNN_KM_MIN_NODES;
+           req->n_ref >= KNN_KM_MIN_NODES && req->p <= KNN_KM_MAX_FEATURES;
 }
 
 static void knn_km_side_free(knn_km_side *s)
@@ -637,12 +641,12 @@ static int knn_km_span_cmp(const void *x, const void *y)
 }
 
 /* Rows spans[0..n) (of the task from r0) against the points of their
- * spans' union, whose centre terms colterm needs (D = delta): one product
- * per stretch of KNN_KM_COLS points, each score offered to its row's pool
- * where the point is in the row's span. */
+ * spans' union, whose centre terms w->colterm holds from point `first`
+ * on: one product per stretch of KNN_KM_COLS points, each score offered
+ * to its row's pool where the point is in the row's span. */
 static int knn_km_multiply(const knn_km *km, knn_km_work *w,
                            const knn_km_span *spans, int n, int r0,
-                           int fp32)
+                           int first, int fp32)
 {
     int p = km->p, failed = 0, lo = spans[0].from, hi = 0;
     const knn_km_side *rows = &km->rows, *cols = &km->cols;
@@ -658,12 +662,7 @@ static int knn_km_multiply(const knn_km *km, knn_km_work *w,
     }
     for (int j0 = lo; j0 < hi; j0 += KNN_KM_COLS) {
         int m = hi - j0 < KNN_KM_COLS ? hi - j0 : KNN_KM_COLS;
-        for (int j = 0; j < m; j++) {
-            const double *res = cols->res + (size_t)(j0 + j) * p;
-            double dot = 0.0;
-            for (int t = 0; t < p; t++) dot += w->delta[t] * res[t];
-            w->colterm[j] = cols->sq[j0 + j] - 2.0 * dot;
-        }
+        const double *colterm = w->colterm + (j0 - first);
         if (fp32)
             knn_sgemm_tn(m, n, p, cols->res32 + (size_t)j0 * p,
                          w->gathered, (float *)w->prod);
@@ -681,7 +680,7 @@ static int knn_km_multiply(const knn_km *km, knn_km_work *w,
             for (int j = ja; j < jb; j++) {
                 double g = fp32 ? ((const float *)w->prod)[(size_t)r * m + j]
                                 : w->prod[(size_t)r * m + j];
-                double s = base + w->colterm[j] - 2.0 * g;
+                double s = base + colterm[j] - 2.0 * g;
                 if (s <= pool->bound)
                     failed |= knn_km_offer_point(km, pool, s, j0 + j,
                                                  itself);
@@ -738,10 +737,20 @@ static int knn_km_visit(const knn_km *km, knn_km_work *w, int a, int b,
     }
     if (nact == 0) return 0;
     qsort(w->spans, (size_t)nact, sizeof *w->spans, knn_km_span_cmp);
+    /* The points' centre terms |b_j|^2 - 2 D.b_j, once for every group. */
+    int first = w->spans[0].from, last = first;
+    for (int r = 0; r < nact; r++)
+        if (w->spans[r].to > last) last = w->spans[r].to;
+    for (int j = first; j < last; j++) {
+        const double *res = cols->res + (size_t)j * p;
+        double dot = 0.0;
+        for (int t = 0; t < p; t++) dot += w->delta[t] * res[t];
+        w->colterm[j - first] = cols->sq[j] - 2.0 * dot;
+    }
     int fp32 = cols->radius[b] <= km->cap[a];
     for (int g0 = 0; g0 < nact && !failed; g0 += KNN_KM_GROUP) {
         int n = nact - g0 < KNN_KM_GROUP ? nact - g0 : KNN_KM_GROUP;
-        failed |= knn_km_multiply(km, w, w->spans + g0, n, r0, fp32);
+        failed |= knn_km_multiply(km, w, w->spans + g0, n, r0, first, fp32);
     }
     return failed;
 }
@@ -819,7 +828,11 @@ static int knn_km_work_init(const knn_km *km, knn_km_work *w)
     w->spans = malloc(KNN_KM_ROWS * sizeof *w->spans);
     w->gathered = malloc((size_t)KNN_KM_ROWS * km->p * sizeof(double));
     w->prod = malloc((size_t)KNN_KM_ROWS * KNN_KM_COLS * sizeof(double));
-    w->colterm = malloc(KNN_KM_COLS * sizeof(double));
+    int widest = 1;
+    for (int b = 0; b < km->clusters; b++)
+        if (km->cols.first[b + 1] - km->cols.first[b] > widest)
+            widest = km->cols.first[b + 1] - km->cols.first[b];
+    w->colterm = malloc((size_t)widest * sizeof(double));
     w->delta = malloc((size_t)km->p * sizeof(double));
     w->near = malloc((size_t)km->clusters * sizeof *w->near);
     if (!w->items || !w->best || !w->margin || !w->rowterm || !w->spans ||

@@ -9,9 +9,10 @@
 
 /* Whether the request may be served by clusters: Euclidean or squared
  * Euclidean, and either forced (KNN_ALGO_CLUSTERS) or, under AUTO, from
- * KNN_KM_MIN_NODES reference nodes (knn_clusters.c). Under AUTO the
- * search itself still measures, on a sample of its rows, whether the
- * clusters prune enough, and otherwise hands over to the product scan. */
+ * KNN_KM_MIN_NODES reference nodes and up to KNN_KM_MAX_FEATURES
+ * features (knn_clusters.c). Under AUTO the search itself still
+ * measures, on a sample of its rows, whether the clusters prune enough,
+ * and otherwise hands over to the product scan. */
 int knn_clusters_suits(const knn_request *req);
 
 /* Same contract as knn_cpu_search (knn_backend.h), for a request that
