@@ -81,8 +81,10 @@
 
 ## How the CPU searches (src/engine/knn.h, knn_algorithm, in this order):
 ## "auto" chooses by measured cost; "products" scans every pair through
-## matrix products; "tree" uses a k-d tree (distance metrics only).
-.algorithms <- c("auto", "products", "tree")
+## matrix products; "tree" uses a k-d tree (distance metrics only);
+## "clusters" prunes cluster pairs of a k-means partition (Euclidean and
+## squared Euclidean only).
+.algorithms <- c("auto", "products", "tree", "clusters")
 
 ## The GPU's selection kernel, chosen by measured cost ("auto") or forced
 ## (knn_select_force, in order).

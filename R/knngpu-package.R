@@ -51,8 +51,9 @@
 #'   \item{\code{knngpu.gpu.memory}}{Bytes of device memory a GPU search
 #'     may use for its nodes and tiles (default: what the GPU has free);
 #'     nodes past half of it stream through the device in blocks.}
-#'   \item{\code{knngpu.algorithm}}{\code{"auto"}, \code{"products"} or
-#'     \code{"tree"}: how the CPU searches (the bits are the same).}
+#'   \item{\code{knngpu.algorithm}}{\code{"auto"}, \code{"products"},
+#'     \code{"tree"} or \code{"clusters"}: how the CPU searches (the bits
+#'     are the same).}
 #'   \item{\code{knngpu.block.nodes}}{Nodes per block of a search streamed
 #'     in blocks; 0 (the default) streams only what a GPU cannot hold, a
 #'     positive number forces blocks on either device (the bits are the

@@ -206,7 +206,7 @@ static void knn_search_check(SEXP ref, SEXP query, SEXP devices,
         error("knngpu: 'knobs' must be a named integer vector");
     int algo = asInteger(algorithm), prec = asInteger(precision);
     int select = knn_knob(knobs, "select");
-    if (algo < KNN_ALGO_AUTO || algo > KNN_ALGO_TREE ||
+    if (algo < KNN_ALGO_AUTO || algo > KNN_ALGO_CLUSTERS ||
         prec < KNN_PRECISION_AUTO || prec > KNN_PRECISION_TF32X3 ||
         select < KNN_SELECT_CHOOSE || select > KNN_SELECT_FORCE_FUSED_ROWS ||
         knn_knob(knobs, "block_nodes") < 0)

@@ -45,7 +45,8 @@ cases <- list(
         on.exit(options(old))
         graph(few, k = 10, metric = "euclidean")
     })
-for (kind in c("levels", "logcounts", "clusters", "neardup")) {
+for (kind in c("levels", "logcounts", "clusters", "neardup", "pca",
+               "cellpcs", "heavy", "binary", "duplicates", "replicates")) {
     x <- shapeData(kind, n / 4)
     for (m in c("pearson", "cosine", "euclidean"))
         cases[[paste(kind, m)]] <- local({

@@ -13,10 +13,19 @@
 ##   clusters   copies of 20 N(0,1) profiles, each moved by noise of sd
 ##              1e-4 (replicates of a few states): neighbours differ by
 ##              some 1e-7 of the norms, which float32 cannot resolve
+##   pca        PCA-like scores: N(0,1) columns of standard deviation
+##              20 * 0.85^(j - 1) (variances falling steeply, as PCs do)
+##   cellpcs    clustered PCs: 12 cell types, their centres and the cells
+##              around them both on the falling PC scales
+##   heavy      Student t values with 3 degrees of freedom (outliers)
+##   binary     presence data: Bernoulli(0.2)
+##   duplicates a quarter of the rows, each exactly 4 times, shuffled
+##   replicates exact copies of 20 profiles (few distinct points)
 ## Rows the correlations cannot use (constant, all zero) get a 1 first.
 
 shapeFeatures <- c(normal = 50, levels = 100, logcounts = 500, neardup = 50,
-                   clusters = 50)
+                   clusters = 50, pca = 50, cellpcs = 50, heavy = 50,
+                   binary = 100, duplicates = 50, replicates = 50)
 
 shapeData <- function(kind, n, p = shapeFeatures[[kind]], seed = 20261123) {
     set.seed(seed)
@@ -47,7 +56,22 @@ shapeData <- function(kind, n, p = shapeFeatures[[kind]], seed = 20261123) {
         clusters = {
             profiles <- matrix(rnorm(20 * p), 20)
             profiles[rep_len(1:20, n), ] + matrix(rnorm(n * p, sd = 1e-4), n)
-        })
+        },
+        pca = matrix(rnorm(n * p), n) %*% diag(20 * 0.85^(seq_len(p) - 1),
+                                               p),
+        cellpcs = {
+            scale <- diag(0.85^(seq_len(p) - 1), p)
+            centres <- matrix(rnorm(12 * p, sd = 20), 12) %*% scale
+            centres[sample(12, n, replace = TRUE), ] +
+                matrix(rnorm(n * p, sd = 3), n) %*% scale
+        },
+        heavy = matrix(rt(n * p, df = 3), n),
+        binary = matrix(rbinom(n * p, 1, 0.2), n),
+        duplicates = {
+            base <- matrix(rnorm(ceiling(n / 4) * p), ceiling(n / 4))
+            base[sample(rep_len(seq_len(nrow(base)), n)), ]
+        },
+        replicates = matrix(rnorm(20 * p), 20)[sample(20, n, TRUE), ])
     flat <- apply(x, 1L, function(r) all(r == r[1L]))
     x[flat, 1L] <- x[flat, 1L] + 1
     x

@@ -50,12 +50,16 @@ typedef enum { KNN_BACKEND_CPU = 0, KNN_BACKEND_GPU } knn_backend;
 
 /* How the CPU backend searches: AUTO chooses by measured cost; PRODUCTS
  * scans every pair through matrix products; TREE uses a k-d tree (distance
- * metrics only, for few features). Every choice gives the same bits. Order
- * matches the R layer's names (R/engine.R). */
+ * metrics only, for few features); CLUSTERS partitions the nodes and
+ * multiplies residuals from the cluster centres, skipping the cluster
+ * pairs that cannot hold a neighbour (Euclidean and squared Euclidean
+ * only, knn_clusters.h). Every choice gives the same bits. Order matches
+ * the R layer's names (R/engine.R). */
 typedef enum {
     KNN_ALGO_AUTO = 0,
     KNN_ALGO_PRODUCTS,
-    KNN_ALGO_TREE
+    KNN_ALGO_TREE,
+    KNN_ALGO_CLUSTERS
 } knn_algorithm;
 
 /* The GPU backend's candidate selection: CHOOSE picks by measured cost;

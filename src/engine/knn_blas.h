@@ -20,6 +20,14 @@ void sgemm_(const char *transa, const char *transb, const int *m,
             const float *beta, float *c, const int *ldc, size_t la,
             size_t lb);
 
+/* Each thread that calls the BLAS takes a buffer of its own from it:
+ * OpenBLAS maps 128 MB of address space per thread, and where a limit
+ * (ulimit -v) refuses the mapping it retries for ever. Under a limit the
+ * threads are as many as half of the address space left holds buffers
+ * for; one thread leaves the BLAS its own threads, which share one. */
+#define KNN_BLAS_BUFFER (128.0 * 1024 * 1024)
+#define KNN_BLAS_SHARE 0.5
+
 /* c (m x n) = t(a) %*% b, where a is p x m and b is p x n (column-major,
  * node-contiguous): the dot products of every pair of nodes. */
 static inline void knn_gemm_tn(int m, int n, int p, const double *a,

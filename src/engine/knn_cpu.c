@@ -37,13 +37,6 @@
 #include "knn_threads.h"
 
 #define KNN_CPU_DEFAULT_BYTES (64.0 * 1024 * 1024)
-/* Each thread that calls the BLAS takes a buffer of its own from it:
- * OpenBLAS maps 128 MB of address space per thread, and where a limit
- * (ulimit -v) refuses the mapping it retries for ever. Under a limit the
- * threads are as many as half of the address space left holds buffers
- * for; one thread leaves the BLAS its own threads, which share one. */
-#define KNN_BLAS_BUFFER (128.0 * 1024 * 1024)
-#define KNN_BLAS_SHARE 0.5
 /* Share of the budget the pools of a shared search may take: the rest
  * holds fast vectors, a column block at a time. */
 #define KNN_CPU_SHARE_POOLS 0.75
@@ -919,67 +912,13 @@ static knn_status knn_cpu_offer_tile(knn_cpu *cpu, int q0, int nr, int c0,
     return failed ? KNN_E_NOMEM : KNN_OK;
 }
 
-/* The keys of query node qi with the nodes of items[0..n), KNN_KEYS at a
- * time (knn_nodes_keys). */
-static void knn_cpu_keys(const knn_cpu *cpu, int qi, const knn_cand *items,
-                         int n, double *keys)
-{
-    int c = 0;
-    for (; c + KNN_KEYS <= n; c += KNN_KEYS) {
-        int rj[KNN_KEYS];
-        for (int q = 0; q < KNN_KEYS; q++) rj[q] = items[c + q].index;
-        knn_nodes_keys(&cpu->space, cpu->query, qi, &cpu->ref, rj, keys + c);
-    }
-    for (; c < n; c++) keys[c] = knn_cpu_key(cpu, qi, items[c].index);
-}
-
-/* Puts items[0..n), sorted by (key, index), in (reported distance,
- * index) order as far as the first k: distinct keys can report one
- * distance (knn_key_distance), and each run of those goes in index
- * order. */
-static void knn_cpu_order_ties(const knn_space *sp, knn_cand *items, int n,
-                               int k)
-{
-    for (int a = 0; a < k && a < n;) {
-        double d = knn_key_distance(sp->metric, items[a].score);
-        int b = a + 1;
-        while (b < n && knn_key_distance(sp->metric, items[b].score) == d)
-            b++;
-        for (int i = a + 1; i < b; i++)
-            for (int j = i; j > a && items[j].index < items[j - 1].index;
-                 j--) {
-                knn_cand t = items[j];
-                items[j] = items[j - 1];
-                items[j - 1] = t;
-            }
-        a = b;
-    }
-}
-
-/* Re-ranks one query node's pool by (reported distance, index) and writes
- * its k neighbours into row qi of the result. The entries' scores become
- * their keys, so the winners' keys are at hand for their weights. */
+/* Re-ranks one query node's pool and writes its k neighbours into row qi
+ * of the result (knn_nodes_rerank). */
 static void knn_cpu_finish(const knn_cpu *cpu, knn_pool *pool, int qi,
                            knn_result *out)
 {
-    int k = cpu->req->k, nq = cpu->n_query;
-    const knn_space *sp = &cpu->space;
-    double keys[4 * KNN_KEYS];
-    knn_pool_prune(pool);
-    for (int c0 = 0; c0 < pool->size; c0 += 4 * KNN_KEYS) {
-        int n = pool->size - c0 < 4 * KNN_KEYS ? pool->size - c0
-                                               : 4 * KNN_KEYS;
-        knn_cpu_keys(cpu, qi, pool->items + c0, n, keys);
-        for (int c = 0; c < n; c++) pool->items[c0 + c].score = keys[c];
-    }
-    knn_pool_sort(pool);
-    knn_cpu_order_ties(sp, pool->items, pool->size, k);
-    for (int r = 0; r < k; r++) {
-        size_t at = knn_result_at(out, (size_t)nq, k, (size_t)qi, r);
-        out->index[at] = pool->items[r].index + out->index_base;
-        knn_key_output(sp->metric, pool->items[r].score, &out->distance[at],
-                       &out->weight[at]);
-    }
+    knn_nodes_rerank(&cpu->space, cpu->query, qi, &cpu->ref, pool,
+                     cpu->n_query, out);
 }
 
 static int knn_cpu_interrupted(const knn_request *req)

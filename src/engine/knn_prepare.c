@@ -394,3 +394,65 @@ void knn_nodes_keys(const knn_space *space, const knn_nodes *query, int qi,
                                       query->sum[qi], query->css[qi],
                                       ref->sum[rj[q]], ref->css[rj[q]]);
 }
+
+/* The keys of query node qi with the nodes of items[0..n), KNN_KEYS at a
+ * time (knn_nodes_keys). */
+static void knn_rerank_keys(const knn_space *space, const knn_nodes *query,
+                            int qi, const knn_nodes *ref,
+                            const knn_cand *items, int n, double *keys)
+{
+    int c = 0;
+    for (; c + KNN_KEYS <= n; c += KNN_KEYS) {
+        int rj[KNN_KEYS];
+        for (int q = 0; q < KNN_KEYS; q++) rj[q] = items[c + q].index;
+        knn_nodes_keys(space, query, qi, ref, rj, keys + c);
+    }
+    for (; c < n; c++)
+        keys[c] = knn_nodes_key(space, query, qi, ref, items[c].index);
+}
+
+/* Puts items[0..n), sorted by (key, index), in (reported distance,
+ * index) order as far as the first k: distinct keys can report one
+ * distance (knn_key_distance), and each run of those goes in index
+ * order. */
+static void knn_rerank_order_ties(const knn_space *sp, knn_cand *items,
+                                  int n, int k)
+{
+    for (int a = 0; a < k && a < n;) {
+        double d = knn_key_distance(sp->metric, items[a].score);
+        int b = a + 1;
+        while (b < n && knn_key_distance(sp->metric, items[b].score) == d)
+            b++;
+        for (int i = a + 1; i < b; i++)
+            for (int j = i; j > a && items[j].index < items[j - 1].index;
+                 j--) {
+                knn_cand t = items[j];
+                items[j] = items[j - 1];
+                items[j - 1] = t;
+            }
+        a = b;
+    }
+}
+
+void knn_nodes_rerank(const knn_space *space, const knn_nodes *query, int qi,
+                      const knn_nodes *ref, knn_pool *pool, int n_query,
+                      knn_result *out)
+{
+    int k = pool->k;
+    double keys[4 * KNN_KEYS];
+    knn_pool_prune(pool);
+    for (int c0 = 0; c0 < pool->size; c0 += 4 * KNN_KEYS) {
+        int n = pool->size - c0 < 4 * KNN_KEYS ? pool->size - c0
+                                               : 4 * KNN_KEYS;
+        knn_rerank_keys(space, query, qi, ref, pool->items + c0, n, keys);
+        for (int c = 0; c < n; c++) pool->items[c0 + c].score = keys[c];
+    }
+    knn_pool_sort(pool);
+    knn_rerank_order_ties(space, pool->items, pool->size, k);
+    for (int r = 0; r < k; r++) {
+        size_t at = knn_result_at(out, (size_t)n_query, k, (size_t)qi, r);
+        out->index[at] = pool->items[r].index + out->index_base;
+        knn_key_output(space->metric, pool->items[r].score,
+                       &out->distance[at], &out->weight[at]);
+    }
+}

@@ -15,6 +15,7 @@
 #define KNN_PREPARE_H
 
 #include "knn.h"
+#include "knn_pool.h"
 
 /* What all nodes of one search share. */
 typedef struct {
@@ -72,5 +73,12 @@ double knn_nodes_key(const knn_space *space, const knn_nodes *query, int qi,
 #define KNN_KEYS 4
 void knn_nodes_keys(const knn_space *space, const knn_nodes *query, int qi,
                     const knn_nodes *ref, const int *rj, double *keys);
+
+/* Re-ranks the pool of query node qi (of n_query) by the canonical keys:
+ * its entries' scores become their keys, sorted by (reported distance,
+ * index), and the first k are written into row qi of out. Never fails. */
+void knn_nodes_rerank(const knn_space *space, const knn_nodes *query, int qi,
+                      const knn_nodes *ref, knn_pool *pool, int n_query,
+                      knn_result *out);
 
 #endif

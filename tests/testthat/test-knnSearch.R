@@ -317,6 +317,65 @@ test_that("few features: the k-d tree gives the bits of the product scan", {
                  "'knngpu.algorithm' must be one of")
 })
 
+test_that("clusters give the bits of the product scan on every shape", {
+    ## Each shape class of inst/bench/shapes-data.R, small, with few
+    ## features so that the clusters prune; threads and tile budgets vary,
+    ## and a query search runs beside each self search.
+    kinds <- c("normal", "pca", "cellpcs", "heavy", "levels", "logcounts",
+               "binary", "duplicates", "replicates", "clusters", "neardup")
+    for (kind in kinds) {
+        x <- shapeData(kind, 1200, 12, seed = 41)
+        q <- rbind(x[c(3, 500), ], x[7:46, ] * 1.01 + 0.01)
+        for (metric in c("euclidean", "sqeuclidean")) {
+            label <- paste(kind, metric)
+            runs <- lapply(c("clusters", "products"), function(a) {
+                withOptions(list(knngpu.algorithm = a), list(
+                    knnSearch(x, k = 8, metric = metric, device = "cpu",
+                              threads = if (a == "clusters") 1L else 2L),
+                    knnSearch(x, q, k = 8, metric = metric, device = "cpu")))
+            })
+            for (i in 1:2) {
+                expect_identical(runs[[1]][[i]][c("index", "distance")],
+                                 runs[[2]][[i]][c("index", "distance")],
+                                 label = label)
+            }
+            expect_match(attr(runs[[1]][[1]], "device"), "clusters")
+            expect_no_match(attr(runs[[2]][[1]], "device"), "clusters")
+            ## The reference rounds distances to 10 decimals, which merges
+            ## the near-duplicates' distances (1e-7) into false ties.
+            if (kind %in% c("neardup", "clusters")) next
+            ref <- refKnn(x, 8, metric)
+            expect_identical(runs[[1]][[1]]$index, ref$index, label = label)
+            expect_equal(runs[[1]][[1]]$distance, ref$distance,
+                         tolerance = 1e-12, label = label)
+        }
+    }
+    ## A large k, k = n - 1, and many threads over few nodes.
+    x <- shapeData("duplicates", 300, 6, seed = 42)
+    for (k in c(1L, 150L, 299L)) {
+        got <- withOptions(list(knngpu.algorithm = "clusters"),
+                           knnSearch(x, k = k, metric = "euclidean",
+                                     device = "cpu", threads = 4L))
+        want <- withOptions(list(knngpu.algorithm = "products"),
+                            knnSearch(x, k = k, metric = "euclidean",
+                                      device = "cpu"))
+        expect_identical(got[c("index", "distance")],
+                         want[c("index", "distance")], label = k)
+    }
+    ## Where the clusters prune, the automatic choice keeps them; where
+    ## they do not (N(0,1) in many dimensions), it hands over to the scan.
+    structured <- knnSearch(shapeData("cellpcs", 4000, 10, seed = 43),
+                            k = 10, metric = "euclidean", device = "cpu")
+    expect_match(attr(structured, "device"), "clusters")
+    flat <- knnSearch(shapeData("normal", 4000, 60, seed = 44), k = 10,
+                      metric = "euclidean", device = "cpu")
+    expect_no_match(attr(flat, "device"), "clusters")
+    expect_error(withOptions(list(knngpu.algorithm = "clusters"),
+                             knnSearch(x, k = 5, metric = "cosine",
+                                       device = "cpu")),
+                 "clusters serve the Euclidean and squared Euclidean")
+})
+
 test_that("every CPU rung gives the float64 reference on hard data", {
     ## Near-duplicates differ by about 1e-14 in r, below the reference's
     ## rounding to 10 decimals, which ties them: there the distances are
@@ -397,7 +456,8 @@ test_that("the float32 rung climbs to float64 where candidates explode", {
     centres <- matrix(rnorm(3 * 30), 3)
     x <- centres[rep(1:3, length.out = 3000), ] +
         matrix(rnorm(3000 * 30, sd = 1e-9), 3000)
-    got <- withOptions(list(knngpu.cpu.memory = 4e6), {
+    got <- withOptions(list(knngpu.cpu.memory = 4e6,
+                            knngpu.algorithm = "products"), {
         knnSearch(x, k = 5, metric = "euclidean", device = "cpu",
                   progress = FALSE)
     })

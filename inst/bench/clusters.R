@@ -1,0 +1,103 @@
+## The CPU's search by clusters (src/engine/knn_clusters.c) on every shape
+## class, against the product scan it may hand over to and BiocNeighbors'
+## KMKNN, Euclidean; and the numbers behind its thresholds.
+##
+## Usage, from the repository root, with knngpu installed in R_LIBS:
+##   Rscript inst/bench/clusters.R [--n=1000,5000,20000] [--kinds=a,b]
+##                                 [--k=10] [--reps=3] [--kmknn=yes|no]
+##                                 [--out=FILE]
+##   --n      nodes per case (comma-separated)
+##   --kinds  data kinds of inst/bench/shapes-data.R (default: the classes
+##            below), at their full feature counts
+##   --reps   runs of each method per case, alternated (each round of
+##            the methods starts one further), so that other processes on
+##            the machine weigh on each alike; the table holds medians
+##   --kmknn  run BiocNeighbors::findKNN(x, k, BNPARAM = KmknnParam())
+##
+## Columns: auto (what knnSearch() chooses), scan (forced
+## knngpu.algorithm = "products"), clusters (forced "clusters") and the
+## share of pairs the clusters multiplied (from their precision line);
+## auto / KMKNN; auto / N(0,1) (the normal kind's auto time at the same n).
+## The thresholds of knn_clusters.c come from here: KNN_KM_MIN_NODES (the
+## smallest n where clusters beat the scan on structured kinds) and
+## KNN_KM_MAX_SHARE (the share above which the scan is faster: compare the
+## clusters and scan columns against the share).
+
+suppressPackageStartupMessages(library(knngpu))
+source("tools/args.R")
+source(file.path("inst", "bench", "shapes-data.R"))
+
+sizes <- as.integer(strsplit(argValue("n", "1000,5000,20000"), ",")[[1L]])
+kinds <- strsplit(argValue("kinds", paste(
+    "normal,pca,cellpcs,heavy,levels,logcounts,binary,duplicates,",
+    "replicates,clusters", sep = "")), ",")[[1L]]
+k <- as.integer(argValue("k", "10"))
+reps <- as.integer(argValue("reps", "3"))
+kmknn <- argValue("kmknn", "yes") == "yes"
+out <- argValue("out", "")
+if (kmknn) suppressPackageStartupMessages(library(BiocNeighbors))
+
+seconds <- function(f) {
+    start <- proc.time()[["elapsed"]]
+    value <- f()
+    list(seconds = proc.time()[["elapsed"]] - start, value = value)
+}
+
+withAlgorithm <- function(algorithm, x) {
+    old <- options(knngpu.algorithm = algorithm)
+    on.exit(options(old))
+    knnSearch(x, k = k, metric = "euclidean", device = "cpu",
+              progress = FALSE)
+}
+
+methods <- list(
+    auto = function(x) withAlgorithm("auto", x),
+    scan = function(x) withAlgorithm("products", x),
+    clusters = function(x) withAlgorithm("clusters", x))
+if (kmknn) {
+    methods$kmknn <- function(x) findKNN(x, k = k, BNPARAM = KmknnParam())
+}
+
+emit <- function(lines) {
+    writeLines(lines)
+    if (nzchar(out)) cat(lines, file = out, sep = "\n", append = TRUE)
+}
+emit(c(sprintf("### %s, CPU, %d cores, %s (medians of %d alternated runs)",
+               format(Sys.time(), "%Y-%m-%d %H:%M UTC", tz = "UTC"),
+               parallel::detectCores(),
+               paste(c("Rscript inst/bench/clusters.R", commandArgs(TRUE)),
+                     collapse = " "), reps), "",
+       paste("| data | n x d | auto s | scan s | clusters s |",
+             "pairs multiplied | KMKNN s | auto / KMKNN | auto / N(0,1) |"),
+       "|---|---|---:|---:|---:|---:|---:|---:|---:|"))
+
+normalAuto <- list()
+for (n in sizes) for (kind in kinds) {
+    x <- shapeData(kind, n)
+    times <- matrix(NA_real_, reps, length(methods),
+                    dimnames = list(NULL, names(methods)))
+    share <- NA_character_
+    ## Each round starts at the next method: a method run right after
+    ## another (KMKNN's BLAS threads spin on for a while) pays for it, so
+    ## no method always follows the same one.
+    for (r in seq_len(reps)) for (m in names(methods)[
+        (seq_along(methods) + r - 2L) %% length(methods) + 1L]) {
+        got <- seconds(function() methods[[m]](x))
+        times[r, m] <- got$seconds
+        if (m == "clusters") {
+            share <- sub(".*\\(([^)]*) of pairs\\).*", "\\1",
+                         attr(got$value, "precision"))
+        }
+    }
+    med <- apply(times, 2L, stats::median)
+    if (kind == "normal") normalAuto[[as.character(n)]] <- med[["auto"]]
+    base <- normalAuto[[as.character(n)]]
+    theirs <- if (kmknn) med[["kmknn"]] else NA_real_
+    emit(sprintf(paste("| %s | %d x %d | %.3g | %.3g | %.3g | %s | %.3g |",
+                       "%.2f | %s |"),
+                 kind, nrow(x), ncol(x), med[["auto"]], med[["scan"]],
+                 med[["clusters"]], share, theirs, med[["auto"]] / theirs,
+                 if (is.null(base)) "" else
+                     sprintf("%.2f", med[["auto"]] / base)))
+}
+emit("")

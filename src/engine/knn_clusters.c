@@ -1,0 +1,1064 @@
+/*
+ * knn_clusters.c: exact search by clusters on the CPU, for Euclidean and
+ * squared Euclidean distances (KMKNN's pruning, with BLAS products).
+ *
+ * The reference nodes' fast vectors (knn_prepare.h: the frame in which
+ * every product path finds candidates) are partitioned by a few rounds of
+ * k-means (about sqrt(n) clusters, seeds spread over the node order, in
+ * float64; the assignment may be any, it only costs or saves work). Each
+ * node is held as its residual from its cluster's centre, and a pair's
+ * fast score is assembled from the residuals' product (float32 BLAS) and
+ * centre terms in float64:
+ *   |f_i - f_j|^2 = |D + a_i|^2 + |b_j|^2 - 2 D.b_j - 2 a_i.b_j,
+ *   D = c_A - c_B, a_i = f_i - c_A, b_j = f_j - c_B,
+ * so the float32 error scales with the clusters' radii, not with the
+ * nodes' norms around one global centre: dense clusters, steep principal
+ * components and outliers no longer widen every row's margin. Column
+ * clusters wider than the row cluster's cap (knn_km_caps) are multiplied
+ * in float64, so no wide cluster widens the margins of the others.
+ *
+ * Pruning is exact: for a task of rows of cluster A, column clusters are
+ * visited by the lower bound |c_A - c_B| - r_B of their distance, nearest
+ * first, so the rows' candidate bounds (knn_pool.h) tighten early; the
+ * visit stops at the first cluster whose bound, less the rows' radii,
+ * exceeds every row's reach (its pool bound plus margin, as a distance).
+ * Within a visited cluster, whose entries are sorted by their distance to
+ * the centre, each row multiplies only the entries whose distance to the
+ * centre lies within its reach of its own (the triangle inequality both
+ * ways). Every bound is computed in float64 and widened by its own
+ * rounding (knn_km_up, knn_km_down), so a node skipped here is one the
+ * pool would have turned away: the pools, and the float64 re-rank of
+ * knn_exact.h that follows, give the bits of every other path.
+ *
+ * Identical reference nodes (equal input values) in one cluster are one
+ * point: a row is offered at most k of its nodes, the smallest indices,
+ * since the others tie with them and lose on the index.
+ *
+ * Under KNN_ALGO_AUTO the search measures first, on the first rows of a
+ * sample of clusters, what share of the pairs it multiplies; where the
+ * clusters prune too little (N(0,1) in many dimensions), the product scan,
+ * which uses the symmetry of a self search, is faster and takes over
+ * (knn_km_pays). Memory: the fast vectors once (float64) and the
+ * residuals (float64 and float32) of the reference and query nodes.
+ */
+#include <float.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "knn_backend.h"
+#include "knn_blas.h"
+#include "knn_clusters.h"
+#include "knn_exact.h"
+#include "knn_pool.h"
+#include "knn_prepare.h"
+#include "knn_threads.h"
+
+/* Thresholds of the automatic choice, measured by inst/bench/clusters.R
+ * (its header says which columns set which): from this many reference
+ * nodes the partition costs less than it saves on structured data; past
+ * this share of the pairs multiplied in the sample, the product scan
+ * (which computes each pair once in a self search) is faster: at 20000
+ * x 50 on a quiet machine the clusters took 0.39 of the scan's time at
+ * 7% of the pairs, 1.75 times at 46% (pca) and 2.7 times at 100%
+ * (normal); under load they were even at 46%. */
+#define KNN_KM_MIN_NODES 1000
+#define KNN_KM_MAX_SHARE 0.25
+/* Features up to which auto takes the clusters: log-counts of 500
+ * features lost to the scan at an eighth of the pairs, genes at 100
+ * features won (inst/bench/clusters.R, 5000 nodes). */
+#define KNN_KM_MAX_FEATURES 100
+/* Row clusters whose first rows are searched to measure the share. */
+#define KNN_KM_PILOT 8
+/* Rounds of k-means: later rounds move few nodes, and any partition
+ * gives the same answer. */
+#define KNN_KM_ROUNDS 4
+/* Rows per task (their residuals and pools stay in the cache), columns
+ * per product, nodes per assignment product. */
+#define KNN_KM_ROWS 128
+#define KNN_KM_COLS 512
+#define KNN_KM_ASSIGN 256
+/* Rows per product within a task: rows sorted by where their points
+ * start share most of them. */
+#define KNN_KM_GROUP 32
+/* Rows between two interrupt polls: some 10 ms of work at 50 features
+ * on structured data. */
+#define KNN_KM_POLL_ROWS 4096
+/* A row cluster multiplies in float32 the column clusters up to this
+ * many times the median radius (or its own radius, if wider); a search
+ * forced to float64 (KNN_PRECISION_FP64) multiplies every pair in
+ * float64. */
+#define KNN_KM_CAP_MEDIANS 4.0
+
+/* One side of the search: rows (every query node), or the reference's
+ * points (identical nodes in a cluster merged). Entries are grouped by
+ * cluster; a cluster's points are sorted by their distance to the
+ * centre. */
+typedef struct {
+    int n;          /* entries */
+    int *first;     /* clusters + 1: cluster A's entries [first[A],
+                       first[A + 1]) */
+    int *node;      /* entry -> node (a point: its smallest node) */
+    double *res;    /* p x n: fast vector less its cluster's centre */
+    float *res32;   /* the same rounded to float32 */
+    double *rad;    /* |res| as computed */
+    double *sq;     /* |res|^2 as computed */
+    double *norm;   /* rows: |fast vector|, for the margins */
+    int *mfirst;    /* points: their nodes members[mfirst, + count) */
+    int *count;
+    int *members;   /* points: nodes by point, each point's ascending */
+    double *radius; /* per cluster: bound of |f - c| over its entries */
+} knn_km_side;
+
+typedef struct {
+    const knn_request *req;
+    knn_space space;
+    knn_nodes ref, query_nodes;
+    const knn_nodes *query;
+    int self, n_query, p, k, threads, blas_before;
+    int clusters;
+    double *centre;   /* p x clusters */
+    double *cdist;    /* clusters x clusters: |c_A - c_B| as computed */
+    double *cap;      /* per row cluster: widest column cluster in fp32 */
+    double slack;     /* relative widening of every bound (knn_km_up) */
+    knn_km_side rows, cols;
+    double pairs;     /* products taken, all tasks */
+    double pooled;    /* candidates re-ranked */
+} knn_km;
+
+/* A column cluster and the lower bound of its distance from a task's
+ * rows. */
+typedef struct {
+    double lbc;
+    int b;
+} knn_km_near;
+
+/* The points [from, to) of a column cluster that row i (of its task)
+ * multiplies. */
+typedef struct {
+    int from, to, i;
+} knn_km_span;
+
+/* What one thread holds for its tasks. */
+typedef struct {
+    knn_pool pools[KNN_KM_ROWS];
+    knn_cand *items;
+    double *best;
+    double *margin;   /* KNN_KM_ROWS: each row's margin */
+    double *rowterm;  /* |D + a_i|^2 */
+    knn_km_span *spans; /* KNN_KM_ROWS */
+    void *gathered;   /* p x KNN_KM_ROWS residuals of the active rows */
+    double *prod;     /* KNN_KM_COLS x KNN_KM_ROWS products */
+    double *colterm;  /* a column cluster's points' centre terms */
+    double *delta;    /* p */
+    knn_km_near *near; /* clusters, nearest first */
+    double pairs, pooled;
+} knn_km_work;
+
+/* A bound x widened up or down by its rounding: relative slack (above
+ * the float64 error of any sum of p terms here) and an absolute 2^-500
+ * (square roots of sums whose terms underflow). */
+#define KNN_KM_TINY 0x1p-500
+static double knn_km_up(const knn_km *km, double x)
+{
+    return x + km->slack * fabs(x) + KNN_KM_TINY;
+}
+
+static double knn_km_down(const knn_km *km, double x)
+{
+    return x - km->slack * fabs(x) - KNN_KM_TINY;
+}
+
+int knn_clusters_suits(const knn_request *req)
+{
+    if (req->metric != KNN_EUCLIDEAN && req->metric != KNN_SQEUCLIDEAN)
+        return 0;
+    if (req->algorithm == KNN_ALGO_CLUSTERS) return 1;
+    /* A forced rung asks for the scan's arithmetic. */
+    return req->algorithm == KNN_ALGO_AUTO &&
+           req->precision == KNN_PRECISION_AUTO &&
+           req->n_ref >= KNN_KM_MIN_NODES && req->p <= KNN_KM_MAX_FEATURES;
+}
+
+static void knn_km_side_free(knn_km_side *s)
+{
+    free(s->first);
+    free(s->node);
+    free(s->res);
+    free(s->res32);
+    free(s->rad);
+    free(s->sq);
+    free(s->norm);
+    free(s->mfirst);
+    free(s->count);
+    free(s->members);
+    free(s->radius);
+    memset(s, 0, sizeof *s);
+}
+
+static void knn_km_free(knn_km *km)
+{
+    knn_km_side_free(&km->rows);
+    knn_km_side_free(&km->cols);
+    free(km->centre);
+    free(km->cdist);
+    free(km->cap);
+    knn_nodes_free(&km->ref);
+    knn_nodes_free(&km->query_nodes);
+    knn_space_free(&km->space);
+    knn_blas_release(km->blas_before);
+    km->blas_before = 0;
+}
+
+/* Nearest centre of each of n fast vectors f (p x n), by float32
+ * products (|c|^2 - 2 c.f), ties to the smaller centre. Returns nonzero
+ * when scratch memory runs out. */
+static int knn_km_assign(const knn_km *km, const double *f, int n,
+                         int *assign)
+{
+    int p = km->p, nc = km->clusters, failed = 0;
+    float *c32 = malloc((size_t)p * nc * sizeof(float));
+    float *cn = malloc((size_t)nc * sizeof(float));
+    if (!c32 || !cn) {
+        free(c32);
+        free(cn);
+        return 1;
+    }
+    for (int c = 0; c < nc; c++) {
+        double s = 0.0;
+        for (int t = 0; t < p; t++) {
+            double v = km->centre[(size_t)c * p + t];
+            c32[(size_t)c * p + t] = (float)v;
+            s += v * v;
+        }
+        cn[c] = (float)s;
+    }
+    int blocks = (n + KNN_KM_ASSIGN - 1) / KNN_KM_ASSIGN;
+    #pragma omp parallel num_threads(km->threads) reduction(| : failed)
+    {
+        float *x = malloc((size_t)p * KNN_KM_ASSIGN * sizeof(float));
+        float *g = malloc((size_t)nc * KNN_KM_ASSIGN * sizeof(float));
+        if (!x || !g) failed = 1;
+        #pragma omp for schedule(dynamic, 1)
+        for (int b = 0; b < blocks; b++) {
+            if (!x || !g) continue;
+            int j0 = b * KNN_KM_ASSIGN;
+            int m = n - j0 < KNN_KM_ASSIGN ? n - j0 : KNN_KM_ASSIGN;
+            for (size_t v = 0; v < (size_t)m * p; v++)
+                x[v] = (float)f[(size_t)j0 * p + v];
+            knn_sgemm_tn(nc, m, p, c32, x, g);
+            for (int j = 0; j < m; j++) {
+                const float *col = g + (size_t)j * nc;
+                int best = 0;
+                float lowest = cn[0] - 2.0f * col[0];
+                for (int c = 1; c < nc; c++) {
+                    float s = cn[c] - 2.0f * col[c];
+                    if (s < lowest) {
+                        lowest = s;
+                        best = c;
+                    }
+                }
+                assign[j0 + j] = best;
+            }
+        }
+        free(x);
+        free(g);
+    }
+    free(c32);
+    free(cn);
+    return failed;
+}
+
+/* Moves each centre to the mean of its nodes (an empty one stays). */
+static int knn_km_update(knn_km *km, const double *f, int n,
+                         const int *assign)
+{
+    int p = km->p, nc = km->clusters;
+    double *sum = calloc((size_t)p * nc, sizeof(double));
+    int *count = calloc((size_t)nc, sizeof(int));
+    if (!sum || !count) {
+        free(sum);
+        free(count);
+        return 1;
+    }
+    for (int j = 0; j < n; j++) {
+        double *s = sum + (size_t)assign[j] * p;
+        const double *x = f + (size_t)j * p;
+        for (int t = 0; t < p; t++) s[t] += x[t];
+        count[assign[j]]++;
+    }
+    for (int c = 0; c < nc; c++)
+        if (count[c] > 0)
+            for (int t = 0; t < p; t++)
+                km->centre[(size_t)c * p + t] =
+                    sum[(size_t)c * p + t] / count[c];
+    free(sum);
+    free(count);
+    return 0;
+}
+
+/* Drops the clusters no node was assigned to, renumbering the rest. */
+static void knn_km_drop_empty(knn_km *km, int n, int *assign)
+{
+    int p = km->p, nc = km->clusters, kept = 0;
+    int *to = calloc((size_t)nc, sizeof(int));
+    if (!to) return;
+    for (int j = 0; j < n; j++) to[assign[j]] = 1;
+    for (int c = 0; c < nc; c++) {
+        if (!to[c]) continue;
+        memmove(km->centre + (size_t)kept * p, km->centre + (size_t)c * p,
+                (size_t)p * sizeof(double));
+        to[c] = kept++;
+    }
+    for (int j = 0; j < n; j++) assign[j] = to[assign[j]];
+    km->clusters = kept;
+    free(to);
+}
+
+static int knn_km_interrupted(const knn_request *req)
+{
+    return req->cb.interrupted && req->cb.interrupted(req->cb.ctx);
+}
+
+/* k-means of the reference's fast vectors f: km->centre and `assign`.
+ * Seeds are nodes spread evenly over the node order. */
+static knn_status knn_km_partition(knn_km *km, const double *f, int n,
+                                   int *assign)
+{
+    int p = km->p, nc = (int)ceil(sqrt((double)n));
+    if (nc > n) nc = n;
+    km->clusters = nc;
+    km->centre = malloc((size_t)p * nc * sizeof(double));
+    if (!km->centre) return KNN_E_NOMEM;
+    for (int c = 0; c < nc; c++) {
+        int j = (int)(((double)c + 0.5) * n / nc);
+        memcpy(km->centre + (size_t)c * p, f + (size_t)j * p,
+               (size_t)p * sizeof(double));
+    }
+    for (int r = 0; r < KNN_KM_ROUNDS; r++) {
+        if (knn_km_assign(km, f, n, assign) ||
+            knn_km_update(km, f, n, assign))
+            return KNN_E_NOMEM;
+        if (knn_km_interrupted(km->req)) return KNN_E_INTERRUPTED;
+    }
+    if (knn_km_assign(km, f, n, assign)) return KNN_E_NOMEM;
+    knn_km_drop_empty(km, n, assign);
+    return KNN_OK;
+}
+
+/* An entry as its cluster's points are sorted: by distance to the centre,
+ * then by input values (identical nodes become neighbours), then by
+ * node. */
+typedef struct {
+    double rad;
+    const double *x;
+    int p, node, entry;
+} knn_km_sorted;
+
+static int knn_km_sorted_cmp(const void *a, const void *b)
+{
+    const knn_km_sorted *r = a, *s = b;
+    if (r->rad != s->rad) return r->rad < s->rad ? -1 : 1;
+    for (int f = 0; f < r->p; f++)
+        if (r->x[f] != s->x[f]) return r->x[f] < s->x[f] ? -1 : 1;
+    return (r->node > s->node) - (r->node < s->node);
+}
+
+static int knn_km_same_input(const knn_km_sorted *r, const knn_km_sorted *s)
+{
+    for (int f = 0; f < r->p; f++)
+        if (r->x[f] != s->x[f]) return 0;
+    return 1;
+}
+
+static knn_status knn_km_side_alloc(knn_km_side *s, int n, int p,
+                                    int clusters, int points)
+{
+    s->n = n;
+    s->first = malloc(((size_t)clusters + 1) * sizeof(int));
+    s->node = malloc((size_t)n * sizeof(int));
+    s->res = malloc((size_t)n * p * sizeof(double));
+    s->res32 = malloc((size_t)n * p * sizeof(float));
+    s->rad = malloc((size_t)n * sizeof(double));
+    s->sq = malloc((size_t)n * sizeof(double));
+    s->norm = malloc((size_t)n * sizeof(double));
+    s->radius = malloc((size_t)clusters * sizeof(double));
+    int failed = !s->first || !s->node || !s->res || !s->res32 || !s->rad ||
+                 !s->sq || !s->norm || !s->radius;
+    if (points) {
+        s->mfirst = malloc((size_t)n * sizeof(int));
+        s->count = malloc((size_t)n * sizeof(int));
+        s->members = malloc((size_t)n * sizeof(int));
+        failed |= !s->mfirst || !s->count || !s->members;
+    }
+    return failed ? KNN_E_NOMEM : KNN_OK;
+}
+
+/* Residual of fast vector x from centre c into entry e of side s. */
+static void knn_km_residual(const knn_km *km, knn_km_side *s, int e,
+                            const double *x, const double *c)
+{
+    int p = km->p;
+    double *r = s->res + (size_t)e * p, sq = 0.0;
+    float *r32 = s->res32 + (size_t)e * p;
+    for (int t = 0; t < p; t++) {
+        r[t] = x[t] - c[t];
+        r32[t] = (float)r[t];
+        sq += r[t] * r[t];
+    }
+    s->sq[e] = sq;
+    s->rad[e] = sqrt(sq);
+}
+
+/* Builds side s from n nodes with fast vectors f and clusters `assign`:
+ * every node an entry (rows, points == 0), or the nodes merged into
+ * points and sorted by distance to the centre (points). nodes->raw gives
+ * the input values that decide identity; norm2 the fast norms. */
+static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
+                                    const knn_nodes *nodes, const double *f,
+                                    int n, const int *assign, int points)
+{
+    int p = km->p, nc = km->clusters;
+    knn_status st = knn_km_side_alloc(s, n, p, nc, points);
+    knn_km_sorted *sorted = malloc((size_t)n * sizeof *sorted);
+    if (st != KNN_OK || !sorted) {
+        free(sorted);
+        return KNN_E_NOMEM;
+    }
+    /* Nodes by cluster, ascending within each. */
+    int *at = calloc((size_t)nc + 1, sizeof(int));
+    if (!at) {
+        free(sorted);
+        return KNN_E_NOMEM;
+    }
+    for (int j = 0; j < n; j++) at[assign[j] + 1]++;
+    for (int c = 0; c < nc; c++) at[c + 1] += at[c];
+    memcpy(s->first, at, ((size_t)nc + 1) * sizeof(int));
+    for (int j = 0; j < n; j++) {
+        knn_km_sorted *e = &sorted[at[assign[j]]++];
+        e->node = j;
+        e->x = nodes->raw + (size_t)j * p;
+        e->p = p;
+    }
+    free(at);
+    #pragma omp parallel for num_threads(km->threads) schedule(static)
+    for (int e = 0; e < n; e++) {
+        int j = sorted[e].node;
+        knn_km_residual(km, s, e, f + (size_t)j * p,
+                        km->centre + (size_t)assign[j] * p);
+        sorted[e].rad = s->rad[e];
+    }
+    if (!points) {
+        for (int e = 0; e < n; e++) {
+            s->node[e] = sorted[e].node;
+            s->norm[e] = sqrt(nodes->norm2[sorted[e].node]);
+        }
+    } else {
+        /* Points in the sorted order, their residuals moved along. */
+        for (int c = 0; c < nc; c++) {
+            for (int e = s->first[c]; e < s->first[c + 1]; e++)
+                sorted[e].entry = e;
+            qsort(sorted + s->first[c],
+                  (size_t)(s->first[c + 1] - s->first[c]), sizeof *sorted,
+                  knn_km_sorted_cmp);
+        }
+        double *res = malloc((size_t)n * p * sizeof(double));
+        double *sq = malloc((size_t)n * sizeof(double));
+        if (!res || !sq) {
+            free(res);
+            free(sq);
+            free(sorted);
+            return KNN_E_NOMEM;
+        }
+        int d = 0;
+        for (int c = 0; c < nc; c++) {
+            int first = d;
+            for (int e = s->first[c]; e < s->first[c + 1]; e++) {
+                s->members[e] = sorted[e].node;
+                if (e > s->first[c] &&
+                    knn_km_same_input(&sorted[e], &sorted[e - 1])) {
+                    s->count[d - 1]++;
+                    continue;
+                }
+                memcpy(res + (size_t)d * p,
+                       s->res + (size_t)sorted[e].entry * p,
+                       (size_t)p * sizeof(double));
+                sq[d] = s->sq[sorted[e].entry];
+                s->node[d] = sorted[e].node;
+                s->mfirst[d] = e;
+                s->count[d] = 1;
+                d++;
+            }
+            s->first[c] = first;
+        }
+        s->first[nc] = d;
+        s->n = d;
+        free(s->res);
+        s->res = res;
+        for (int e = 0; e < d; e++) {
+            s->sq[e] = sq[e];
+            s->rad[e] = sqrt(sq[e]);
+            for (int t = 0; t < p; t++)
+                s->res32[(size_t)e * p + t] = (float)res[(size_t)e * p + t];
+            s->norm[e] = sqrt(nodes->norm2[s->node[e]]);
+        }
+        free(sq);
+    }
+    free(sorted);
+    for (int c = 0; c < nc; c++) {
+        double r = 0.0;
+        for (int e = s->first[c]; e < s->first[c + 1]; e++)
+            r = fmax(r, knn_km_up(km, s->rad[e]));
+        s->radius[c] = r;
+    }
+    return KNN_OK;
+}
+
+/* Distances between centres, and each row cluster's float32 cap. */
+static knn_status knn_km_centres(knn_km *km)
+{
+    int p = km->p, nc = km->clusters;
+    km->cdist = malloc((size_t)nc * nc * sizeof(double));
+    km->cap = malloc((size_t)nc * sizeof(double));
+    double *radii = malloc((size_t)nc * sizeof(double));
+    if (!km->cdist || !km->cap || !radii) {
+        free(radii);
+        return KNN_E_NOMEM;
+    }
+    #pragma omp parallel for num_threads(km->threads) schedule(dynamic, 16)
+    for (int a = 0; a < nc; a++) {
+        const double *ca = km->centre + (size_t)a * p;
+        for (int b = 0; b < nc; b++) {
+            const double *cb = km->centre + (size_t)b * p;
+            double s = 0.0;
+            for (int t = 0; t < p; t++) {
+                double d = ca[t] - cb[t];
+                s += d * d;
+            }
+            km->cdist[(size_t)a * nc + b] = sqrt(s);
+        }
+    }
+    memcpy(radii, km->cols.radius, (size_t)nc * sizeof(double));
+    int middle = nc / 2;
+    for (int i = 0; i <= middle; i++) {
+        int m = i;
+        for (int j = i + 1; j < nc; j++)
+            if (radii[j] < radii[m]) m = j;
+        double t = radii[i];
+        radii[i] = radii[m];
+        radii[m] = t;
+    }
+    double median = radii[middle];
+    free(radii);
+    for (int a = 0; a < nc; a++)
+        km->cap[a] = km->req->precision == KNN_PRECISION_FP64
+            ? -1.0 : fmax(KNN_KM_CAP_MEDIANS * median,
+                          fmax(km->rows.radius[a], km->cols.radius[a]));
+    return KNN_OK;
+}
+
+/* Exact order value of query node qi and reference node rj, for the
+ * pools' compaction of ties. */
+static double knn_km_order_value(const void *ctx, int qi, int rj)
+{
+    const knn_km *km = ctx;
+    return knn_key_distance(km->space.metric,
+                            knn_nodes_key(&km->space, km->query, qi,
+                                          &km->ref, rj));
+}
+
+/* Bound on |fast score - canonical key| (and on |fast score - |f_i -
+ * f_j|^2|) of row entry e of cluster A with any point: float32 products
+ * of residuals up to the cap, and the float64 terms, whose magnitudes the
+ * nodes' norms bound (|D| + |a_i| + |b_j| <= 5 (|f_i| + norm_max)). */
+static double knn_km_margin(const knn_km *km, int a, int e)
+{
+    int p = km->p;
+    double rho = knn_km_up(km, km->rows.rad[e]);
+    double fp32 = km->cap[a] < 0.0
+        ? 0.0 : knn_margin_dist(p, KNN_U32, KNN_U32, KNN_TINY32, rho,
+                                km->cap[a]);
+    double fp64 = 64.0 * knn_margin_dist(p, 0.0, KNN_U64, KNN_TINY64,
+                                         km->rows.norm[e],
+                                         km->space.norm_max);
+    return fp32 + fp64;
+}
+
+/* How far (as a distance |f_i - f_j|) a node can be and still pass row
+ * i's pool: INFINITY until the pool has k scores. */
+static double knn_km_reach(const knn_km *km, const knn_pool *pool,
+                           double margin)
+{
+    if (!(pool->bound < INFINITY)) return INFINITY;
+    return knn_km_up(km, sqrt(knn_km_up(km, fmax(pool->bound + margin,
+                                                 0.0))));
+}
+
+/* First point of [lo, hi) (sorted by rad) whose distance to the centre
+ * may be at least x. */
+static int knn_km_first_from(const knn_km *km, int lo, int hi, double x)
+{
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (knn_km_up(km, km->cols.rad[mid]) >= x) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+/* First point of [lo, hi) whose distance to the centre exceeds x for
+ * sure. */
+static int knn_km_first_past(const knn_km *km, int lo, int hi, double x)
+{
+    while (lo < hi) {
+        int mid = lo + (hi - lo) / 2;
+        if (knn_km_down(km, km->cols.rad[mid]) > x) hi = mid;
+        else lo = mid + 1;
+    }
+    return lo;
+}
+
+/* Offers point e at fast score s to the pool of the row whose node is
+ * `itself` (-1: none): its nodes in ascending order, at most k of them. */
+static int knn_km_offer_point(const knn_km *km, knn_pool *pool, double s,
+                              int e, int itself)
+{
+    const int *nodes = km->cols.members + km->cols.mfirst[e];
+    int failed = 0, offered = 0;
+    for (int m = 0; m < km->cols.count[e] && offered < km->k; m++) {
+        if (nodes[m] == itself) continue;
+        failed |= knn_pool_offer(pool, s, nodes[m]);
+        offered++;
+    }
+    return failed;
+}
+
+static int knn_km_span_cmp(const void *x, const void *y)
+{
+    const knn_km_span *u = x, *v = y;
+    if (u->from != v->from) return u->from < v->from ? -1 : 1;
+    return (u->i > v->i) - (u->i < v->i);
+}
+
+/* Rows spans[0..n) (of the task from r0) against the points of their
+ * spans' union, whose centre terms w->colterm holds from point `first`
+ * on: one product per stretch of KNN_KM_COLS points, each score offered
+ * to its row's pool where the point is in the row's span. */
+static int knn_km_multiply(const knn_km *km, knn_km_work *w,
+                           const knn_km_span *spans, int n, int r0,
+                           int first, int fp32)
+{
+    int p = km->p, failed = 0, lo = spans[0].from, hi = 0;
+    const knn_km_side *rows = &km->rows, *cols = &km->cols;
+    for (int r = 0; r < n; r++) {
+        size_t e = (size_t)(r0 + spans[r].i);
+        if (spans[r].to > hi) hi = spans[r].to;
+        if (fp32)
+            memcpy((float *)w->gathered + (size_t)r * p,
+                   rows->res32 + e * p, (size_t)p * sizeof(float));
+        else
+            memcpy((double *)w->gathered + (size_t)r * p, rows->res + e * p,
+                   (size_t)p * sizeof(double));
+    }
+    for (int j0 = lo; j0 < hi; j0 += KNN_KM_COLS) {
+        int m = hi - j0 < KNN_KM_COLS ? hi - j0 : KNN_KM_COLS;
+        const double *colterm = w->colterm + (j0 - first);
+        if (fp32)
+            knn_sgemm_tn(m, n, p, cols->res32 + (size_t)j0 * p,
+                         w->gathered, (float *)w->prod);
+        else
+            knn_gemm_tn(m, n, p, cols->res + (size_t)j0 * p, w->gathered,
+                        w->prod);
+        w->pairs += (double)m * n;
+        for (int r = 0; r < n; r++) {
+            int i = spans[r].i;
+            knn_pool *pool = &w->pools[i];
+            int itself = km->self ? rows->node[r0 + i] : -1;
+            int ja = spans[r].from > j0 ? spans[r].from - j0 : 0;
+            int jb = spans[r].to - j0 < m ? spans[r].to - j0 : m;
+            double base = w->rowterm[i];
+            for (int j = ja; j < jb; j++) {
+                double g = fp32 ? ((const float *)w->prod)[(size_t)r * m + j]
+                                : w->prod[(size_t)r * m + j];
+                double s = base + colterm[j] - 2.0 * g;
+                if (s <= pool->bound)
+                    failed |= knn_km_offer_point(km, pool, s, j0 + j,
+                                                 itself);
+            }
+        }
+    }
+    return failed;
+}
+
+/* Rows [r0, r0 + nr) of row cluster a against column cluster b: the
+ * rows whose reach meets b, each against the points whose distance to
+ * b's centre may lie within it. Rows go in groups of KNN_KM_GROUP by
+ * where their spans start, so that each group's product covers little
+ * more than its rows' spans. */
+static int knn_km_visit(const knn_km *km, knn_km_work *w, int a, int b,
+                        int r0, int nr)
+{
+    int p = km->p, failed = 0;
+    const knn_km_side *rows = &km->rows, *cols = &km->cols;
+    const double *ca = km->centre + (size_t)a * p;
+    const double *cb = km->centre + (size_t)b * p;
+    double dd = 0.0;
+    for (int t = 0; t < p; t++) {
+        w->delta[t] = ca[t] - cb[t];
+        dd += w->delta[t] * w->delta[t];
+    }
+    double dn = sqrt(dd);
+    int b0 = cols->first[b], b1 = cols->first[b + 1], nact = 0;
+    for (int i = 0; i < nr; i++) {
+        int e = r0 + i;
+        const double *res = rows->res + (size_t)e * p;
+        double dot = 0.0;
+        for (int t = 0; t < p; t++) dot += w->delta[t] * res[t];
+        double r = dd + rows->sq[e] + 2.0 * dot;
+        w->rowterm[i] = r;
+        double reach = knn_km_reach(km, &w->pools[i], w->margin[i]);
+        int from = b0, to = b1;
+        if (reach < INFINITY) {
+            double scale = knn_km_up(km, dn + rows->rad[e]);
+            double err = km->slack * scale * scale;
+            double dlo = knn_km_down(km, sqrt(fmax(r - err, 0.0)) -
+                                             km->slack * scale);
+            double dhi = knn_km_up(km, sqrt(fmax(r, 0.0) + err) +
+                                           km->slack * scale);
+            from = knn_km_first_from(km, b0, b1,
+                                     knn_km_down(km, dlo - reach));
+            to = knn_km_first_past(km, from, b1, knn_km_up(km, dhi + reach));
+        }
+        if (from >= to) continue;
+        w->spans[nact].from = from;
+        w->spans[nact].to = to;
+        w->spans[nact].i = i;
+        nact++;
+    }
+    if (nact == 0) return 0;
+    qsort(w->spans, (size_t)nact, sizeof *w->spans, knn_km_span_cmp);
+    /* The points' centre terms |b_j|^2 - 2 D.b_j, once for every group. */
+    int first = w->spans[0].from, last = first;
+    for (int r = 0; r < nact; r++)
+        if (w->spans[r].to > last) last = w->spans[r].to;
+    for (int j = first; j < last; j++) {
+        const double *res = cols->res + (size_t)j * p;
+        double dot = 0.0;
+        for (int t = 0; t < p; t++) dot += w->delta[t] * res[t];
+        w->colterm[j - first] = cols->sq[j] - 2.0 * dot;
+    }
+    int fp32 = cols->radius[b] <= km->cap[a];
+    for (int g0 = 0; g0 < nact && !failed; g0 += KNN_KM_GROUP) {
+        int n = nact - g0 < KNN_KM_GROUP ? nact - g0 : KNN_KM_GROUP;
+        failed |= knn_km_multiply(km, w, w->spans + g0, n, r0, first, fp32);
+    }
+    return failed;
+}
+
+/* Column clusters by their lower bound, then number. */
+static int knn_km_near_cmp(const void *x, const void *y)
+{
+    const knn_km_near *u = x, *v = y;
+    if (u->lbc != v->lbc) return u->lbc < v->lbc ? -1 : 1;
+    return (u->b > v->b) - (u->b < v->b);
+}
+
+/* The rows [r0, r1) of row cluster a: every column cluster that may hold
+ * a neighbour, nearest first, then (out != NULL) the exact re-rank. */
+static int knn_km_task(const knn_km *km, knn_km_work *w, int a, int r0,
+                       int r1, knn_result *out)
+{
+    int nr = r1 - r0, nc = km->clusters, failed = 0;
+    for (int i = 0; i < nr; i++) {
+        w->margin[i] = knn_km_margin(km, a, r0 + i);
+        knn_pool_reset(&w->pools[i], km->rows.node[r0 + i], w->margin[i],
+                       knn_km_order_value, km);
+    }
+    const double *cd = km->cdist + (size_t)a * nc;
+    for (int b = 0; b < nc; b++) {
+        w->near[b].lbc = knn_km_down(km, knn_km_down(km, cd[b]) -
+                                             km->cols.radius[b]);
+        w->near[b].b = b;
+    }
+    qsort(w->near, (size_t)nc, sizeof *w->near, knn_km_near_cmp);
+    for (int t = 0; t < nc && !failed; t++) {
+        int b = w->near[t].b;
+        double reach = 0.0;
+        for (int i = 0; i < nr && reach < INFINITY; i++)
+            reach = fmax(reach,
+                         knn_km_up(km, knn_km_up(km, km->rows.rad[r0 + i]) +
+                                           knn_km_reach(km, &w->pools[i],
+                                                        w->margin[i])));
+        if (w->near[t].lbc > reach) break;
+        failed |= knn_km_visit(km, w, a, b, r0, nr);
+    }
+    if (failed || !out) return failed;
+    for (int i = 0; i < nr; i++) {
+        knn_pool *pool = &w->pools[i];
+        knn_nodes_rerank(&km->space, km->query, km->rows.node[r0 + i],
+                         &km->ref, pool, km->n_query, out);
+        w->pooled += pool->size + pool->compacted;
+    }
+    return 0;
+}
+
+static void knn_km_work_free(knn_km_work *w)
+{
+    for (int i = 0; i < KNN_KM_ROWS; i++) knn_pool_free(&w->pools[i]);
+    free(w->items);
+    free(w->best);
+    free(w->margin);
+    free(w->rowterm);
+    free(w->spans);
+    free(w->gathered);
+    free(w->prod);
+    free(w->colterm);
+    free(w->delta);
+    free(w->near);
+}
+
+static int knn_km_work_init(const knn_km *km, knn_km_work *w)
+{
+    memset(w, 0, sizeof *w);
+    int k = km->k, cap = KNN_POOL_FIRST_CAP(k);
+    w->items = malloc((size_t)KNN_KM_ROWS * cap * sizeof(knn_cand));
+    w->best = malloc((size_t)KNN_KM_ROWS * k * sizeof(double));
+    w->margin = malloc(KNN_KM_ROWS * sizeof(double));
+    w->rowterm = malloc(KNN_KM_ROWS * sizeof(double));
+    w->spans = malloc(KNN_KM_ROWS * sizeof *w->spans);
+    w->gathered = malloc((size_t)KNN_KM_ROWS * km->p * sizeof(double));
+    w->prod = malloc((size_t)KNN_KM_ROWS * KNN_KM_COLS * sizeof(double));
+    int widest = 1;
+    for (int b = 0; b < km->clusters; b++)
+        if (km->cols.first[b + 1] - km->cols.first[b] > widest)
+            widest = km->cols.first[b + 1] - km->cols.first[b];
+    w->colterm = malloc((size_t)widest * sizeof(double));
+    w->delta = malloc((size_t)km->p * sizeof(double));
+    w->near = malloc((size_t)km->clusters * sizeof *w->near);
+    if (!w->items || !w->best || !w->margin || !w->rowterm || !w->spans ||
+        !w->gathered || !w->prod || !w->colterm ||
+        !w->delta || !w->near)
+        return 1;
+    for (int i = 0; i < KNN_KM_ROWS; i++)
+        knn_pool_init(&w->pools[i], k, km->space.metric, km->space.scale_exp,
+                      w->items + (size_t)i * cap, w->best + (size_t)i * k);
+    return 0;
+}
+
+/* A task: rows [r0, r1) of row cluster a. */
+typedef struct {
+    int a, r0, r1;
+} knn_km_task_rows;
+
+/* Runs tasks[0..n) on the search's threads. */
+static knn_status knn_km_run(knn_km *km, const knn_km_task_rows *tasks,
+                             int n, knn_result *out)
+{
+    int failed = 0;
+    double pairs = 0.0, pooled = 0.0;
+    #pragma omp parallel num_threads(km->threads) reduction(| : failed) \
+        reduction(+ : pairs, pooled)
+    {
+        knn_km_work w;
+        if (knn_km_work_init(km, &w)) failed = 1;
+        #pragma omp for schedule(dynamic, 1)
+        for (int t = 0; t < n; t++) {
+            if (failed) continue;
+            failed |= knn_km_task(km, &w, tasks[t].a, tasks[t].r0,
+                                  tasks[t].r1, out);
+        }
+        pairs += w.pairs;
+        pooled += w.pooled;
+        knn_km_work_free(&w);
+    }
+    km->pairs += pairs;
+    km->pooled += pooled;
+    return failed ? KNN_E_NOMEM : KNN_OK;
+}
+
+/* Whether the clusters prune enough to beat the product scan: the share
+ * of pairs multiplied for the first task's rows of a sample of row
+ * clusters (marked in `piloted`). Those rows' answers are written to out
+ * as they would be later: the search then skips them, and the scan that
+ * takes over where clusters do not pay rewrites them. */
+static knn_status knn_km_pays(knn_km *km, knn_result *out, char *piloted,
+                              int *pays)
+{
+    int nc = km->clusters, n = 0;
+    int sample = nc < KNN_KM_PILOT ? nc : KNN_KM_PILOT;
+    knn_km_task_rows tasks[KNN_KM_PILOT];
+    double rows = 0.0;
+    for (int s = 0; s < sample; s++) {
+        int a = (int)(((double)s + 0.5) * nc / sample);
+        int r0 = km->rows.first[a], r1 = km->rows.first[a + 1];
+        if (r1 - r0 > KNN_KM_ROWS) r1 = r0 + KNN_KM_ROWS;
+        if (r1 <= r0 || piloted[a]) continue;
+        piloted[a] = 1;
+        tasks[n].a = a;
+        tasks[n].r0 = r0;
+        tasks[n].r1 = r1;
+        rows += r1 - r0;
+        n++;
+    }
+    /* One task per thread at a time, polling between: a task on data
+     * the clusters do not prune multiplies its rows by every node. */
+    knn_status st = KNN_OK;
+    for (int t = 0; st == KNN_OK && t < n; t += km->threads) {
+        st = knn_km_run(km, tasks + t, n - t < km->threads ? n - t
+                                                           : km->threads,
+                        out);
+        if (st == KNN_OK && knn_km_interrupted(km->req))
+            st = KNN_E_INTERRUPTED;
+    }
+    *pays = km->pairs <= KNN_KM_MAX_SHARE * rows * km->cols.n;
+    return st;
+}
+
+static knn_status knn_km_setup(knn_km *km, const knn_request *req)
+{
+    km->req = req;
+    km->self = req->query == NULL;
+    km->n_query = km->self ? req->n_ref : req->n_query;
+    km->p = req->p;
+    km->k = req->k;
+    km->threads = knn_threads_fitting(knn_threads(req->threads),
+                                      KNN_BLAS_BUFFER, KNN_BLAS_SHARE);
+    km->slack = fmax(0x1p-40, (8.0 * req->p + 64.0) * KNN_U64);
+    if (km->threads > 1) {
+        km->blas_before = knn_blas_hold_one_thread();
+        if (km->blas_before == 0) km->threads = 1;
+    }
+    knn_status st = knn_space_init(&km->space, req);
+    if (st == KNN_OK)
+        st = knn_nodes_prepare(&km->ref, &km->space, req->ref, req->n_ref, 1,
+                               1, km->threads, &req->cb);
+    if (st == KNN_OK && !km->self)
+        st = knn_nodes_prepare(&km->query_nodes, &km->space, req->query,
+                               req->n_query, 0, 1, km->threads, &req->cb);
+    if (st != KNN_OK) return st;
+    km->query = km->self ? &km->ref : &km->query_nodes;
+
+    int p = req->p, n = req->n_ref;
+    double *f = malloc((size_t)n * p * sizeof(double));
+    int *assign = malloc((size_t)n * sizeof(int));
+    st = f && assign ? KNN_OK : KNN_E_NOMEM;
+    if (st == KNN_OK) {
+        knn_nodes_fast(&km->space, &km->ref, 0, n, 0, f, km->threads);
+        st = knn_km_partition(km, f, n, assign);
+    }
+    if (st == KNN_OK)
+        st = knn_km_build_side(km, &km->cols, &km->ref, f, n, assign, 1);
+    if (st == KNN_OK && km->self)
+        st = knn_km_build_side(km, &km->rows, &km->ref, f, n, assign, 0);
+    if (st == KNN_OK && !km->self) {
+        int nq = req->n_query;
+        free(f);
+        free(assign);
+        f = malloc((size_t)nq * p * sizeof(double));
+        assign = malloc((size_t)nq * sizeof(int));
+        st = f && assign ? KNN_OK : KNN_E_NOMEM;
+        if (st == KNN_OK) {
+            knn_nodes_fast(&km->space, &km->query_nodes, 0, nq, 0, f,
+                           km->threads);
+            st = knn_km_assign(km, f, nq, assign) ? KNN_E_NOMEM : KNN_OK;
+        }
+        if (st == KNN_OK)
+            st = knn_km_build_side(km, &km->rows, &km->query_nodes, f, nq,
+                                   assign, 0);
+    }
+    free(f);
+    free(assign);
+    if (st == KNN_OK) st = knn_km_centres(km);
+    return st;
+}
+
+/* Every row's task, in cluster order, up to KNN_KM_ROWS rows each, but
+ * the first of a cluster that is `piloted` (knn_km_pays). */
+static knn_km_task_rows *knn_km_tasks(const knn_km *km,
+                                      const char *piloted, int *n)
+{
+    int nc = km->clusters, count = 0;
+    for (int a = 0; a < nc; a++) {
+        int rows = km->rows.first[a + 1] - km->rows.first[a];
+        count += (rows + KNN_KM_ROWS - 1) / KNN_KM_ROWS;
+    }
+    knn_km_task_rows *tasks = malloc((size_t)(count > 0 ? count : 1) *
+                                     sizeof *tasks);
+    if (!tasks) return NULL;
+    *n = 0;
+    for (int a = 0; a < nc; a++)
+        for (int r0 = km->rows.first[a]; r0 < km->rows.first[a + 1];
+             r0 += KNN_KM_ROWS) {
+            if (r0 == km->rows.first[a] && piloted[a]) continue;
+            int r1 = km->rows.first[a + 1] - r0 < KNN_KM_ROWS
+                ? km->rows.first[a + 1] : r0 + KNN_KM_ROWS;
+            tasks[*n].a = a;
+            tasks[*n].r0 = r0;
+            tasks[*n].r1 = r1;
+            (*n)++;
+        }
+    return tasks;
+}
+
+knn_status knn_clusters_search(const knn_request *req, knn_result *out,
+                               knn_report *report)
+{
+    knn_km km = {0};
+    double t0 = knn_seconds();
+    knn_status st = knn_km_setup(&km, req);
+    char *piloted = st == KNN_OK ? calloc((size_t)km.clusters, 1) : NULL;
+    if (st == KNN_OK && !piloted) st = KNN_E_NOMEM;
+    if (st == KNN_OK && req->algorithm == KNN_ALGO_AUTO) {
+        int pays = 1;
+        st = knn_km_pays(&km, out, piloted, &pays);
+        if (st == KNN_OK && !pays) {
+            free(piloted);
+            knn_km_free(&km);
+            return knn_cpu_search(req, out, report);
+        }
+    }
+    double t1 = knn_seconds();
+    int n_tasks = 0, done = 0;
+    knn_km_task_rows *tasks = st == KNN_OK
+        ? knn_km_tasks(&km, piloted, &n_tasks) : NULL;
+    if (st == KNN_OK && !tasks) st = KNN_E_NOMEM;
+    for (int a = 0; piloted && a < km.clusters; a++)
+        if (piloted[a])
+            done += km.rows.first[a + 1] - km.rows.first[a] < KNN_KM_ROWS
+                ? km.rows.first[a + 1] - km.rows.first[a] : KNN_KM_ROWS;
+    free(piloted);
+    for (int u = 0, v; st == KNN_OK && u < n_tasks; u = v) {
+        int rows = 0;
+        for (v = u; v < n_tasks && rows < KNN_KM_POLL_ROWS; v++)
+            rows += tasks[v].r1 - tasks[v].r0;
+        st = knn_km_run(&km, tasks + u, v - u, out);
+        done += rows;
+        if (st == KNN_OK && knn_km_interrupted(req)) st = KNN_E_INTERRUPTED;
+        if (st == KNN_OK && req->cb.progress)
+            req->cb.progress(req->cb.ctx, done, km.n_query);
+    }
+    free(tasks);
+    if (st == KNN_OK) {
+        snprintf(report->device, sizeof report->device,
+                 "cpu (%d threads, %d clusters)", km.threads, km.clusters);
+        snprintf(report->precision, sizeof report->precision,
+                 "%s BLAS residual candidates (%.3g%% of pairs) + fp64 "
+                 "exact re-rank",
+                 req->precision == KNN_PRECISION_FP64 ? "fp64" : "fp32",
+                 100.0 * km.pairs / ((double)km.n_query * km.cols.n));
+        report->seconds_prepare = t1 - t0;
+        report->seconds_search = knn_seconds() - t1;
+        report->candidates = km.pooled / km.n_query;
+        report->row_tile = KNN_KM_ROWS;
+        report->col_tile = km.clusters;
+    } else if (st == KNN_E_NOMEM) {
+        snprintf(report->message, sizeof report->message,
+                 "out of memory on the CPU partitioning %d nodes into "
+                 "clusters", req->n_ref);
+    } else if (st == KNN_E_INTERRUPTED && !report->message[0]) {
+        snprintf(report->message, sizeof report->message,
+                 "stopped between row clusters; all memory released");
+    }
+    knn_km_free(&km);
+    return st;
+}
