@@ -117,7 +117,8 @@ knnGraph <- function(x, k = 10, metric = NULL, by = c("rows", "columns"),
                                   use = way, min.shared = use$min.shared))
     }
     edges <- if (is.null(snn)) {
-        .symmetrize(.directedEdges(res), symmetrize, source$n)
+        .symmetrize(.directedEdges(res, way == "pairwise"), symmetrize,
+                    source$n)
     } else {
         .snnEdges(res$index, snn)
     }
@@ -132,10 +133,10 @@ knnGraph <- function(x, k = 10, metric = NULL, by = c("rows", "columns"),
 ## One row per (node, neighbour), grouped by node, ranks ascending: the
 ## engine wrote them in this order. A pairwise-complete search leaves a
 ## node's last places empty (NA) where it has fewer than k partners
-## sharing enough features; they are no edges.
-.directedEdges <- function(res) {
+## sharing enough features (pairwise): they are no edges.
+.directedEdges <- function(res, pairwise = FALSE) {
     edges <- list2DF(res[c("from", "to", "weight", "distance", "rank")])
-    if (!anyNA(edges$to)) return(edges)
+    if (!pairwise || !anyNA(edges$to)) return(edges)
     edges <- edges[!is.na(edges$to), , drop = FALSE]
     rownames(edges) <- NULL
     edges
