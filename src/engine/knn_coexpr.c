@@ -73,6 +73,19 @@ static inline int knn_shared(const double *x, const double *other, int f)
     return !isnan(x[f]) && (other == NULL || !isnan(other[f]));
 }
 
+
+/* out (p values whose squares sum to ss) divided by its norm; all 0 where
+ * ss is 0, the form undefined. Returns whether it is defined. */
+static int knn_unit_or_zero(double *out, int p, double ss)
+{
+    if (ss == 0.0) {
+        memset(out, 0, (size_t)p * sizeof(double));
+        return 0;
+    }
+    double norm = sqrt(ss);
+    for (int f = 0; f < p; f++) out[f] /= norm;
+    return 1;
+}
 /* The Pearson form of x over its used features into out: centred, unit
  * length, 0 elsewhere. Returns 0 (out all 0) where x is constant there. */
 static int knn_pearson_prep(const double *x, const double *other, int p,
@@ -88,13 +101,7 @@ static int knn_pearson_prep(const double *x, const double *other, int p,
         out[f] = d;
         ss += d * d;
     }
-    if (ss == 0.0) {
-        memset(out, 0, (size_t)p * sizeof(double));
-        return 0;
-    }
-    double norm = sqrt(ss);
-    for (int f = 0; f < p; f++) out[f] /= norm;
-    return 1;
+    return knn_unit_or_zero(out, p, ss);
 }
 
 /* WGCNA's bicor form (prepareColBicor, maxPOutliers = 1, fallback to
@@ -131,13 +138,7 @@ static int knn_bicor_prep(const double *x, const double *other, int p,
         out[f] = v;
         ss += v * v;
     }
-    if (ss == 0.0) {
-        memset(out, 0, (size_t)p * sizeof(double));
-        return 0;
-    }
-    double norm = sqrt(ss);
-    for (int f = 0; f < p; f++) out[f] /= norm;
-    return 1;
+    return knn_unit_or_zero(out, p, ss);
 }
 
 /* x scaled by the power of two that brings its largest finite |value|
