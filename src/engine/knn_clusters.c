@@ -58,15 +58,12 @@
  * (its header says which columns set which): from this many reference
  * nodes the partition costs less than it saves on structured data; past
  * this share of the pairs multiplied in the sample, the product scan
- * (which computes each pair once in a self search) is faster: at 20000
- * x 50 on a quiet machine the clusters took 0.39 of the scan's time at
- * 7% of the pairs, 1.75 times at 46% (pca) and 2.7 times at 100%
- * (normal); under load they were even at 46%. */
+ * (which computes each pair once in a self search) is faster. */
 #define KNN_KM_MIN_NODES 1000
 #define KNN_KM_MAX_SHARE 0.25
-/* Features up to which auto takes the clusters: log-counts of 500
- * features lost to the scan at an eighth of the pairs, genes at 100
- * features won (inst/bench/clusters.R, 5000 nodes). */
+/* Features up to which auto takes the clusters: at many more features
+ * the scan wins even where the clusters skip most pairs
+ * (inst/bench/clusters.R). */
 #define KNN_KM_MAX_FEATURES 100
 /* Row clusters whose first rows are searched to measure the share. */
 #define KNN_KM_PILOT 8
@@ -81,8 +78,8 @@
 /* Rows per product within a task: rows sorted by where their points
  * start share most of them. */
 #define KNN_KM_GROUP 32
-/* Rows between two interrupt polls: some 10 ms of work at 50 features
- * on structured data. */
+/* Rows between two interrupt polls: a small part of the second that
+ * Ctrl-C may wait, at 50 features on structured data. */
 #define KNN_KM_POLL_ROWS 4096
 /* A row cluster multiplies in float32 the column clusters up to this
  * many times the median radius (or its own radius, if wider); a search
