@@ -78,9 +78,13 @@
 /* Rows per product within a task: rows sorted by where their points
  * start share most of them. */
 #define KNN_KM_GROUP 32
-/* Rows between two interrupt polls: a small part of the second that
- * Ctrl-C may wait, at 50 features on structured data. */
+/* Rows between two interrupt polls: at most this many, and at most as
+ * many as multiply KNN_KM_POLL_WORK values (rows x reference nodes x
+ * features, as if no pair were pruned, which data the clusters do not
+ * prune come close to), so that Ctrl-C waits a small part of a second on
+ * any data; at least a task per thread. */
 #define KNN_KM_POLL_ROWS 4096
+#define KNN_KM_POLL_WORK 4e8
 /* A row cluster multiplies in float32 the column clusters up to this
  * many times the median radius (or its own radius, if wider); a search
  * forced to float64 (KNN_PRECISION_FP64) multiplies every pair in
@@ -1024,9 +1028,13 @@ knn_status knn_clusters_search(const knn_request *req, knn_result *out,
             done += km.rows.first[a + 1] - km.rows.first[a] < KNN_KM_ROWS
                 ? km.rows.first[a + 1] - km.rows.first[a] : KNN_KM_ROWS;
     free(piloted);
+    double poll_rows = fmin(KNN_KM_POLL_ROWS,
+                            KNN_KM_POLL_WORK / ((double)km.cols.n * req->p));
+    if (poll_rows < (double)KNN_KM_ROWS * km.threads)
+        poll_rows = (double)KNN_KM_ROWS * km.threads;
     for (int u = 0, v; st == KNN_OK && u < n_tasks; u = v) {
         int rows = 0;
-        for (v = u; v < n_tasks && rows < KNN_KM_POLL_ROWS; v++)
+        for (v = u; v < n_tasks && rows < poll_rows; v++)
             rows += tasks[v].r1 - tasks[v].r0;
         st = knn_km_run(&km, tasks + u, v - u, out);
         done += rows;

@@ -148,6 +148,15 @@ test_that("an interrupt stops the engine and frees it cleanly", {
     ## The instrumented build of tools/sanitize.sh runs several times
     ## slower, so its polls come later.
     if (!nzchar(Sys.getenv("KNNGPU_SANITIZED"))) expect_lt(got$took, 3)
+    ## The search by clusters polls by work, also on data it cannot prune.
+    clusters <- withOptions(list(knngpu.algorithm = "clusters"),
+                            searchUnderTimeLimit(0.3, x, k = 10,
+                                                 metric = "euclidean",
+                                                 device = "cpu"))
+    expect_match(clusters$err, "interrupted|time limit")
+    if (!nzchar(Sys.getenv("KNNGPU_SANITIZED"))) {
+        expect_lt(clusters$took, 3)
+    }
     again <- knnSearch(x[1:200, ], k = 3, metric = "euclidean",
                        device = "cpu")
     expect_identical(dim(again$index), c(200L, 3L))
