@@ -50,8 +50,10 @@
         stop(sprintf(paste("'k' = %d on %d nodes gives %.0f edges, more",
                            "than a data frame holds (%d rows): lower 'k',",
                            "or use knnSearch() for the n x k neighbour",
-                           "matrices (long vectors), or split the nodes",
-                           "with knnSearch(x, query = ...)"),
+                           "matrices (long vectors), knnSearch(filepath =",
+                           "\"nn.h5\") to write them to an HDF5 file, or",
+                           "split the nodes with knnSearch(x, query =",
+                           "...)"),
                      k, n, edges, .Machine$integer.max), call. = FALSE)
     }
     invisible(edges)
