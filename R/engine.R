@@ -33,7 +33,8 @@
                          progress = progress, edges = edges,
                          algorithm = algorithm, precision = precision,
                          select = .envChoice("KNNGPU_SELECT", .gpuSelects),
-                         block = .blockNodes())
+                         block = .blockNodes(),
+                         duplicates = .duplicatesChoice())
     if (!is.null(res$problem)) {
         .stopProblem(res$problem, ref, query, .engineMetric(metric))
     }
@@ -79,6 +80,18 @@
     as.integer(nodes)
 }
 
+## How exact copies among the reference nodes are searched
+## (src/engine/knn.h, knn_duplicates, in this order): "auto" searches the
+## distinct nodes once where copies are many, "once" always, "each" never
+## (the bits are the same; for tests and tuning),
+## getOption("knngpu.duplicates").
+.duplicates <- c("auto", "once", "each")
+
+.duplicatesChoice <- function() {
+    .checkChoice(getOption("knngpu.duplicates", "auto"), .duplicates,
+                 "knngpu.duplicates")
+}
+
 ## How the CPU searches (src/engine/knn.h, knn_algorithm, in this order):
 ## "auto" chooses by measured cost; "products" scans every pair through
 ## matrix products; "tree" uses a k-d tree (distance metrics only);
@@ -105,19 +118,22 @@
 ## double matrices (query NULL for a self search); the rest as the engine
 ## takes them (src/glue.c, C_knn_search), checked by the caller. The one
 ## place that knows the .Call's arguments, for the verbs and the benchmark
-## scripts. select, block and stagePeers are the engine's test and tuning
-## knobs (knn_knobs in src/engine/knn.h), apart from the search's own
-## arguments: the GPU's selection forced (.gpuSelects), nodes per block of
-## a streamed search, and (stagePeers, for measurements) several GPUs
-## staging each other's arrays as GPUs without peer access do.
+## scripts. select, block, stagePeers and duplicates are the engine's test
+## and tuning knobs (knn_knobs in src/engine/knn.h), apart from the search's
+## own arguments: the GPU's selection forced (.gpuSelects), nodes per block
+## of a streamed search, (stagePeers, for measurements) several GPUs
+## staging each other's arrays as GPUs without peer access do, and how
+## exact copies are searched (.duplicates).
 .engineSearch <- function(ref, query = NULL, k, metric, gpu = FALSE,
                           threads = 0L, memory = 0, devices = integer(),
                           progress = FALSE, edges = FALSE,
                           algorithm = "auto", precision = "auto",
-                          select = "auto", block = 0L, stagePeers = FALSE) {
+                          select = "auto", block = 0L, stagePeers = FALSE,
+                          duplicates = "auto") {
     knobs <- c(select = match(select, .gpuSelects) - 1L,
                block_nodes = as.integer(block),
-               stage_peers = as.integer(stagePeers))
+               stage_peers = as.integer(stagePeers),
+               duplicates = match(duplicates, .duplicates) - 1L)
     .Call(C_knn_search, ref, query, as.integer(k), .metricCode(metric),
           as.integer(gpu), as.integer(threads), as.double(memory),
           as.integer(devices), progress, edges,

@@ -180,7 +180,8 @@ static int knn_knob(SEXP knobs, const char *name)
  * integer vector, empty for all; edges: TRUE for a self search's directed
  * edge list; algorithm, precision: the codes of knn_algorithm and
  * knn_precision; knobs: a named integer vector of the test and tuning
- * overrides (knn_knobs: select, block_nodes, stage_peers). R/engine.R's
+ * overrides (knn_knobs: select, block_nodes, stage_peers,
+ * duplicates). R/engine.R's
  * .engineSearch() is the one caller, with every value checked. Returns
  * list(index, distance, weight, info) with n x k matrices, or
  * list(from, to, weight, distance, rank, info) with one element per edge,
@@ -209,7 +210,9 @@ static void knn_search_check(SEXP ref, SEXP query, SEXP devices,
     if (algo < KNN_ALGO_AUTO || algo > KNN_ALGO_CLUSTERS ||
         prec < KNN_PRECISION_AUTO || prec > KNN_PRECISION_TF32X3 ||
         select < KNN_SELECT_CHOOSE || select > KNN_SELECT_FORCE_FUSED_ROWS ||
-        knn_knob(knobs, "block_nodes") < 0)
+        knn_knob(knobs, "block_nodes") < 0 ||
+        knn_knob(knobs, "duplicates") < KNN_DUPLICATES_AUTO ||
+        knn_knob(knobs, "duplicates") > KNN_DUPLICATES_EACH)
         error("knngpu: 'algorithm', 'precision' or 'knobs' holds an "
               "unknown code");
     if (asLogical(edges) == TRUE && isNull(query) &&
@@ -244,6 +247,7 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
     tuning.select = (knn_select_force)knn_knob(knobs, "select");
     tuning.block_nodes = knn_knob(knobs, "block_nodes");
     tuning.stage_peers = knn_knob(knobs, "stage_peers");
+    tuning.duplicates = knn_knob(knobs, "duplicates");
     req.memory_bytes = asReal(memory);
     knn_request_devices(&req, devices);
     int nq = isNull(query) ? req.n_ref : req.n_query;

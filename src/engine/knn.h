@@ -155,7 +155,19 @@ typedef struct {
                              so that shared arrays pass through staging
                              buffers (the path of GPUs without peer
                              access, on any machine) */
+    int duplicates;       /* knn_duplicates: how exact copies among the
+                             reference nodes are searched */
 } knn_knobs;
+
+/* Exact copies among the reference nodes (knn_dedup.c): AUTO searches
+ * the distinct nodes once where an even sample finds copies many; ONCE
+ * always does; EACH never does. Order matches the R layer's names
+ * (R/engine.R). */
+typedef enum {
+    KNN_DUPLICATES_AUTO = 0,
+    KNN_DUPLICATES_ONCE,
+    KNN_DUPLICATES_EACH
+} knn_duplicates;
 
 /* Caller-owned output, each n_query x k. */
 typedef struct knn_result knn_result;

@@ -2,12 +2,14 @@
  * knn_search.c: the engine's front door. Checks a request once, so that
  * backends can trust it, then hands it to the chosen backend (in blocks,
  * knn_stream.c, where its nodes do not fit; knn_dispatch.c picks the
- * backend's search).
+ * backend's search), through knn_dedup.c where the reference holds many
+ * exact copies.
  */
 #include <math.h>
 #include <stdio.h>
 #include <string.h>
 #include "knn_backend.h"
+#include "knn_dedup.h"
 #include "knn_exact.h"
 
 static knn_status knn_invalid(knn_report *report, const char *why)
@@ -78,7 +80,12 @@ knn_status knn_search(const knn_request *req, const knn_knobs *knobs,
                  "a node is constant (or all zero, for cosine)");
         return KNN_E_DEGENERATE;
     }
-    knn_status st = knn_search_blocks(req, knobs, backend, out, report);
+    int done = 0;
+    knn_status st = KNN_OK;
+    if (knn_dedup_suits(req, knobs))
+        st = knn_dedup_search(req, knobs, backend, out, report, &done);
+    if (st == KNN_OK && !done)
+        st = knn_search_blocks(req, knobs, backend, out, report);
     if (st == KNN_OK && out->from && !out->ends_written)
         knn_edge_ends(out->from, out->rank,
                       req->query ? req->n_query : req->n_ref, req->k,
