@@ -1,0 +1,54 @@
+## cuVS as a benchmark peer, through peers/cuvs_knn.py (see its header):
+## brute force, and the approximate NN-descent graph with its recall
+## against an exact answer. The cuVS tree travels to the GPU machine as
+## ../shared/peers/cuvs/README.md says; KNNGPU_CUVS_LD_LIBRARY_PATH gives
+## the Python child the library path its env.sh sets (R's own would
+## otherwise come first). Source from the repository root, after
+## peers/faiss.R (whose faissFile() writes the data file both read).
+
+cuvsLibraryPath <- function() {
+    path <- Sys.getenv("KNNGPU_CUVS_LD_LIBRARY_PATH")
+    if (nzchar(path)) paste0("LD_LIBRARY_PATH=", path)
+    else c("-u", "LD_LIBRARY_PATH")
+}
+
+## Whether python3 can import cuVS here (a benchmark skips it, saying so,
+## where it cannot).
+cuvsAvailable <- function() {
+    status <- suppressWarnings(system2(
+        "env", c(cuvsLibraryPath(), "python3", "-c",
+                 shQuote("import cuvs.neighbors")),
+        stdout = FALSE, stderr = FALSE))
+    identical(as.integer(status), 0L)
+}
+
+## cuVS's self graph of the first n rows of `file` (d columns): mode
+## "exact" (brute force) or "nnd" (NN-descent). With `exact` (an n x k
+## 1-based index matrix) the recall of the answer against it.
+## list(index = n x k 1-based matrix, seconds = cuVS's median time from
+## the float32 host array to host indices, recall = NA without `exact`).
+cuvsSearch <- function(file, n, d, k, metric, mode = "exact",
+                       exact = NULL) {
+    result <- tempfile()
+    reference <- tempfile()
+    on.exit(unlink(c(result, reference)))
+    args <- c(file, sprintf("%d", as.integer(c(n, d, k))), metric, "0",
+              result, mode)
+    if (!is.null(exact)) {
+        writeBin(as.vector(t(exact - 1L)), reference, size = 4L)
+        args <- c(args, reference)
+    }
+    line <- system2("env", c(cuvsLibraryPath(), "python3",
+                             file.path("inst", "bench", "peers",
+                                       "cuvs_knn.py"), args),
+                    stdout = TRUE)
+    last <- line[length(line)]
+    seconds <- as.numeric(sub("^cuvs[-a-z]* total ([0-9.]+) .*$", "\\1",
+                              last))
+    recall <- grep("^recall ", line, value = TRUE)
+    index <- matrix(readBin(result, "integer", n * k), ncol = k,
+                    byrow = TRUE) + 1L
+    list(index = index, seconds = seconds,
+         recall = if (length(recall)) as.numeric(sub("^recall ", "",
+                                                     recall[1L])) else NA)
+}
