@@ -189,6 +189,8 @@ typedef struct {
     int rows, n_cols, k;
     knn_score_kind kind;
     int self_first;          /* self search: ref index of row 0, else -1 */
+    const int *row_self;     /* self search in a spatial order: each row's
+                                node (self_first unused); else NULL */
     const float *col_sqnorm; /* KNN_SCORE_DIST: |f_j|^2 of ref nodes */
     const float *row_sqnorm; /* KNN_SCORE_DIST: |f_i|^2 of the tile rows */
     const double *row_margin2;
@@ -449,6 +451,7 @@ typedef struct {
     knn_gpu_nodes nodes;   /* by value: kernels read its device pointers */
     int rows, k;
     int row_node0;         /* node index (in nodes) of tile row 0 */
+    const int *row_nodes;  /* or each row's, in a spatial order; NULL */
     const int *offsets, *seg_end, *cand_index;
     int64_t n_slots;       /* offsets[rows] */
     double *cand_key;      /* scratch, n_slots each */
@@ -478,6 +481,15 @@ knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
                              knn_gpu_nodes *nodes, char *message,
                              cudaStream_t stream);
 void knn_nodes_free(knn_gpu_nodes *nodes);
+/* Distances: a tile's local frame (knn_gpu_local.cu) into view, whose
+ * fast, sqnorm, norm, norm_max and margin2 hold n_ref + n_rows nodes:
+ * centre, the mean of the scaled nodes rows[0 .. n_rows) (device
+ * array); the ref nodes' float32 vectors less it, then the rows'; the
+ * rows' margins in `gemm`. On the stream. */
+knn_status knn_local_vectors(const knn_gpu_nodes *nodes, const int *rows,
+                             int n_rows, knn_gpu_nodes *view,
+                             double *centre, knn_gemm_mode gemm,
+                             char *message, cudaStream_t stream);
 /* Product metrics: recomputes the margins for another arithmetic (the
  * search changed it), on the stream after the work already queued
  * there. */

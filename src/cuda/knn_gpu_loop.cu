@@ -45,15 +45,16 @@ static int knn_panel_rows_fp64(const knn_gpu_tiles *t, size_t ld)
 }
 
 /* The selection arguments of a tile of `rows` rows from global query row
- * row0 (node node0) with the given slot offsets; the panel path's panel
- * (the fused path has none). */
-knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
-                                            int node0, int rows,
-                                            const int *offsets,
-                                            knn_gemm_mode gemm)
+ * row0 (node node0 of nd: the device's nodes, or a local frame's view)
+ * with the given slot offsets; the panel path's panel (the fused path has
+ * none). */
+static knn_select_args knn_select_args_on(const knn_gpu_dev *d,
+                                          const knn_gpu_nodes *nd, int row0,
+                                          int node0, int rows,
+                                          const int *offsets,
+                                          knn_gemm_mode gemm)
 {
     const knn_request *req = d->req;
-    const knn_gpu_nodes *nd = &d->nodes;
     const knn_gpu_tiles *t = &d->t;
     int p = req->p;
     knn_gemm_units u = knn_gemm_units_of(gemm, p);
@@ -69,6 +70,7 @@ knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
     sa.k = req->k;
     sa.kind = d->score_kind;
     sa.self_first = d->self ? row0 : -1;
+    sa.row_self = NULL;
     sa.col_sqnorm = nd->sqnorm;
     sa.row_sqnorm = nd->sqnorm ? nd->sqnorm + node0 : NULL;
     sa.row_margin2 = nd->margin2 + node0;
@@ -93,6 +95,14 @@ knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
     return sa;
 }
 
+knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
+                                     int node0, int rows,
+                                     const int *offsets, knn_gemm_mode gemm)
+{
+    return knn_select_args_on(d, &d->nodes, row0, node0, rows, offsets,
+                              gemm);
+}
+
 /* The selection arguments of rows [r0, r0 + rows) of a tile's. */
 static knn_select_args knn_select_rows(const knn_select_args *sa, int r0,
                                        int rows)
@@ -100,6 +110,7 @@ static knn_select_args knn_select_rows(const knn_select_args *sa, int r0,
     knn_select_args part = *sa;
     part.rows = rows;
     if (sa->self_first >= 0) part.self_first = sa->self_first + r0;
+    if (sa->row_self) part.row_self = sa->row_self + r0;
     if (sa->row_sqnorm) part.row_sqnorm = sa->row_sqnorm + r0;
     if (sa->row_sqnorm64) part.row_sqnorm64 = sa->row_sqnorm64 + r0;
     if (sa->row_norm) part.row_norm = sa->row_norm + r0;
@@ -143,13 +154,14 @@ knn_fused_scratch knn_fused_scratch_of(const knn_gpu_tiles *t,
 }
 
 /* A tile's candidates: a shared walk's lists, the fused kernel, or
- * products into the panel and a selection kernel. */
+ * products into the panel (of nd's nodes: the device's, or a local
+ * frame's view) and a selection kernel. */
 static knn_status knn_tile_candidates(knn_gpu_dev *d,
+                                      const knn_gpu_nodes *nd,
                                       const knn_select_args *sa, int node0,
                                       const int *surv_offsets)
 {
     const knn_request *req = d->req;
-    const knn_gpu_nodes *nd = &d->nodes;
     knn_gpu_tiles *t = &d->t;
     if (d->course.path == KNN_PATH_GATHER)
         return knn_pairs_gather(&d->pairs, sa, node0, d->message, d->stream);
@@ -184,6 +196,7 @@ static knn_status knn_tile_rerank(knn_gpu_dev *d, const knn_gpu_slot *sl,
     ra.rows = rows;
     ra.k = d->req->k;
     ra.row_node0 = node0;
+    ra.row_nodes = sl->d_nodes;
     ra.offsets = offsets;
     ra.seg_end = t->seg_end;
     ra.cand_index = t->cand_index;
@@ -270,6 +283,9 @@ void knn_slot_begin(const knn_gpu_dev *d, knn_gpu_slot *sl, int row0,
     sl->rows = rows;
     sl->course = d->course;
     sl->refined = knn_tile_refined(d, rows, d->course.gemm);
+    int ordered = d->course.local && row0 >= d->local.base;
+    sl->place = ordered ? d->local.place + (row0 - d->local.base) : NULL;
+    sl->d_nodes = ordered ? d->local.nodes + (row0 - d->local.base) : NULL;
 }
 
 /* Queues tile work for global query rows [row0, row0 + rows) with the given
@@ -281,9 +297,18 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
     int node0 = d->self ? row0 : d->req->n_ref + (row0 - d->q0);
     knn_slot_begin(d, sl, row0, rows);
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
-    knn_select_args sa = knn_tile_select_args(d, row0, node0, rows,
-                                              ts->offsets, sl->course.gemm);
-    KNN_TRY(knn_tile_candidates(d, &sa, node0, ts->surv_offsets));
+    /* A tile of the spatial order takes its own frame: its rows follow
+     * the ref nodes in the frame's view. */
+    const knn_gpu_nodes *nd = &d->nodes;
+    int rows_node0 = node0;
+    if (sl->d_nodes) {
+        KNN_TRY(knn_local_frame(d, sl->d_nodes, rows, &nd));
+        rows_node0 = d->req->n_ref;
+    }
+    knn_select_args sa = knn_select_args_on(d, nd, row0, rows_node0, rows,
+                                            ts->offsets, sl->course.gemm);
+    if (sl->d_nodes && d->self) sa.row_self = sl->d_nodes;
+    KNN_TRY(knn_tile_candidates(d, nd, &sa, rows_node0, ts->surv_offsets));
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->selected, d->stream));
     KNN_TRY(knn_tile_rerank(d, sl, node0, ts->offsets, ts->n_slots));
     return knn_tile_transfer(d, sl);
@@ -368,12 +393,41 @@ static void knn_copy_part(const knn_copy_job *job, size_t a, size_t b)
     }
 }
 
+/* Copies a slot of the spatial order into the caller's arrays: row r to
+ * its place. */
+static void knn_copy_placed(const knn_gpu_dev *d, const knn_gpu_slot *sl)
+{
+    const knn_result *out = d->out;
+    const knn_request *req = d->req;
+    size_t n_q = (size_t)(req->query ? req->n_query : req->n_ref);
+    int rows = sl->rows, k = req->k;
+    int parts = (size_t)rows * k < KNN_COPY_PARALLEL_MIN ? 1
+                                                         : d->copy_threads;
+    (void)parts; /* read only by the pragma, absent without OpenMP */
+    #pragma omp parallel for num_threads(parts) if (parts > 1) \
+        schedule(static)
+    for (int r = 0; r < rows; r++) {
+        for (int c = 0; c < k; c++) {
+            size_t from = out->by_row ? (size_t)r * k + c
+                                      : (size_t)r + (size_t)c * rows;
+            size_t to = knn_result_at(out, n_q, k, (size_t)sl->place[r], c);
+            out->index[to] = sl->index[from];
+            out->distance[to] = sl->distance[from];
+            out->weight[to] = sl->weight[from];
+        }
+    }
+}
+
 /* Copies a slot into the caller's arrays. A large tile is split over
  * several OpenMP threads: the copy lands in memory R has just allocated,
  * and one thread is held up by the first-touch page faults; the device
  * meanwhile runs the next tile. */
 static void knn_copy_out(const knn_gpu_dev *d, const knn_gpu_slot *sl)
 {
+    if (sl->place) {
+        knn_copy_placed(d, sl);
+        return;
+    }
     const knn_request *req = d->req;
     size_t n_q = (size_t)(req->query ? req->n_query : req->n_ref);
     size_t rows = (size_t)sl->rows, k = (size_t)req->k;
@@ -647,6 +701,10 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
     for (;;) {
         knn_rung_step step = knn_dev_next_step(
             d, sl, found, knn_slot_fused(sl) ? 0 : overflow);
+        if (step == KNN_RUNG_LOCAL || step == KNN_RUNG_UNLOCAL) {
+            *rewind = (int)step;
+            return KNN_OK;
+        }
         if (step == KNN_RUNG_REFINE) knn_course_refine(d);
         if (knn_slot_fused(sl) && step != KNN_RUNG_STAY) {
             *rewind = (int)step;
@@ -662,6 +720,7 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
     /* Only a tile kept says how the result was made: a fused probe that
      * the search rewound to the panel path left no candidate behind. */
     d->half_products |= knn_slot_fused(sl) || knn_slot_gathered(sl);
+    d->local_frames |= sl->d_nodes != NULL;
     if (overflow) {
         KNN_TRY(knn_tile_again(d, s, KNN_AGAIN_SLOTS));
         knn_slot_overflow(t, sl, &found); /* the counts of the run again */
@@ -681,9 +740,10 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
     knn_copy_out(d, sl);
     d->seconds_collect += knn_seconds() - t0;
     /* A shared walk counted half of each row as its tile ran. */
-    knn_meet_progress(d->shared, knn_slot_gathered(sl)
-                                     ? knn_gather_share(sl->row0, sl->rows)
-                                     : sl->rows);
+    long long done = knn_slot_gathered(sl)
+                         ? knn_gather_share(sl->row0, sl->rows) : sl->rows;
+    d->rows_reported += done;
+    knn_meet_progress(d->shared, done);
     return KNN_OK;
 }
 
@@ -733,7 +793,14 @@ knn_status knn_dev_tiles(knn_gpu_dev *d, int probe)
         }
         if (rewind) {
             next = t->slot[pending].row0;
-            KNN_TRY(knn_dev_leave_fused(d, rewind));
+            if (rewind == KNN_RUNG_LOCAL) {
+                KNN_TRY(knn_dev_go_local(d, next));
+            } else if (rewind == KNN_RUNG_UNLOCAL) {
+                KNN_TRY(knn_dev_leave_local(d));
+                next = d->q0;
+            } else {
+                KNN_TRY(knn_dev_leave_fused(d, rewind));
+            }
             pending = -1;
             s = 0;
             continue;

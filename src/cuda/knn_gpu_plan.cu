@@ -289,7 +289,7 @@ static knn_status knn_dev_choose_path(knn_gpu_dev *d)
     knn_gemm_mode gemm = d->course.gemm;
     knn_course_path(d, KNN_PATH_PANEL);
     d->wave_rows = 0;
-    if (d->course.refine ||
+    if (d->course.refine || d->course.local ||
         !knn_fused_choose(d->knobs->select, req->metric, gemm, req->k,
                           req->p, d->nq, sms, 1))
         return KNN_OK;

@@ -153,7 +153,25 @@ int knn_dev_could_pair(const knn_gpu_dev *d, int rows)
  * the radix kernel does (knn_tile_refined). */
 int knn_refine_possible(const knn_gpu_dev *d, knn_gemm_mode gemm)
 {
-    return gemm == KNN_GEMM_TF32 && d->nodes.margin2_fp32 != NULL;
+    return gemm == KNN_GEMM_TF32 && d->nodes.margin2_fp32 != NULL &&
+           !d->course.local;
+}
+
+/* Local frames (knn_gpu_local.cu) where a TF32 tile of a distance metric
+ * is crowded, before refining or climbing: nodes that lie close together
+ * relative to their distance from the data's centre (clusters, cell
+ * types, genes at similar levels) crowd TF32 through its margin, which
+ * grows with the nodes' norms in the frame; a tile's own frame shrinks
+ * those norms to the tile's spread. Only once: crowded local tiles send
+ * the search back to the plain course. */
+int knn_local_possible(const knn_gpu_dev *d)
+{
+    const knn_request *req = d->req;
+    return knn_uses_product(req->metric) &&
+           !knn_is_correlation(req->metric) && d->course.may_climb &&
+           d->course.gemm == KNN_GEMM_TF32 && !d->course.local &&
+           !d->course.local_refused &&
+           d->knobs->select == KNN_SELECT_CHOOSE;
 }
 
 /* The selection kernel of a panel tile of `rows` rows. Once TF32 has
@@ -222,19 +240,29 @@ knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
 {
     if (!d->course.may_climb || knn_slot_gathered(sl) ||
         sl->course.gemm != d->course.gemm ||
-        sl->course.refine != d->course.refine)
+        sl->course.refine != d->course.refine ||
+        sl->course.local != d->course.local)
         return KNN_RUNG_STAY;
     const knn_request *req = d->req;
     int crowded = overflow || knn_rung_too_wide(found, sl->rows, req->k);
+    /* A local tile's single rows past their slots are ties, which no
+     * frame resolves: their exact counts redo the tile. */
+    if (sl->course.local)
+        return knn_rung_too_wide(found, sl->rows, req->k) ? KNN_RUNG_UNLOCAL
+                                                          : KNN_RUNG_STAY;
     if (sl->course.gemm != KNN_GEMM_TF32)
         return crowded ? KNN_RUNG_CLIMB : KNN_RUNG_STAY;
     double wide = knn_slot_wide(sl, found);
     int costly = knn_refine_too_costly(wide, sl->rows, req->n_ref);
+    knn_rung_step step;
     if (!crowded)
-        return sl->refined && costly &&
+        step = sl->refined && costly &&
                        knn_rung_too_wide(wide, sl->rows, req->k)
                    ? KNN_RUNG_CLIMB : KNN_RUNG_STAY;
-    return !costly && !sl->refined && !d->course.refine &&
-                   d->knobs->select == KNN_SELECT_CHOOSE
-               ? KNN_RUNG_REFINE : KNN_RUNG_CLIMB;
+    else
+        step = !costly && !sl->refined && !d->course.refine &&
+                       d->knobs->select == KNN_SELECT_CHOOSE
+                   ? KNN_RUNG_REFINE : KNN_RUNG_CLIMB;
+    return step != KNN_RUNG_STAY && knn_local_possible(d) ? KNN_RUNG_LOCAL
+                                                          : step;
 }

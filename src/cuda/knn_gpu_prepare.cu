@@ -115,18 +115,21 @@ __global__ static void knn_mean_final_kernel(double *parts, int p, int n_ref)
 
 /* One warp per node, its lanes striding over the features (coalesced
  * reads): f = scaled node - means, |f|^2, |node - means| and their largest
- * over the ref nodes (norm_max of the distance margin). */
+ * over the ref nodes (norm_max of the distance margin). Node g is x's
+ * pick[g] where pick is given (a tile's rows in local frames), else its
+ * g. */
 __global__ static void knn_dist_fast_kernel(const double *x, int p, int n,
                                             int n_ref, knn_frame fr,
                                             const double *mean,
                                             float *fast, int ldf,
                                             float *sqnorm, double *norm,
-                                            double *norm_max)
+                                            double *norm_max,
+                                            const int *pick)
 {
     int g = (int)(((size_t)blockIdx.x * blockDim.x + threadIdx.x) >> 5);
     int lane = threadIdx.x & 31;
     if (g >= n) return; /* g is the same for the whole warp */
-    const double *xg = x + (size_t)g * p;
+    const double *xg = x + (size_t)(pick ? pick[g] : g) * p;
     float *fg = fast + (size_t)g * ldf;
     double ss = 0.0, sf = 0.0;
     for (int f = lane; f < p; f += 32) {
@@ -410,8 +413,54 @@ static knn_status knn_prepare_dist(knn_metric m, double *x, knn_gpu_nodes *nd,
     knn_dist_fast_kernel<<<knn_blocks((size_t)nd->n_nodes * 32),
                            KNN_PREP_THREADS, 0, stream>>>(
         x, nd->p, nd->n_nodes, nd->n_ref, fr, sc->mean_parts, nd->fast,
-        nd->ldf, nd->sqnorm, nd->norm, nd->norm_max);
+        nd->ldf, nd->sqnorm, nd->norm, nd->norm_max, NULL);
     KNN_LAUNCH_TRY(message, "knn_dist_fast_kernel");
+    return KNN_OK;
+}
+
+/* A tile's frame: one thread per feature, the mean of the scaled values
+ * of the nodes rows[0 .. n_rows), summed in row order (the same bits on
+ * every run). */
+__global__ static void knn_centre_kernel(const double *x, int p,
+                                         const int *rows, int n_rows,
+                                         knn_frame fr, double *centre)
+{
+    int f = blockIdx.x * blockDim.x + threadIdx.x;
+    if (f >= p) return;
+    double s = 0.0;
+    for (int r = 0; r < n_rows; r++)
+        s += knn_in_frame(fr, x[(size_t)rows[r] * p + f]);
+    centre[f] = s / n_rows;
+}
+
+knn_status knn_local_vectors(const knn_gpu_nodes *nodes, const int *rows,
+                             int n_rows, knn_gpu_nodes *view,
+                             double *centre, knn_gemm_mode gemm,
+                             char *message, cudaStream_t stream)
+{
+    int p = nodes->p, n_ref = nodes->n_ref;
+    knn_frame fr = {nodes->scale_exp, knn_ldexp_factor(-nodes->scale_exp)};
+    knn_centre_kernel<<<knn_blocks(p), KNN_PREP_THREADS, 0, stream>>>(
+        nodes->exact, p, rows, n_rows, fr, centre);
+    KNN_LAUNCH_TRY(message, "knn_centre_kernel");
+    KNN_CUDA_TRY(message, cudaMemsetAsync(view->norm_max, 0, sizeof(double),
+                                          stream));
+    knn_dist_fast_kernel<<<knn_blocks((size_t)n_ref * 32), KNN_PREP_THREADS,
+                           0, stream>>>(
+        nodes->exact, p, n_ref, n_ref, fr, centre, view->fast, view->ldf,
+        view->sqnorm, view->norm, view->norm_max, NULL);
+    KNN_LAUNCH_TRY(message, "knn_dist_fast_kernel");
+    size_t at = (size_t)n_ref;
+    knn_dist_fast_kernel<<<knn_blocks((size_t)n_rows * 32),
+                           KNN_PREP_THREADS, 0, stream>>>(
+        nodes->exact, p, n_rows, 0, fr, centre, view->fast + at * view->ldf,
+        view->ldf, view->sqnorm + at, view->norm + at, view->norm_max, rows);
+    KNN_LAUNCH_TRY(message, "knn_dist_fast_kernel");
+    knn_margin_dist_kernel<<<knn_blocks(n_rows), KNN_PREP_THREADS, 0,
+                             stream>>>(view->margin2 + at, n_rows, p,
+                                       knn_gemm_units_of(gemm, p),
+                                       view->norm + at, view->norm_max);
+    KNN_LAUNCH_TRY(message, "knn_margin_dist_kernel");
     return KNN_OK;
 }
 

@@ -60,7 +60,7 @@ knn_key_kernel(knn_rerank_args a)
     int r = blockIdx.x * KNN_KEY_WARPS + warp;
     if (r >= a.rows) return; /* the whole warp: only warp syncs below */
     double (*tile)[KNN_KEY_CHUNK + 1] = stage[warp];
-    int p = nd->p, i = a.row_node0 + r;
+    int p = nd->p, i = a.row_nodes ? a.row_nodes[r] : a.row_node0 + r;
     const double *xi = nd->exact + (size_t)i * p;
     int corr = knn_is_correlation(a.metric);
     int end = a.seg_end[r];

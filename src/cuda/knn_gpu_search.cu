@@ -212,6 +212,7 @@ static void knn_dev_free(knn_gpu_dev *d)
     if (d->copy_stream) cudaStreamSynchronize(d->copy_stream);
     knn_upload_release(d);
     knn_tiles_free(&d->t);
+    knn_local_free(&d->local);
     knn_team_release(d);
     knn_pairs_free(&d->pairs);
     knn_nodes_free(&d->nodes);
@@ -299,6 +300,12 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
     rep->col_tile = devs.empty() ? 0 : devs[0].req->n_ref;
     knn_gemm_precision(m, gemm, before, refined, half_products,
                        rep->precision, sizeof rep->precision);
+    int local = 0;
+    for (const knn_gpu_dev &d : devs) local |= d.local_frames;
+    size_t used = strlen(rep->precision);
+    if (local)
+        snprintf(rep->precision + used, sizeof rep->precision - used,
+                 " (tf32 tiles in local frames)");
 }
 
 /* Whether a search runs on the calling thread: one device, and work that

@@ -133,6 +133,10 @@ typedef struct {
                                and the radix kernel, which refines them */
     int walk_refused;       /* a shared walk overflowed or did not fit:
                                not again */
+    int local;              /* TF32 tiles in local frames, in the rows'
+                               spatial order (knn_gpu_local.cu) */
+    int local_refused;      /* local frames were crowded too, or did not
+                               fit: not again */
 } knn_course;
 
 /* One of the two pinned result slots: the host copies one out while the
@@ -145,6 +149,11 @@ typedef struct {
     int *index, *count;
     int *wide;              /* TF32 candidates before the refinement */
     int *survivors;         /* fused: the slots each row needed */
+    /* A tile in the spatial order (knn_gpu_local.cu): its rows' places
+     * in the caller's result (host) and their nodes (device); NULL for
+     * rows [row0, row0 + rows) in order. */
+    const int *place;
+    const int *d_nodes;
     double *distance, *weight;
     /* The re-rank's results on the device, rows x k: each slot has its
      * own, so that their transfer (on the copy stream) overlaps the next
@@ -202,6 +211,25 @@ typedef struct {
     knn_gpu_slot slot[2];
 } knn_gpu_tiles;
 
+/* Local frames (knn_gpu_local.cu): from row `base` of the device's
+ * query rows on, its tiles take the rows in a spatial order (place: the
+ * caller's row of each position, on the host; nodes: its node, on the
+ * device), each tile in its own frame: the nodes less the tile rows'
+ * mean, in float32 (the reference's, then the tile's rows after them),
+ * so that the candidate margins scale with the tile's spread instead of
+ * the data's. */
+typedef struct {
+    int base;
+    int *place;             /* rows from base, host */
+    int *nodes;             /* the same as nodes, device */
+    int rows;               /* tile rows the arrays hold */
+    knn_gpu_nodes view;     /* the nodes with fast, sqnorm, norm, norm_max
+                               and margin2 those of the frame: ref nodes,
+                               then the tile's rows from n_ref */
+    double *centre;         /* the frame's translation (p) */
+    void *block;            /* the device arrays' allocation */
+} knn_gpu_local;
+
 typedef struct {
     const knn_request *req;
     const knn_knobs *knobs; /* never NULL */
@@ -237,6 +265,7 @@ typedef struct {
     cudaStream_t copy_stream; /* ctx's: results to the host */
     cublasHandle_t blas;
     knn_gpu_nodes nodes;
+    knn_gpu_local local;    /* local frames' arrays (knn_gpu_local.cu) */
     knn_gpu_tiles t;
     int row_tile;           /* the plan's R, kept after t is freed */
     int copy_threads;       /* host threads for the upload and for
@@ -246,13 +275,19 @@ typedef struct {
     double seconds_setup, seconds_prepare, seconds_search, seconds_rerank;
     double seconds_collect;
     double candidates;      /* candidates re-ranked, summed */
+    long long rows_reported; /* query rows its tiles reported done */
+    int local_frames;       /* a tile whose results were kept took a
+                               local frame */
 } knn_gpu_dev;
 
 /* What a device's search does after a tile (knn_dev_next_step). */
 typedef enum {
     KNN_RUNG_STAY = 0,
     KNN_RUNG_REFINE, /* refine TF32 candidates from now on */
-    KNN_RUNG_CLIMB   /* the next arithmetic from now on (knn_dev_climb) */
+    KNN_RUNG_CLIMB,  /* the next arithmetic from now on (knn_dev_climb) */
+    KNN_RUNG_LOCAL,  /* local frames for the rows not yet done */
+    KNN_RUNG_UNLOCAL /* local frames were crowded: the device's rows
+                        again from the first, in the plain course */
 } knn_rung_step;
 
 /* knn_gpu_team.cu: arrives at a meeting of the devices (`met`) and waits
@@ -338,6 +373,21 @@ void knn_slot_begin(const knn_gpu_dev *d, knn_gpu_slot *sl, int row0,
                     int rows);
 double knn_slot_found(const knn_gpu_slot *sl);
 int knn_slot_surv_overflow(const knn_gpu_tiles *t, const knn_gpu_slot *sl);
+
+/* knn_gpu_local.cu: local frames. Going local from row `row` (the tiles
+ * in flight dropped; where the arrays do not fit, the search climbs
+ * instead); leaving them for the plain course from the device's first
+ * row; the frame of a tile of the spatial order, on the stream (the
+ * nodes of its rows at d_nodes): the nodes view whose rows start at
+ * n_ref; freeing the arrays. */
+knn_status knn_dev_go_local(knn_gpu_dev *d, int row);
+knn_status knn_dev_leave_local(knn_gpu_dev *d);
+knn_status knn_local_frame(knn_gpu_dev *d, const int *d_nodes, int rows,
+                           const knn_gpu_nodes **view);
+void knn_local_free(knn_gpu_local *lf);
+/* Whether the device's search may take local frames: a distance metric of
+ * products, its arithmetic left to the engine, TF32 now. */
+int knn_local_possible(const knn_gpu_dev *d);
 
 /* knn_gpu_walk.cu: the shared walk. Several devices agree on one (each
  * says whether its plan took one; they walk together only where all did,

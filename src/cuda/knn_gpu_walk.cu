@@ -323,6 +323,7 @@ knn_status knn_team_exchange(knn_gpu_dev *d, int *left)
  * overflowed, on the plain walk. */
 knn_status knn_dev_leave_pairs(knn_gpu_dev *d, int left)
 {
+    if (left == KNN_RUNG_LOCAL) return knn_dev_go_local(d, d->q0);
     if (left < 0) knn_course_refuse_walk(d);
     else if (left == KNN_RUNG_REFINE) knn_course_refine(d);
     return knn_dev_leave_fused(d, left < 0 ? KNN_RUNG_STAY : left);

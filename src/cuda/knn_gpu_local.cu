@@ -1,0 +1,205 @@
+/*
+ * knn_gpu_local.cu: local frames (host code; the frame's kernels are in
+ * knn_gpu_prepare.cu, knn_local_vectors).
+ *
+ * A TF32 candidate's margin grows with the two nodes' norms in the frame
+ * of the fast vectors, the nodes less one translation for the whole
+ * search. Where neighbours lie close together far from that translation
+ * (clusters, cell types, genes at similar levels), the margin lets
+ * thousands of candidates through and the search would climb to a slower
+ * arithmetic. Local frames instead: the device's remaining rows are put
+ * in a spatial order (a k-d split on the coordinate of largest spread,
+ * on the host, so consecutive rows lie close together), and each tile of
+ * that order takes its own translation, the mean of its rows, for its
+ * rows and every ref node alike: the rows' norms shrink to the tile's
+ * spread, and the margins with them (knn_dist_row_bound bounds each row
+ * from its own norm). Distances do not change with the translation and
+ * every bound holds for any, so the candidates are proven as ever; the
+ * float64 re-rank is the same, and so are the bits. Each tile's results
+ * go to their rows' places in the caller's arrays.
+ *
+ * Where local tiles are crowded too, local frames do not serve the data:
+ * the device's rows are searched again from the first in the plain
+ * course, which then refines or climbs as before.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <algorithm>
+#include <utility>
+#include <vector>
+#include "knn_gpu_tiles.cuh"
+
+/* Rows a k-d leaf keeps together; subtrees above this many rows split in
+ * parallel. */
+#define KNN_LOCAL_LEAF 64
+#define KNN_LOCAL_TASK_ROWS 65536
+/* Rows sampled to choose a split's coordinate. */
+#define KNN_LOCAL_SAMPLE 256
+
+/* The coordinate of largest variance over an even sample of rows[0..n). */
+static int knn_spread_axis(const double *x, int p, const int *rows, int n)
+{
+    int s = n < KNN_LOCAL_SAMPLE ? n : KNN_LOCAL_SAMPLE, axis = 0;
+    double best = -1.0;
+    for (int f = 0; f < p; f++) {
+        double mean = 0.0, m2 = 0.0;
+        for (int i = 0; i < s; i++) {
+            double v = x[(size_t)rows[(long long)i * n / s] * p + f];
+            double delta = v - mean;
+            mean += delta / (i + 1);
+            m2 += delta * (v - mean);
+        }
+        if (m2 > best) {
+            best = m2;
+            axis = f;
+        }
+    }
+    return axis;
+}
+
+/* Orders rows[0..n) (nodes of x) so that every subtree of the k-d split
+ * is a stretch: halves at the median of the axis of largest spread. */
+static void knn_kd_order(const double *x, int p, int *rows, int n)
+{
+    if (n <= KNN_LOCAL_LEAF) return;
+    int axis = knn_spread_axis(x, p, rows, n);
+    std::vector<std::pair<double, int>> keyed((size_t)n);
+    for (int i = 0; i < n; i++)
+        keyed[i] = std::make_pair(x[(size_t)rows[i] * p + axis], rows[i]);
+    std::nth_element(keyed.begin(), keyed.begin() + n / 2, keyed.end());
+    for (int i = 0; i < n; i++) rows[i] = keyed[i].second;
+    keyed.clear();
+    keyed.shrink_to_fit();
+    int half = n / 2;
+    #pragma omp task if (n > KNN_LOCAL_TASK_ROWS)
+    knn_kd_order(x, p, rows, half);
+    #pragma omp task if (n > KNN_LOCAL_TASK_ROWS)
+    knn_kd_order(x, p, rows + half, n - half);
+    #pragma omp taskwait
+}
+
+void knn_local_free(knn_gpu_local *lf)
+{
+    cudaFree(lf->block);
+    free(lf->place);
+    memset(lf, 0, sizeof *lf);
+}
+
+/* The spatial order of the device's query rows [row, q0 + nq) into
+ * lf->place (caller's rows) and the host copy of their nodes. */
+static void knn_local_order(knn_gpu_dev *d, int row, int *nodes)
+{
+    const knn_request *req = d->req;
+    knn_gpu_local *lf = &d->local;
+    int n = d->q0 + d->nq - row;
+    const double *x = d->self ? req->ref : req->query;
+    for (int i = 0; i < n; i++) lf->place[i] = row + i;
+    #pragma omp parallel num_threads(d->copy_threads)
+    #pragma omp single
+    knn_kd_order(x, req->p, lf->place, n);
+    for (int i = 0; i < n; i++)
+        nodes[i] = d->self ? lf->place[i]
+                           : req->n_ref + (lf->place[i] - d->q0);
+}
+
+/* The order and the frame's arrays for tiles of d->t.rows rows. */
+static knn_status knn_local_alloc(knn_gpu_dev *d, int row)
+{
+    knn_gpu_local *lf = &d->local;
+    const knn_gpu_nodes *nd = &d->nodes;
+    int n = d->q0 + d->nq - row, rows = d->t.rows;
+    size_t views = (size_t)nd->n_ref + rows;
+    knn_local_free(lf);
+    lf->base = row;
+    lf->rows = rows;
+    lf->place = (int *)malloc((size_t)n * sizeof(int));
+    std::vector<int> nodes((size_t)n);
+    if (!lf->place) return KNN_E_NOMEM;
+    knn_carver c = {NULL, 0};
+    for (int pass = 0; pass < 2; pass++) {
+        c.used = 0;
+        lf->nodes = knn_carve<int>(&c, (size_t)n);
+        lf->centre = knn_carve<double>(&c, (size_t)nd->p);
+        lf->view = *nd;
+        lf->view.fast = knn_carve<float>(&c, views * nd->ldf);
+        lf->view.sqnorm = knn_carve<float>(&c, views);
+        lf->view.norm = knn_carve<double>(&c, views);
+        lf->view.margin2 = knn_carve<double>(&c, views);
+        lf->view.norm_max = knn_carve<double>(&c, 1);
+        if (pass == 0 && cudaMalloc(&lf->block, c.used) != cudaSuccess) {
+            cudaGetLastError();
+            lf->block = NULL;
+            return KNN_E_NOMEM;
+        }
+        c.block = (char *)lf->block;
+    }
+    lf->view.margin2_fp32 = NULL;
+    lf->view.half = NULL;
+    lf->view.half_unscale = NULL;
+    lf->view.split = NULL;
+    lf->view.fast64 = NULL;
+    lf->view.sqnorm64 = NULL;
+    knn_local_order(d, row, nodes.data());
+    /* Zero padding of the fast vectors adds nothing to the products. */
+    KNN_CUDA_TRY(d->message,
+                 cudaMemsetAsync(lf->view.fast, 0,
+                                 views * nd->ldf * sizeof(float), d->stream));
+    KNN_CUDA_TRY(d->message,
+                 cudaMemcpyAsync(lf->nodes, nodes.data(),
+                                 (size_t)n * sizeof(int),
+                                 cudaMemcpyHostToDevice, d->stream));
+    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
+    return KNN_OK;
+}
+
+knn_status knn_dev_go_local(knn_gpu_dev *d, int row)
+{
+    double t0 = knn_seconds();
+    KNN_TRY(knn_dev_idle(d));
+    knn_tiles_free(&d->t);
+    knn_course c = d->course;
+    c.local = 1;
+    c.path = KNN_PATH_PANEL;
+    knn_course_set(d, c);
+    KNN_TRY(knn_dev_plan_tiles(d));
+    knn_status st = knn_local_alloc(d, row);
+    d->seconds_setup += knn_seconds() - t0;
+    if (st != KNN_E_NOMEM) return st;
+    /* No room for the frame's arrays: the search climbs instead. */
+    knn_local_free(&d->local);
+    c = d->course;
+    c.local = 0;
+    c.local_refused = 1;
+    knn_course_set(d, c);
+    return knn_dev_leave_fused(d, KNN_RUNG_CLIMB);
+}
+
+knn_status knn_dev_leave_local(knn_gpu_dev *d)
+{
+    KNN_TRY(knn_dev_idle(d));
+    knn_local_free(&d->local);
+    knn_course c = d->course;
+    c.local = 0;
+    c.local_refused = 1;
+    knn_course_set(d, c);
+    /* Its rows are searched again from the first: their progress too. */
+    knn_meet_progress(d->shared, -d->rows_reported);
+    d->rows_reported = 0;
+    d->local_frames = 0;
+    return knn_dev_leave_fused(d, KNN_RUNG_STAY);
+}
+
+knn_status knn_local_frame(knn_gpu_dev *d, const int *d_nodes, int rows,
+                           const knn_gpu_nodes **view)
+{
+    knn_gpu_local *lf = &d->local;
+    if (rows > lf->rows)
+        return knn_gpu_fail(d->message, KNN_E_DEVICE, "local frame",
+                            "a tile holds more rows than its frame",
+                            __FILE__, __LINE__);
+    KNN_TRY(knn_local_vectors(&d->nodes, d_nodes, rows, &lf->view,
+                              lf->centre, d->course.gemm, d->message,
+                              d->stream));
+    *view = &lf->view;
+    return KNN_OK;
+}
