@@ -9,8 +9,9 @@
  * thousands of candidates through and the search would climb to a slower
  * arithmetic. Local frames instead: the device's remaining rows are put
  * in a spatial order (a k-d split on the coordinate of largest spread,
- * on the host, so consecutive rows lie close together), and each tile of
- * that order takes its own translation, the mean of its rows, for its
+ * at the widest gap of its middle half, on the host, so consecutive rows
+ * lie close together), each tile one subtree of the split, and each
+ * tile takes its own translation, the mean of its rows, for its
  * rows and every ref node alike: the rows' norms shrink to the tile's
  * spread, and the margins with them (knn_dist_row_bound bounds each row
  * from its own norm). Distances do not change with the translation and
@@ -29,9 +30,7 @@
 #include <vector>
 #include "knn_gpu_tiles.cuh"
 
-/* Rows a k-d leaf keeps together; subtrees above this many rows split in
- * parallel. */
-#define KNN_LOCAL_LEAF 64
+/* Subtrees above this many rows split in parallel. */
 #define KNN_LOCAL_TASK_ROWS 65536
 /* Rows sampled to choose a split's coordinate. */
 #define KNN_LOCAL_SAMPLE 256
@@ -57,24 +56,49 @@ static int knn_spread_axis(const double *x, int p, const int *rows, int n)
     return axis;
 }
 
-/* Orders rows[0..n) (nodes of x) so that every subtree of the k-d split
- * is a stretch: halves at the median of the axis of largest spread. */
-static void knn_kd_order(const double *x, int p, int *rows, int n)
+/* Where a stretch of `n` sorted keys splits: at the widest gap between
+ * neighbouring keys in its middle half (between groups, where the nodes
+ * form groups), the median where none is wider than zero. */
+static int knn_split_at(const std::vector<std::pair<double, int>> &keyed,
+                        int n)
 {
-    if (n <= KNN_LOCAL_LEAF) return;
+    int at = n / 2;
+    double widest = 0.0;
+    for (int i = n / 4; i < n - n / 4; i++) {
+        double gap = keyed[i].first - keyed[i - 1].first;
+        if (gap > widest) {
+            widest = gap;
+            at = i;
+        }
+    }
+    return at;
+}
+
+/* Orders rows[0..n) (nodes of x) so that every subtree of a k-d split
+ * is a stretch, and marks in cut[] (by position from `first`) where each
+ * subtree of at most `tile` rows starts: a tile never spans two of them,
+ * so it never holds two groups the split set apart. Each split is on the
+ * axis of largest spread, at knn_split_at. */
+static void knn_kd_order(const double *x, int p, int *rows, int n,
+                         int tile, int first, unsigned char *cut)
+{
+    if (n <= tile) {
+        cut[first] = 1;
+        return;
+    }
     int axis = knn_spread_axis(x, p, rows, n);
     std::vector<std::pair<double, int>> keyed((size_t)n);
     for (int i = 0; i < n; i++)
         keyed[i] = std::make_pair(x[(size_t)rows[i] * p + axis], rows[i]);
-    std::nth_element(keyed.begin(), keyed.begin() + n / 2, keyed.end());
+    std::sort(keyed.begin(), keyed.end());
+    int half = knn_split_at(keyed, n);
     for (int i = 0; i < n; i++) rows[i] = keyed[i].second;
     keyed.clear();
     keyed.shrink_to_fit();
-    int half = n / 2;
     #pragma omp task if (n > KNN_LOCAL_TASK_ROWS)
-    knn_kd_order(x, p, rows, half);
+    knn_kd_order(x, p, rows, half, tile, first, cut);
     #pragma omp task if (n > KNN_LOCAL_TASK_ROWS)
-    knn_kd_order(x, p, rows + half, n - half);
+    knn_kd_order(x, p, rows + half, n - half, tile, first + half, cut);
     #pragma omp taskwait
 }
 
@@ -82,22 +106,24 @@ void knn_local_free(knn_gpu_local *lf)
 {
     cudaFree(lf->block);
     free(lf->place);
+    free(lf->cut);
     memset(lf, 0, sizeof *lf);
 }
 
-/* The spatial order of the device's query rows [row, q0 + nq) into
- * lf->place (caller's rows) and the host copy of their nodes. */
-static void knn_local_order(knn_gpu_dev *d, int row, int *nodes)
+/* The spatial order of the device's n query rows from `row` into
+ * lf->place (caller's rows), the tiles' starts into lf->cut, and the
+ * host copy of their nodes. */
+static void knn_local_order(knn_gpu_dev *d, int row, size_t n, int *nodes)
 {
     const knn_request *req = d->req;
     knn_gpu_local *lf = &d->local;
-    int n = d->q0 + d->nq - row;
     const double *x = d->self ? req->ref : req->query;
-    for (int i = 0; i < n; i++) lf->place[i] = row + i;
+    for (size_t i = 0; i < n; i++) lf->place[i] = row + (int)i;
+    memset(lf->cut, 0, n);
     #pragma omp parallel num_threads(d->copy_threads)
     #pragma omp single
-    knn_kd_order(x, req->p, lf->place, n);
-    for (int i = 0; i < n; i++)
+    knn_kd_order(x, req->p, lf->place, (int)n, lf->rows, 0, lf->cut);
+    for (size_t i = 0; i < n; i++)
         nodes[i] = d->self ? lf->place[i]
                            : req->n_ref + (lf->place[i] - d->q0);
 }
@@ -109,12 +135,14 @@ static knn_status knn_local_alloc(knn_gpu_dev *d, int row)
     const knn_gpu_nodes *nd = &d->nodes;
     int n = d->q0 + d->nq - row, rows = d->t.rows;
     size_t views = (size_t)nd->n_ref + rows;
+    if (n < 1) return KNN_E_INVALID;
     knn_local_free(lf);
     lf->base = row;
     lf->rows = rows;
     lf->place = (int *)malloc((size_t)n * sizeof(int));
+    lf->cut = (unsigned char *)malloc((size_t)n + 1);
     std::vector<int> nodes((size_t)n);
-    if (!lf->place) return KNN_E_NOMEM;
+    if (!lf->place || !lf->cut) return KNN_E_NOMEM;
     knn_carver c = {NULL, 0};
     for (int pass = 0; pass < 2; pass++) {
         c.used = 0;
@@ -139,7 +167,7 @@ static knn_status knn_local_alloc(knn_gpu_dev *d, int row)
     lf->view.split = NULL;
     lf->view.fast64 = NULL;
     lf->view.sqnorm64 = NULL;
-    knn_local_order(d, row, nodes.data());
+    knn_local_order(d, row, (size_t)n, nodes.data());
     /* Zero padding of the fast vectors adds nothing to the products. */
     KNN_CUDA_TRY(d->message,
                  cudaMemsetAsync(lf->view.fast, 0,
@@ -150,6 +178,16 @@ static knn_status knn_local_alloc(knn_gpu_dev *d, int row)
                                  cudaMemcpyHostToDevice, d->stream));
     KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
     return KNN_OK;
+}
+
+int knn_local_tile_rows(const knn_gpu_dev *d, int row, int rows)
+{
+    const knn_gpu_local *lf = &d->local;
+    if (!d->course.local || row < lf->base) return rows;
+    int at = row - lf->base, n = d->q0 + d->nq - lf->base;
+    int r = 1;
+    while (r < rows && at + r < n && !lf->cut[at + r]) r++;
+    return r;
 }
 
 knn_status knn_dev_go_local(knn_gpu_dev *d, int row)

@@ -403,17 +403,19 @@ static void knn_copy_placed(const knn_gpu_dev *d, const knn_gpu_slot *sl)
     int rows = sl->rows, k = req->k;
     int parts = (size_t)rows * k < KNN_COPY_PARALLEL_MIN ? 1
                                                          : d->copy_threads;
-    (void)parts; /* read only by the pragma, absent without OpenMP */
     #pragma omp parallel for num_threads(parts) if (parts > 1) \
         schedule(static)
-    for (int r = 0; r < rows; r++) {
-        for (int c = 0; c < k; c++) {
-            size_t from = out->by_row ? (size_t)r * k + c
-                                      : (size_t)r + (size_t)c * rows;
-            size_t to = knn_result_at(out, n_q, k, (size_t)sl->place[r], c);
-            out->index[to] = sl->index[from];
-            out->distance[to] = sl->distance[from];
-            out->weight[to] = sl->weight[from];
+    for (int i = 0; i < parts; i++) {
+        for (int r = rows * i / parts; r < rows * (i + 1) / parts; r++) {
+            for (int c = 0; c < k; c++) {
+                size_t from = out->by_row ? (size_t)r * k + c
+                                          : (size_t)r + (size_t)c * rows;
+                size_t to = knn_result_at(out, n_q, k,
+                                          (size_t)sl->place[r], c);
+                out->index[to] = sl->index[from];
+                out->distance[to] = sl->distance[from];
+                out->weight[to] = sl->weight[from];
+            }
         }
     }
 }
@@ -778,6 +780,7 @@ knn_status knn_dev_tiles(knn_gpu_dev *d, int probe)
         if (next < end) {
             int rows = end - next < t->rows ? end - next : t->rows;
             if (probe && rows > d->wave_rows) rows = d->wave_rows;
+            rows = knn_local_tile_rows(d, next, rows);
             knn_tile_slots ts = knn_slots_uniform(t, rows);
             KNN_TRY(knn_tile_enqueue(d, next, rows, &ts, s));
             queued = s;

@@ -221,6 +221,7 @@ typedef struct {
 typedef struct {
     int base;
     int *place;             /* rows from base, host */
+    unsigned char *cut;     /* 1 where a tile must start, host */
     int *nodes;             /* the same as nodes, device */
     int rows;               /* tile rows the arrays hold */
     knn_gpu_nodes view;     /* the nodes with fast, sqnorm, norm, norm_max
@@ -385,6 +386,9 @@ knn_status knn_dev_leave_local(knn_gpu_dev *d);
 knn_status knn_local_frame(knn_gpu_dev *d, const int *d_nodes, int rows,
                            const knn_gpu_nodes **view);
 void knn_local_free(knn_gpu_local *lf);
+/* The rows of a tile from row `row`, at most `rows`: in the spatial
+ * order, up to the next subtree's start. */
+int knn_local_tile_rows(const knn_gpu_dev *d, int row, int rows);
 /* Whether the device's search may take local frames: a distance metric of
  * products, its arithmetic left to the engine, TF32 now. */
 int knn_local_possible(const knn_gpu_dev *d);
