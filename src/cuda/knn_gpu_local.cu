@@ -7,7 +7,8 @@
  * search. Where neighbours lie close together far from that translation
  * (clusters, cell types, genes at similar levels), the margin lets
  * thousands of candidates through and the search would climb to a slower
- * arithmetic. Local frames instead: the device's remaining rows are put
+ * arithmetic. Where split TF32 is crowded too, local frames before
+ * float64 (knn_local_possible): the device's remaining rows are put
  * in a spatial order (a k-d split on the coordinate of largest spread,
  * at the widest gap of its middle half, on the host, so consecutive rows
  * lie close together), each tile one subtree of the split, and each
@@ -19,9 +20,10 @@
  * float64 re-rank is the same, and so are the bits. Each tile's results
  * go to their rows' places in the caller's arrays.
  *
- * Where local tiles are crowded too, local frames do not serve the data:
- * the device's rows are searched again from the first in the plain
- * course, which then refines or climbs as before.
+ * Local tiles take TF32 products on the panel path whatever arithmetic
+ * the course left. Where they are crowded too, local frames do not serve
+ * the data: the device's rows are searched again from the first in
+ * float64.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -220,11 +222,12 @@ knn_status knn_dev_leave_local(knn_gpu_dev *d)
     c.local = 0;
     c.local_refused = 1;
     knn_course_set(d, c);
-    /* Its rows are searched again from the first: their progress too. */
+    /* Its rows are searched again from the first, in float64: their
+     * progress too. */
     knn_meet_progress(d->shared, -d->rows_reported);
     d->rows_reported = 0;
     d->local_frames = 0;
-    return knn_dev_leave_fused(d, KNN_RUNG_STAY);
+    return knn_dev_leave_fused(d, KNN_RUNG_CLIMB);
 }
 
 knn_status knn_local_frame(knn_gpu_dev *d, const int *d_nodes, int rows,
@@ -236,7 +239,7 @@ knn_status knn_local_frame(knn_gpu_dev *d, const int *d_nodes, int rows,
                             "a tile holds more rows than its frame",
                             __FILE__, __LINE__);
     KNN_TRY(knn_local_vectors(&d->nodes, d_nodes, rows, &lf->view,
-                              lf->centre, d->course.gemm, d->message,
+                              lf->centre, KNN_GEMM_TF32, d->message,
                               d->stream));
     *view = &lf->view;
     return KNN_OK;

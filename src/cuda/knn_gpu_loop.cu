@@ -158,6 +158,7 @@ knn_fused_scratch knn_fused_scratch_of(const knn_gpu_tiles *t,
  * frame's view) and a selection kernel. */
 static knn_status knn_tile_candidates(knn_gpu_dev *d,
                                       const knn_gpu_nodes *nd,
+                                      knn_gemm_mode gemm,
                                       const knn_select_args *sa, int node0,
                                       const int *surv_offsets)
 {
@@ -171,9 +172,12 @@ static knn_status knn_tile_candidates(knn_gpu_dev *d,
         return knn_fused_candidates(sa, nd, node0, &scratch, NULL,
                                     d->message, d->stream);
     }
-    if (knn_uses_product(req->metric))
-        KNN_TRY(knn_panel_gemm(d->blas, nd, d->course.gemm, node0, sa->rows,
-                               t->panel, sa->ld, d->message));
+    if (knn_uses_product(req->metric)) {
+        KNN_BLAS_TRY(d->message,
+                     cublasSetMathMode(d->blas, knn_gemm_math(gemm)));
+        KNN_TRY(knn_panel_gemm(d->blas, nd, gemm, node0, sa->rows, t->panel,
+                               sa->ld, d->message));
+    }
     else
         KNN_TRY(knn_panel_manhattan(nd->exact + (size_t)node0 * req->p,
                                     nd->exact, req->p, sa->rows, req->n_ref,
@@ -301,14 +305,17 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
      * the ref nodes in the frame's view. */
     const knn_gpu_nodes *nd = &d->nodes;
     int rows_node0 = node0;
+    knn_gemm_mode gemm = sl->course.gemm;
     if (sl->d_nodes) {
+        gemm = KNN_GEMM_TF32;
         KNN_TRY(knn_local_frame(d, sl->d_nodes, rows, &nd));
         rows_node0 = d->req->n_ref;
     }
     knn_select_args sa = knn_select_args_on(d, nd, row0, rows_node0, rows,
-                                            ts->offsets, sl->course.gemm);
+                                            ts->offsets, gemm);
     if (sl->d_nodes && d->self) sa.row_self = sl->d_nodes;
-    KNN_TRY(knn_tile_candidates(d, nd, &sa, rows_node0, ts->surv_offsets));
+    KNN_TRY(knn_tile_candidates(d, nd, gemm, &sa, rows_node0,
+                                ts->surv_offsets));
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->selected, d->stream));
     KNN_TRY(knn_tile_rerank(d, sl, node0, ts->offsets, ts->n_slots));
     return knn_tile_transfer(d, sl);

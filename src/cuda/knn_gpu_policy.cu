@@ -157,19 +157,21 @@ int knn_refine_possible(const knn_gpu_dev *d, knn_gemm_mode gemm)
            !d->course.local;
 }
 
-/* Local frames (knn_gpu_local.cu) where a TF32 tile of a distance metric
- * is crowded, before refining or climbing: nodes that lie close together
- * relative to their distance from the data's centre (clusters, cell
- * types, genes at similar levels) crowd TF32 through its margin, which
- * grows with the nodes' norms in the frame; a tile's own frame shrinks
- * those norms to the tile's spread. Only once: crowded local tiles send
- * the search back to the plain course. */
+/* Local frames (knn_gpu_local.cu) where a split TF32 tile of a distance
+ * metric is crowded, before float64: nodes that lie close together
+ * relative to their distance from the data's centre (replicates of a few
+ * states, tight cell types) crowd every float32 arithmetic through its
+ * margin, which grows with the nodes' norms in the frame; a tile's own
+ * frame shrinks those norms to the tile's spread, and its TF32 products
+ * on the panel path cost less than float64's. Data that split TF32
+ * resolves stays there (local frames cost a frame per tile and the
+ * panel). Only once: crowded local tiles send the search on to float64. */
 int knn_local_possible(const knn_gpu_dev *d)
 {
     const knn_request *req = d->req;
     return knn_uses_product(req->metric) &&
            !knn_is_correlation(req->metric) && d->course.may_climb &&
-           d->course.gemm == KNN_GEMM_TF32 && !d->course.local &&
+           d->course.gemm == KNN_GEMM_TF32X3 && !d->course.local &&
            !d->course.local_refused &&
            d->knobs->select == KNN_SELECT_CHOOSE;
 }
@@ -251,18 +253,15 @@ knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
         return knn_rung_too_wide(found, sl->rows, req->k) ? KNN_RUNG_UNLOCAL
                                                           : KNN_RUNG_STAY;
     if (sl->course.gemm != KNN_GEMM_TF32)
-        return crowded ? KNN_RUNG_CLIMB : KNN_RUNG_STAY;
+        return !crowded ? KNN_RUNG_STAY
+               : knn_local_possible(d) ? KNN_RUNG_LOCAL : KNN_RUNG_CLIMB;
     double wide = knn_slot_wide(sl, found);
     int costly = knn_refine_too_costly(wide, sl->rows, req->n_ref);
-    knn_rung_step step;
     if (!crowded)
-        step = sl->refined && costly &&
+        return sl->refined && costly &&
                        knn_rung_too_wide(wide, sl->rows, req->k)
                    ? KNN_RUNG_CLIMB : KNN_RUNG_STAY;
-    else
-        step = !costly && !sl->refined && !d->course.refine &&
-                       d->knobs->select == KNN_SELECT_CHOOSE
-                   ? KNN_RUNG_REFINE : KNN_RUNG_CLIMB;
-    return step != KNN_RUNG_STAY && knn_local_possible(d) ? KNN_RUNG_LOCAL
-                                                          : step;
+    return !costly && !sl->refined && !d->course.refine &&
+                   d->knobs->select == KNN_SELECT_CHOOSE
+               ? KNN_RUNG_REFINE : KNN_RUNG_CLIMB;
 }

@@ -288,7 +288,7 @@ typedef enum {
     KNN_RUNG_CLIMB,  /* the next arithmetic from now on (knn_dev_climb) */
     KNN_RUNG_LOCAL,  /* local frames for the rows not yet done */
     KNN_RUNG_UNLOCAL /* local frames were crowded: the device's rows
-                        again from the first, in the plain course */
+                        again from the first, a rung higher */
 } knn_rung_step;
 
 /* knn_gpu_team.cu: arrives at a meeting of the devices (`met`) and waits
@@ -390,7 +390,7 @@ void knn_local_free(knn_gpu_local *lf);
  * order, up to the next subtree's start. */
 int knn_local_tile_rows(const knn_gpu_dev *d, int row, int rows);
 /* Whether the device's search may take local frames: a distance metric of
- * products, its arithmetic left to the engine, TF32 now. */
+ * products, its arithmetic left to the engine, split TF32 now. */
 int knn_local_possible(const knn_gpu_dev *d);
 
 /* knn_gpu_walk.cu: the shared walk. Several devices agree on one (each
