@@ -32,8 +32,11 @@
 #include <vector>
 #include "knn_gpu_tiles.cuh"
 
-/* Subtrees above this many rows split in parallel. */
+/* Subtrees above this many rows split in parallel; none below this many
+ * rows splits further, however parted (a tile of fewer rows would use
+ * the products' arithmetic poorly). */
 #define KNN_LOCAL_TASK_ROWS 65536
+#define KNN_LOCAL_MIN_TILE 128
 /* Rows sampled to choose a split's coordinate. */
 #define KNN_LOCAL_SAMPLE 256
 
@@ -60,31 +63,42 @@ static int knn_spread_axis(const double *x, int p, const int *rows, int n)
 
 /* Where a stretch of `n` sorted keys splits: at the widest gap between
  * neighbouring keys in its middle half (between groups, where the nodes
- * form groups), the median where none is wider than zero. */
+ * form groups), the median where none is wider than zero. *gap: that
+ * gap's width. */
 static int knn_split_at(const std::vector<std::pair<double, int>> &keyed,
-                        int n)
+                        int n, double *gap)
 {
     int at = n / 2;
-    double widest = 0.0;
+    *gap = 0.0;
     for (int i = n / 4; i < n - n / 4; i++) {
-        double gap = keyed[i].first - keyed[i - 1].first;
-        if (gap > widest) {
-            widest = gap;
+        double g = keyed[i].first - keyed[i - 1].first;
+        if (g > *gap) {
+            *gap = g;
             at = i;
         }
     }
     return at;
 }
 
+/* Whether a gap sets two groups apart: wider than either side's spread
+ * along the axis. */
+static int knn_gap_parts(const std::vector<std::pair<double, int>> &keyed,
+                         int n, int at, double gap)
+{
+    return gap > keyed[at - 1].first - keyed[0].first &&
+           gap > keyed[n - 1].first - keyed[at].first;
+}
+
 /* Orders rows[0..n) (nodes of x) so that every subtree of a k-d split
  * is a stretch, and marks in cut[] (by position from `first`) where each
- * subtree of at most `tile` rows starts: a tile never spans two of them,
- * so it never holds two groups the split set apart. Each split is on the
+ * subtree that becomes a tile starts: at most `tile` rows, and no gap
+ * parting groups within it (down to KNN_LOCAL_MIN_TILE rows), so a tile
+ * never spans two groups the split can set apart. Each split is on the
  * axis of largest spread, at knn_split_at. */
 static void knn_kd_order(const double *x, int p, int *rows, int n,
                          int tile, int first, unsigned char *cut)
 {
-    if (n <= tile) {
+    if (n <= KNN_LOCAL_MIN_TILE) {
         cut[first] = 1;
         return;
     }
@@ -93,7 +107,12 @@ static void knn_kd_order(const double *x, int p, int *rows, int n,
     for (int i = 0; i < n; i++)
         keyed[i] = std::make_pair(x[(size_t)rows[i] * p + axis], rows[i]);
     std::sort(keyed.begin(), keyed.end());
-    int half = knn_split_at(keyed, n);
+    double gap = 0.0;
+    int half = knn_split_at(keyed, n, &gap);
+    if (n <= tile && !knn_gap_parts(keyed, n, half, gap)) {
+        cut[first] = 1;
+        return;
+    }
     for (int i = 0; i < n; i++) rows[i] = keyed[i].second;
     keyed.clear();
     keyed.shrink_to_fit();
