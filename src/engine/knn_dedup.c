@@ -31,22 +31,41 @@
 
 /* Nodes looked at, evenly spaced, to judge whether copies are many; and
  * the copies among them that make the whole pass worth its cost (a hash
- * of every node). Past KNN_DEDUP_KEEP of the nodes distinct, the plain
+ * of every node). The sample is small because every search pays for it:
+ * copies that matter (a node's copies outnumbering its k) are common
+ * enough to show. Past KNN_DEDUP_KEEP of the nodes distinct, the plain
  * search runs after all. */
-#define KNN_DEDUP_SAMPLE 8192
-#define KNN_DEDUP_SAMPLE_COPIES 16
+#define KNN_DEDUP_SAMPLE 2048
+#define KNN_DEDUP_SAMPLE_COPIES 8
 #define KNN_DEDUP_KEEP 0.9
 
+/* A hash of a node's bits, in four independent streams (so the
+ * multiplications overlap). */
 static uint64_t knn_node_hash(const double *x, int p)
 {
-    uint64_t h = 0x9e3779b97f4a7c15ull ^ (uint64_t)p;
-    for (int f = 0; f < p; f++) {
+    uint64_t h[4] = {0x9e3779b97f4a7c15ull, 0xc2b2ae3d27d4eb4full,
+                     0x165667b19e3779f9ull, 0x27d4eb2f165667c5ull};
+    int f = 0;
+    for (; f + 4 <= p; f += 4) {
+        for (int l = 0; l < 4; l++) {
+            uint64_t v;
+            memcpy(&v, x + f + l, sizeof v);
+            h[l] = (h[l] ^ v) * 0xff51afd7ed558ccdull;
+            h[l] ^= h[l] >> 33;
+        }
+    }
+    for (; f < p; f++) {
         uint64_t v;
         memcpy(&v, x + f, sizeof v);
-        h = (h ^ v) * 0xff51afd7ed558ccdull;
-        h ^= h >> 33;
+        h[0] = (h[0] ^ v) * 0xff51afd7ed558ccdull;
+        h[0] ^= h[0] >> 33;
     }
-    return h;
+    uint64_t out = (uint64_t)p;
+    for (int l = 0; l < 4; l++) {
+        out = (out ^ h[l]) * 0xc4ceb9fe1a85ec53ull;
+        out ^= out >> 29;
+    }
+    return out;
 }
 
 /* Open addressing over node numbers, equal bits by memcmp. */
