@@ -6,21 +6,9 @@
 ## otherwise come first). Source from the repository root, after
 ## peers/faiss.R (whose faissFile() writes the data file both read).
 
-cuvsLibraryPath <- function() {
-    path <- Sys.getenv("KNNGPU_CUVS_LD_LIBRARY_PATH")
-    if (nzchar(path)) paste0("LD_LIBRARY_PATH=", path)
-    else c("-u", "LD_LIBRARY_PATH")
-}
+cuvsPath <- "KNNGPU_CUVS_LD_LIBRARY_PATH"
 
-## Whether python3 can import cuVS here (a benchmark skips it, saying so,
-## where it cannot).
-cuvsAvailable <- function() {
-    status <- suppressWarnings(system2(
-        "env", c(cuvsLibraryPath(), "python3", "-c",
-                 shQuote("import cuvs.neighbors")),
-        stdout = FALSE, stderr = FALSE))
-    identical(as.integer(status), 0L)
-}
+cuvsAvailable <- function() peerImports("cuvs.neighbors", cuvsPath)
 
 ## cuVS's self graph of the first n rows of `file` (d columns): mode
 ## "exact" (brute force) or "nnd" (NN-descent). With `exact` (an n x k
@@ -38,7 +26,7 @@ cuvsSearch <- function(file, n, d, k, metric, mode = "exact",
         writeBin(as.vector(t(exact - 1L)), reference, size = 4L)
         args <- c(args, reference)
     }
-    line <- system2("env", c(cuvsLibraryPath(), "python3",
+    line <- system2("env", c(peerLibraryPath(cuvsPath), "python3",
                              file.path("inst", "bench", "peers",
                                        "cuvs_knn.py"), args),
                     stdout = TRUE)

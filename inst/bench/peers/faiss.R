@@ -2,25 +2,30 @@
 ## its header), shared by inst/bench/shapes.R and inst/bench/cpu.R. Source
 ## from the repository root.
 
-## The library path of the Python child: R puts its own (and the system's
-## libpython) first, which a Python built elsewhere (pyenv) then loads in
-## place of its own, losing its site-packages. KNNGPU_PEER_LD_LIBRARY_PATH
-## sets the child's (on the GPU machine, FAISS's: see
+## The library path of a peer's Python child: R puts its own (and the
+## system's libpython) first, which a Python built elsewhere (pyenv) then
+## loads in place of its own, losing its site-packages. The environment
+## variable `variable` sets the child's (on the GPU machine, the peer's:
+## KNNGPU_PEER_LD_LIBRARY_PATH for FAISS, see
 ## ../shared/peers/faiss-gpu/README.md); else it has none.
-peerLibraryPath <- function() {
-    path <- Sys.getenv("KNNGPU_PEER_LD_LIBRARY_PATH")
+peerLibraryPath <- function(variable = "KNNGPU_PEER_LD_LIBRARY_PATH") {
+    path <- Sys.getenv(variable)
     if (nzchar(path)) paste0("LD_LIBRARY_PATH=", path)
     else c("-u", "LD_LIBRARY_PATH")
 }
 
-## Whether python3 can import faiss here (a benchmark skips FAISS, saying
-## so, where it cannot).
-faissAvailable <- function() {
+## Whether python3 can import `module` with that library path (a benchmark
+## skips the peer, saying so, where it cannot).
+peerImports <- function(module,
+                        variable = "KNNGPU_PEER_LD_LIBRARY_PATH") {
     status <- suppressWarnings(system2(
-        "env", c(peerLibraryPath(), "python3", "-c", shQuote("import faiss")),
+        "env", c(peerLibraryPath(variable), "python3", "-c",
+                 shQuote(paste("import", module))),
         stdout = FALSE, stderr = FALSE))
     identical(as.integer(status), 0L)
 }
+
+faissAvailable <- function() peerImports("faiss")
 
 ## Writes x (n x d) once for faissSearch(): a float64 file, row-major.
 faissFile <- function(x) {
