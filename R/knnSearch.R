@@ -47,7 +47,9 @@
 #'   assay: the cells are then the nodes (rows of the reduced dimensions,
 #'   named by the cells), as scran and bluster do it.
 #' @param devices GPU ids (0-based, as \code{gpuInfo()} lists them) to split
-#'   the work across; \code{NULL} uses every visible GPU.
+#'   the work across; \code{NULL} uses every visible GPU, or one for a
+#'   search that takes milliseconds (where starting the others costs more
+#'   than they save).
 #' @param precision The arithmetic that finds candidates before every
 #'   reported neighbour is re-ranked exactly in float64: the result is the
 #'   same bits on every choice, only the time differs. \code{"auto"} (the

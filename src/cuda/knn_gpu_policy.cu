@@ -67,6 +67,27 @@ int knn_slot_gathered(const knn_gpu_slot *sl)
     return sl->course.path == KNN_PATH_GATHER;
 }
 
+/* ---- the devices ------------------------------------------------------- */
+
+/* Work that ends in milliseconds on one device: at most 2^35 products of
+ * two values and 256 MB of input. */
+int knn_work_is_small(const knn_request *req)
+{
+    double n_q = req->query ? req->n_query : req->n_ref;
+    double nodes = req->n_ref + (req->query ? req->n_query : 0);
+    return n_q * req->n_ref * req->p <= 34359738368.0 &&
+           nodes * req->p * sizeof(double) <= 268435456.0;
+}
+
+/* Of `visible` GPUs the request left to the engine, those it uses: one
+ * for small work (starting and joining others' threads, uploads and
+ * contexts costs more than their share of milliseconds saves), else
+ * all. */
+size_t knn_devices_wanted(const knn_request *req, size_t visible)
+{
+    return knn_work_is_small(req) && visible > 1 ? 1 : visible;
+}
+
 /* ---- the start: arithmetic and path ------------------------------------ */
 
 /* TF32 unless the request forces an arithmetic. */

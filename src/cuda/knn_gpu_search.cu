@@ -79,6 +79,8 @@ static knn_status knn_pick_devices(const knn_request *req,
         return KNN_E_NOGPU;
     }
     ids = usable;
+    /* Left to choose, a search takes as many GPUs as pay. */
+    if (req->n_devices <= 0) ids.resize(knn_devices_wanted(req, ids.size()));
     return KNN_OK;
 }
 
@@ -309,15 +311,12 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
 }
 
 /* Whether a search runs on the calling thread: one device, and work that
- * ends in milliseconds (at most 2^35 products of two values, 256 MB of
- * input), so that not polling for interrupts meanwhile costs nothing and
- * starting a device thread and waking from it is saved. */
+ * ends in milliseconds (knn_work_is_small), so that not polling for
+ * interrupts meanwhile costs nothing and starting a device thread and
+ * waking from it is saved. */
 static bool knn_runs_inline(const knn_request *req, int n_dev)
 {
-    double n_q = req->query ? req->n_query : req->n_ref;
-    double nodes = req->n_ref + (req->query ? req->n_query : 0);
-    return n_dev == 1 && n_q * req->n_ref * req->p <= 34359738368.0 &&
-           nodes * req->p * sizeof(double) <= 268435456.0;
+    return n_dev == 1 && knn_work_is_small(req);
 }
 
 /* The caller's result arrays, allocated while the devices search where

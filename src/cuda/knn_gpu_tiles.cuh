@@ -334,6 +334,10 @@ knn_status knn_dev_idle(knn_gpu_dev *d);
  * sl (found: its rows' candidates; overflow: a row overflowed its
  * slots). */
 void knn_course_set(knn_gpu_dev *d, knn_course next);
+/* Whether the request's work ends in milliseconds on one device; how many
+ * of `visible` GPUs a request that left them to the engine uses. */
+int knn_work_is_small(const knn_request *req);
+size_t knn_devices_wanted(const knn_request *req, size_t visible);
 /* The course with one thing changed: the path; TF32 candidates refined
  * from now on; no shared walk any more. */
 void knn_course_path(knn_gpu_dev *d, knn_gpu_path path);
