@@ -534,6 +534,35 @@ test_that("a search climbs to float64 where float32 cannot resolve", {
                        gpuPrecision = "fp64")
 })
 
+test_that("local frames: query searches, and crowded local tiles go on", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## Twelve tight clusters (noise 1e-4 around profiles of norm 6): split
+    ## TF32 is crowded, local frames resolve each cluster's tiles, for the
+    ## rows of a query search as for a graph, with several tiles in flight.
+    set.seed(51)
+    centres <- matrix(rnorm(12 * 36), 12)
+    x <- centres[sample(12, 6000, TRUE), ] +
+        matrix(rnorm(6000 * 36, sd = 1e-4), 6000)
+    q <- x[seq(1, 6000, by = 3), ] + 1e-5
+    got <- withOptions(list(knngpu.gpu.memory = 8e6),
+                       expectGpuIdentical(x, 9, "euclidean", query = q,
+                                          label = "local query"))
+    expect_match(attr(got$gpu, "precision"), "tf32 tiles in local frames")
+    ## Half the rows a tight cluster (noise 1e-7) inside a scatter of
+    ## N(0, 4) rows: the tiles that hold both centre on the scatter, and
+    ## the cluster's rows are crowded even there, so the search takes its
+    ## rows again in float64; the same bits.
+    y <- rbind(matrix(rnorm(3000 * 24, sd = 2), 3000),
+               matrix(rnorm(24, sd = 0.1), 3000, 24, byrow = TRUE) +
+                   matrix(rnorm(3000 * 24, sd = 1e-7), 3000))
+    y <- y[sample(nrow(y)), ]
+    got <- withOptions(list(knngpu.gpu.memory = 8e6),
+                       expectGpuIdentical(y, 12, "euclidean",
+                                          label = "crowded local"))
+    expect_match(attr(got$gpu, "precision"), "fp64 GEMM")
+    expect_no_match(attr(got$gpu, "precision"), "local frames")
+})
+
 test_that("TF32 candidates are rescored in float32 before the re-rank", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     ## Log-counts: many near-ties crowd each row's k-th score, so TF32's
