@@ -86,10 +86,12 @@ emit(c(sprintf("### %s, %s, %s (rows checked: %d per case)",
              "knngpu / FAISS | cuVS s | knngpu / cuVS | NN-descent s |",
              "NN-descent recall | knngpu rows wrong | FAISS rows wrong |",
              "cuVS rows wrong | knngpu precision |"),
-       "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"))
+       paste0("|---|---|---|", strrep("---:|", 11), "---|")))
 
 ## A number for the table, "-" for a peer left out.
-cell <- function(v) if (length(v) == 0L || is.na(v)) "-" else format(signif(v, 3))
+cell <- function(v) {
+    if (length(v) == 0L || is.na(v)) "-" else format(signif(v, 3))
+}
 
 for (kind in kinds) {
     x <- shapeData(kind, n)
