@@ -101,7 +101,7 @@ for (kind in kinds) {
     checked <- sort(sample(nrow(x), min(checkRows, nrow(x))))
     tx <- t(x)
     for (metric in metrics) {
-        invisible(knnSearch(x[1:2000, ], k = k, metric = metric,
+        invisible(knnSearch(x[seq_len(min(2000L, n)), ], k = k, metric = metric,
                             device = device, progress = FALSE))
         start <- Sys.time()
         mine <- knnSearch(x, k = k, metric = metric, device = device,
@@ -110,7 +110,7 @@ for (kind in kinds) {
         found <- list(mine$index)
         faiss <- cuvs <- nnd <- NULL
         if (withFaiss) {
-            invisible(faissSearch(file, 2000L, ncol(x), k, metric, device))
+            invisible(faissSearch(file, min(2000L, n), ncol(x), k, metric, device))
             faiss <- faissSearch(file, nrow(x), ncol(x), k, metric, device)
             found <- c(found, list(faiss$index))
         }
