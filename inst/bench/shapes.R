@@ -101,7 +101,8 @@ for (kind in kinds) {
     checked <- sort(sample(nrow(x), min(checkRows, nrow(x))))
     tx <- t(x)
     for (metric in metrics) {
-        invisible(knnSearch(x[seq_len(min(2000L, n)), ], k = k, metric = metric,
+        warm <- min(2000L, n)
+        invisible(knnSearch(x[seq_len(warm), ], k = k, metric = metric,
                             device = device, progress = FALSE))
         start <- Sys.time()
         mine <- knnSearch(x, k = k, metric = metric, device = device,
@@ -110,7 +111,7 @@ for (kind in kinds) {
         found <- list(mine$index)
         faiss <- cuvs <- nnd <- NULL
         if (withFaiss) {
-            invisible(faissSearch(file, min(2000L, n), ncol(x), k, metric, device))
+            invisible(faissSearch(file, warm, ncol(x), k, metric, device))
             faiss <- faissSearch(file, nrow(x), ncol(x), k, metric, device)
             found <- c(found, list(faiss$index))
         }
