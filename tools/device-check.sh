@@ -3,7 +3,8 @@
 # CUDA, runs the whole test suite (the GPU tests run, not skip), the C-level
 # parity harness (tools/gpu-harness.c: knn_gpu_search against a plain
 # float64 reference), and compute-sanitizer memcheck and racecheck on a
-# small knnGraph (panel, split TF32, float64 and fused paths) and on the
+# small knnGraph (panel, split TF32, float64, local frames and fused
+# paths; copies searched once) and on the
 # harness's walk shared by two devices (after the harness step). Logs and
 # summary.txt go to $OUT (default /tmp/knngpu-check).
 #
@@ -101,6 +102,14 @@ sanitize() {
             ## replicates of three profiles: TF32, split TF32, float64
             cl <- x[rep(1:3, 500), ] + rnorm(1500 * 20, sd = 1e-4)
             g <- knnGraph(cl, k = 10, metric = "cosine", device = "gpu",
+                          progress = FALSE)
+            ## Euclidean: split TF32, then local frames (a graph and a
+            ## query search); exact copies searched once
+            g <- knnGraph(cl, k = 10, metric = "euclidean", device = "gpu",
+                          progress = FALSE)
+            s <- knnSearch(cl, query = cl[1:200, ] + 1e-6, k = 10,
+                           device = "gpu", progress = FALSE)
+            g <- knnGraph(x[rep(1:30, 50), ], k = 10, device = "gpu",
                           progress = FALSE)
             Sys.setenv(KNNGPU_SELECT = "fused")
             for (m in c("pearson", "euclidean"))
