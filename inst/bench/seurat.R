@@ -76,9 +76,9 @@ tSeurat <- seconds(theirs <- FindNeighbors(
 tKnngpu <- seconds(mine <- seuratNeighbors(
     obj, dims = dims, k.param = k, prune.SNN = prune, device = device,
     progress = FALSE))
-cat(sprintf("%-44s %8.2f s\n", "FindNeighbors(nn.method = \"rann\", nn.eps = 0)",
-            tSeurat))
-cat(sprintf("%-44s %8.2f s\n", "seuratNeighbors()", tKnngpu))
+cat(sprintf("%-46s %8.2f s\n",
+            "FindNeighbors(nn.method = \"rann\", nn.eps = 0)", tSeurat))
+cat(sprintf("%-46s %8.2f s\n", "seuratNeighbors()", tKnngpu))
 
 same <- c(
     graphs = identical(sort(names(mine@graphs)), sort(names(theirs@graphs))),
