@@ -618,14 +618,16 @@ typedef struct {
     double *xt, *vt; /* levels x n: knn_pw_node_bounds at each level */
     double *pa;    /* p x n: a by position, for the sums over a row's
                       missing features */
-    uint64_t *pmask; /* words x n: mask by position */
+    int *pmiss_at, *pmiss; /* n + 1, and the missing features: miss_at and
+                              miss by position */
 } knn_pw_screen;
 
 static void knn_pw_screen_free(knn_pw_screen *sc)
 {
     void *parts[] = {sc->a, sc->t, sc->s2, sc->l1, sc->rs2, sc->miss_at,
                      sc->miss, sc->mask, sc->order, sc->a32, sc->run_at,
-                     sc->rs, sc->w, sc->xt, sc->vt, sc->pa, sc->pmask};
+                     sc->rs, sc->w, sc->xt, sc->vt, sc->pa, sc->pmiss_at,
+                     sc->pmiss};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         free(parts[i]);
     }
@@ -647,9 +649,10 @@ static knn_status knn_pw_screen_tables(knn_pw_screen *sc,
     sc->xt = malloc(cells * sizeof(double));
     sc->vt = malloc(cells * sizeof(double));
     sc->pa = malloc((size_t)p * n * sizeof(double));
-    sc->pmask = malloc((size_t)sc->words * n * sizeof(uint64_t));
+    sc->pmiss_at = malloc(((size_t)n + 1) * sizeof(int));
+    sc->pmiss = malloc(((size_t)sc->miss_at[n] + 1) * sizeof(int));
     if (!sc->order || !sc->run_at || !sc->rs || !sc->w || !sc->xt ||
-        !sc->vt || !sc->pa || !sc->pmask)
+        !sc->vt || !sc->pa || !sc->pmiss_at || !sc->pmiss)
         return KNN_E_NOMEM;
     for (int j = 0; j < n; j++) sc->run_at[p - nodes->present[j] + 1]++;
     for (int m = 0; m <= most; m++) sc->run_at[m + 1] += sc->run_at[m];
@@ -658,6 +661,13 @@ static knn_status knn_pw_screen_tables(knn_pw_screen *sc,
     memcpy(next, sc->run_at, ((size_t)most + 1) * sizeof(int));
     for (int j = 0; j < n; j++) sc->order[next[p - nodes->present[j]]++] = j;
     free(next);
+    sc->pmiss_at[0] = 0;
+    for (int pos = 0; pos < n; pos++) {
+        int j = sc->order[pos], count = sc->miss_at[j + 1] - sc->miss_at[j];
+        memcpy(sc->pmiss + sc->pmiss_at[pos], sc->miss + sc->miss_at[j],
+               (size_t)count * sizeof(int));
+        sc->pmiss_at[pos + 1] = sc->pmiss_at[pos] + count;
+    }
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
@@ -669,9 +679,6 @@ static knn_status knn_pw_screen_tables(knn_pw_screen *sc,
             const double *a = sc->a + (size_t)j * p;
             sc->rs[pos] = sc->rs2[j];
             memcpy(sc->pa + (size_t)pos * p, a, (size_t)p * sizeof(double));
-            memcpy(sc->pmask + (size_t)pos * sc->words,
-                   sc->mask + (size_t)j * sc->words,
-                   (size_t)sc->words * sizeof(uint64_t));
             sc->w[pos] = sc->rs2[j] > 0.0 ? (float)(1.0 / sc->rs2[j]) : 0.0f;
             if (top) {
                 knn_pw_node_bounds(cs, a, p - nodes->present[j], sc->t[j],
@@ -821,6 +828,7 @@ typedef struct {
     double *x, *v, *top;
     int *seed_at, *ms;  /* ms: 0, 1, ..., max_miss */
     char *seeded;       /* n_ref */
+    unsigned char *keep; /* n_ref: step 2's verdicts */
 } knn_pw_share;
 
 /* Offers query node qi's key with reference node rj to the row; counts
@@ -913,6 +921,31 @@ static double knn_pw_tau(const knn_pw_consts *cs, double d_w)
     return 1.0 - d_w - 8.0 * KNN_U64 - 7.0 * cs->g;
 }
 
+/* Appends the positions in [from, to) whose keep is 1, and their
+ * products c, to out and pc after `passed` of them; returns the new
+ * count. Eight positions kept by none are passed over at once. */
+static int knn_pw_compact(const unsigned char *keep, int from, int to,
+                          const float *c, int *out, float *pc, int passed)
+{
+    int pos = from;
+    for (; pos + 8 <= to; pos += 8) {
+        uint64_t any;
+        memcpy(&any, keep + pos, sizeof any);
+        if (!any) continue;
+        for (int l = pos; l < pos + 8; l++) {
+            out[passed] = l;
+            pc[passed] = c[l];
+            passed += keep[l];
+        }
+    }
+    for (; pos < to; pos++) {
+        out[passed] = pos;
+        pc[passed] = c[pos];
+        passed += keep[pos];
+    }
+    return passed;
+}
+
 /* Step 2: the positions other than seeds that the filter passes, into
  * out, ascending, and their products into pc; returns their count. tau: the least r a pair may have
  * to rank (not above 0: every pair passes). */
@@ -949,22 +982,22 @@ static int knn_pw_filter(const knn_pw_consts *cs, const knn_pw_screen *qs,
         /* vj is -Inf where a node's variance bound is not relied on, and
          * ts > 0: such a node passes. */
         double ts = tau * (1.0 - 4.0 * KNN_U64) * w->v[m];
+        unsigned char *keep = w->keep;
         if (cs->absolute) {
+            #pragma omp simd
             for (int pos = from; pos < to; pos++) {
                 double hi = fabs((double)c[pos]) + e * rsj[pos] +
                             xin * xj[pos] + eabs;
-                out[passed] = pos;
-                pc[passed] = c[pos];
-                passed += !(hi < ts * vj[pos]) & !seeded[pos];
+                keep[pos] = !(hi < ts * vj[pos]) & !seeded[pos];
             }
         } else {
+            #pragma omp simd
             for (int pos = from; pos < to; pos++) {
                 double hi = c[pos] + e * rsj[pos] + xin * xj[pos] + eabs;
-                out[passed] = pos;
-                pc[passed] = c[pos];
-                passed += !(hi < ts * vj[pos]) & !seeded[pos];
+                keep[pos] = !(hi < ts * vj[pos]) & !seeded[pos];
             }
         }
+        passed = knn_pw_compact(keep, from, to, c, out, pc, passed);
     }
     return passed;
 }
@@ -993,7 +1026,7 @@ static int knn_pw_below(const knn_pw_consts *cs, const knn_pw_screen *qs,
 
 /* Step 3 for the positions a row passed below `end`, from *next on
  * (advanced past them; pc: their products): each pair's exact sums over
- * the missing features (the row's from the reference node's mask, first
+ * the missing features (the row's over the reference node's, first
  * tried by knn_pw_below; the reference node's from its values by
  * position), its lower bound, and its key where that bound does not rule
  * it out. */
@@ -1018,20 +1051,15 @@ static void knn_pw_refine(const knn_pairwise_request *req,
     for (; i < count && passed[i] < end; i++) {
         int pos = passed[i], rj = rs->order[pos];
         if (self && rj == qi) continue;
-        const uint64_t *mj = rs->pmask + (size_t)pos * words;
+        const int *mj = rs->pmiss + rs->pmiss_at[pos];
+        int kj = rs->pmiss_at[pos + 1] - rs->pmiss_at[pos], both = 0;
         double sa = 0.0, qa = 0.0, sb = 0.0, qb = 0.0;
-        int both = 0, kj = 0;
-        for (int word = 0; word < words; word++) {
-            uint64_t bits = mj[word];
-            while (bits) {
-                int b = __builtin_ctzll(bits);
-                double v = ai[word * 64 + b];
-                sa += v;
-                qa += v * v;
-                kj++;
-                both += (int)((mi[word] >> b) & 1u);
-                bits &= bits - 1;
-            }
+        for (int at = 0; at < kj; at++) {
+            int f = mj[at];
+            double v = ai[f];
+            sa += v;
+            qa += v * v;
+            both += (int)((mi[f / 64] >> (f % 64)) & 1u);
         }
         int shared = p - ki - kj + both;
         if (shared < req->min_shared || shared == 0) continue;
@@ -1091,7 +1119,7 @@ static void knn_pw_share_free(knn_pw_share *s)
 {
     void *parts[] = {s->c, s->row, s->heap_d, s->heap_j, s->passed, s->pc,
                      s->count, s->next, s->seed_s, s->x, s->v, s->top,
-                     s->seed_at, s->ms, s->seeded};
+                     s->seed_at, s->ms, s->seeded, s->keep};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         free(parts[i]);
     }
@@ -1117,9 +1145,10 @@ static int knn_pw_share_alloc(knn_pw_share *s, int k, int most, int n_ref,
     s->seed_at = malloc((size_t)k * sizeof(int));
     s->ms = malloc(m * sizeof(int));
     s->seeded = calloc((size_t)n_ref, 1);
+    s->keep = malloc((size_t)n_ref);
     if (!s->c || !s->row || !s->heap_d || !s->heap_j || !s->passed || !s->pc ||
         !s->count || !s->next || !s->seed_s || !s->x || !s->v || !s->top ||
-        !s->seed_at || !s->ms || !s->seeded)
+        !s->seed_at || !s->ms || !s->seeded || !s->keep)
         return 0;
     for (int i = 0; i <= most; i++) s->ms[i] = i;
     for (int i = 0; i < rows; i++) {
@@ -1162,6 +1191,12 @@ static void knn_pw_screen_tile(const knn_pairwise_request *req,
     }
     for (int from = 0; from < n_ref; from += block) {
         int end = from + block < n_ref ? from + block : n_ref;
+        /* The rows gather from all over the block: asked for in order,
+         * its values come at the memory's full speed. */
+        const double *values = rs->pa + (size_t)from * p;
+        for (size_t at = 0; at < (size_t)(end - from) * p; at += 8) {
+            __builtin_prefetch(values + at);
+        }
         for (int i = 0; i < rows; i++) {
             int qi = qs->order ? qs->order[first + i] : first + i;
             knn_pw_refine(req, cs, q, qs, qi, r, rs, self,
