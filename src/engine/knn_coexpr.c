@@ -634,8 +634,8 @@ static void knn_pw_screen_free(knn_pw_screen *sc)
     memset(sc, 0, sizeof *sc);
 }
 
-/* The reference's order, runs and tables (knn_pw_screen), from its
- * per-node sums. */
+/* The reference's order, runs, tables and values by position
+ * (knn_pw_screen), from its per-node sums. */
 static knn_status knn_pw_screen_tables(knn_pw_screen *sc,
                                        const knn_pw_nodes *nodes,
                                        const knn_pw_consts *cs, int threads)
@@ -693,8 +693,8 @@ static knn_status knn_pw_screen_tables(knn_pw_screen *sc,
 }
 
 /* The screen of nodes: their sums, missing features and float32 values;
- * a reference's order and tables too (is_ref), else the order `order`
- * (NULL: the nodes' own) is borrowed. */
+ * a reference's order, runs and tables too (is_ref), where a query's
+ * positions are its nodes. */
 static knn_status knn_pw_screen_prepare(knn_pw_screen *sc,
                                         const knn_pw_nodes *nodes,
                                         const knn_pw_consts *cs, int is_ref,
