@@ -947,8 +947,8 @@ static int knn_pw_compact(const unsigned char *keep, int from, int to,
 }
 
 /* Step 2: the positions other than seeds that the filter passes, into
- * out, ascending, and their products into pc; returns their count. tau: the least r a pair may have
- * to rank (not above 0: every pair passes). */
+ * out, ascending, and their products into pc; returns their count. tau:
+ * the least r a pair may have to rank (not above 0: every pair passes). */
 static int knn_pw_filter(const knn_pw_consts *cs, const knn_pw_screen *qs,
                          int qi, const knn_pw_screen *rs, int n_ref,
                          double tau, const float *c, knn_pw_share *w,
@@ -1301,7 +1301,9 @@ knn_status knn_pairwise_search(const knn_pairwise_request *req,
     int per_thread = visits * unit >= budget ? 1
                    : (int)(budget / (visits * unit));
     int block = per_thread * threads * unit;
-    int blas_before = bicor ? 0 : knn_blas_hold_one_thread();
+    /* One engine thread leaves the BLAS its own threads for the products,
+     * as the search does (knn_cpu.c). */
+    int blas_before = bicor || threads == 1 ? 0 : knn_blas_hold_one_thread();
     for (int first = 0; st == KNN_OK && first < n_query; first += block) {
         int last = first + block < n_query ? first + block : n_query;
         if (bicor) {
