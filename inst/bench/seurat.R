@@ -47,7 +47,8 @@ clusteredObject <- function(cells, seed) {
     dimnames(embedding) <- list(names, paste0("PC_", seq_len(pcs)))
     counts <- matrix(stats::rpois(20 * cells, 1), 20, cells,
                      dimnames = list(paste0("g", 1:20), names))
-    obj <- SeuratObject::CreateSeuratObject(counts)
+    obj <- SeuratObject::CreateSeuratObject(
+        Matrix::Matrix(counts, sparse = TRUE))
     obj[["pca"]] <- SeuratObject::CreateDimReducObject(
         embeddings = embedding, key = "PC_", assay = "RNA")
     obj
