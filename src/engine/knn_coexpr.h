@@ -18,7 +18,7 @@
  * runs on the CPU. Its keys are float64, two passes over the shared
  * features (exact sums for nodes of small integers, so that exact ties
  * stay ties). For Pearson, |Pearson| and cosine, candidates come first
- * from one float64 matrix product per tile of rows with a proven bound
+ * from one float32 matrix product per tile of rows with proven bounds
  * (knn_coexpr.c), and only they get keys; bicor computes every pair's
  * key.
  *

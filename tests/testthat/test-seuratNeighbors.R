@@ -7,7 +7,9 @@ seuratObject <- function(n, seed) {
     set.seed(seed)
     counts <- matrix(stats::rpois(30 * n, 1), 30, n,
                      dimnames = list(paste0("g", 1:30), paste0("c", 1:n)))
-    obj <- SeuratObject::CreateSeuratObject(counts)
+    ## Sparse, as SeuratObject 5 would otherwise convert it with a warning.
+    obj <- SeuratObject::CreateSeuratObject(
+        Matrix::Matrix(counts, sparse = TRUE))
     pcs <- matrix(stats::rnorm(n * 12), n, 12,
                   dimnames = list(colnames(obj), paste0("PC_", 1:12)))
     obj[["pca"]] <- SeuratObject::CreateDimReducObject(
