@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#include "knn_blas.h"
 #include "knn_threads.h"
 
 #ifdef _OPENMP
@@ -41,6 +42,8 @@
 #define KNN_MIN_STACK (1024.0 * 1024.0)
 /* glibc's stack for a thread where the stack limit is unlimited. */
 #define KNN_UNLIMITED_STACK (32.0 * 1024.0 * 1024.0)
+/* The address space glibc reserves for a thread's malloc arena (64-bit). */
+#define KNN_MALLOC_ARENA (64.0 * 1024.0 * 1024.0)
 
 static volatile int knn_forked_child = 0;
 static double knn_stack_bytes = 0.0; /* a worker's stack, 0: not known */
@@ -51,7 +54,10 @@ static void knn_mark_child(void)
 }
 
 /* OMP_STACKSIZE in bytes (a number with an optional B, K, M or G; K when
- * there is none, as libgomp reads it), or 0 where unset or unreadable. */
+ * there is none, as libgomp reads it), or 0 where unset or unreadable.
+ * This is the OpenMP runtime's own setting, read from the environment
+ * because OpenMP has no call that returns it: libgomp gives its worker
+ * threads stacks of this size, read once when it starts. */
 static double knn_omp_stacksize(void)
 {
     const char *v = getenv("OMP_STACKSIZE");
@@ -96,6 +102,21 @@ double knn_address_space_left(void)
     }
     double left = (double)rl.rlim_cur - used;
     return left > 0.0 ? left : 0.0;
+}
+
+double knn_threads_reserve(int threads, int blas)
+{
+    double n = threads > 1 ? threads : 1;
+    double stack = knn_stack_bytes > 0.0 ? knn_stack_bytes
+                                         : KNN_UNLIMITED_STACK;
+    double buffers = blas ? fmax(0.0, n - knn_blas_buffers()) : 0.0;
+    return (n - 1.0) * (stack + KNN_MALLOC_ARENA) +
+           buffers * KNN_BLAS_BUFFER;
+}
+
+int knn_threads_reserve_fits(int threads, int blas)
+{
+    return knn_threads_reserve(threads, blas) <= knn_address_space_left();
 }
 
 int knn_threads_fitting(int threads, double bytes_each, double share)

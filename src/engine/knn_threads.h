@@ -24,6 +24,17 @@ int knn_threads(int requested);
  * INFINITY without a limit. Never fails. */
 double knn_address_space_left(void);
 
+/* Bytes of address space that a region of `threads` threads reserves
+ * besides the heap: for each thread but the calling one a stack and the
+ * arena of its first malloc, and, where they call the BLAS (blas
+ * nonzero), a BLAS buffer each (KNN_BLAS_BUFFER, knn_blas.h) that the BLAS
+ * does not hold already (knn_blas_buffers). */
+double knn_threads_reserve(int threads, int blas);
+
+/* Whether knn_threads_reserve(threads, blas) fits in the address space
+ * that the limit leaves now (always, without a limit). */
+int knn_threads_reserve_fits(int threads, int blas);
+
 /* The most of `threads` threads (at least 1) that each reserve
  * bytes_each within `share` of the address space left. */
 int knn_threads_fitting(int threads, double bytes_each, double share);

@@ -632,6 +632,52 @@ test_that("the threads asked for are the threads used, whatever OpenMP says", {
     }
 })
 
+test_that("under an address-space limit a search ends, or names what to lower", {
+    skip_if_not(file.exists("/proc/self/status"))
+    ## The sanitizers' shadow memory cannot live under a limit.
+    skip_if(nzchar(Sys.getenv("KNNGPU_SANITIZED")))
+    ## A BLAS buffer (128 MB in OpenBLAS) that the limit refused hung the
+    ## search (OpenBLAS retries it for ever); the default 64 MB of tiles
+    ## failed where smaller tiles fit. The limits are set from what the
+    ## child holds before its search: 100 MB more cannot hold the buffer,
+    ## 200 MB more holds it and small tiles.
+    script <- tempfile("knngpu-limit", fileext = ".R")
+    on.exit(unlink(script))
+    writeLines(c(
+        "suppressPackageStartupMessages(library(knngpu))",
+        "set.seed(1); x <- matrix(rnorm(20000 * 50), ncol = 50)",
+        "size <- grep('^VmSize', readLines('/proc/self/status'), value = TRUE)",
+        "res <- if (nzchar(Sys.getenv('KNNGPU_LIMIT_MEASURE'))) {",
+        "    'measured'",
+        "} else tryCatch({",
+        "    knnSearch(x, k = 10, metric = 'euclidean', device = 'cpu',",
+        "              threads = 1, progress = FALSE)",
+        "    'done'",
+        "}, error = function(e) conditionMessage(e))",
+        "cat('OUTCOME', gsub('[^0-9]', '', size), res, '\\n')"), script)
+    run <- function(limit_kb, env = "") {
+        command <- paste(
+            if (limit_kb > 0) sprintf("ulimit -v %.0f &&", limit_kb),
+            env, paste0("R_LIBS=", paste(.libPaths(), collapse = ":")),
+            "timeout 60", shQuote(file.path(R.home("bin"), "Rscript")),
+            shQuote(script))
+        start <- proc.time()[["elapsed"]]
+        out <- suppressWarnings(system2("sh", c("-c", shQuote(command)),
+                                        stdout = TRUE, stderr = TRUE))
+        line <- grep("^OUTCOME", out, value = TRUE)
+        list(line = if (length(line)) line[1L] else paste(out, collapse = " "),
+             seconds = proc.time()[["elapsed"]] - start)
+    }
+    measured <- run(0, "KNNGPU_LIMIT_MEASURE=1")$line
+    held <- as.numeric(strsplit(measured, " ")[[1L]][2L])
+    expect_false(is.na(held), label = measured)
+    tight <- run(held + 100 * 1024)
+    expect_match(tight$line, "'threads'.*knngpu.cpu.memory")
+    expect_lt(tight$seconds, 50)
+    roomy <- run(held + 200 * 1024)
+    expect_match(roomy$line, " done $")
+})
+
 test_that("an interrupt reaches R within a second in every long step", {
     skip_on_os("windows")
     ## Each step below ran for seconds without a poll: ranking the values
