@@ -16,8 +16,9 @@ void knn_threads_init(void);
  * processor this process may run on when requested <= 0, whatever
  * OMP_NUM_THREADS says; at most KNN_MAX_THREADS, 4 per processor, as many
  * as the address-space limit holds stacks for, and the processors other
- * runnable processes leave; 1 where thread stacks are too small, and in a
- * process forked after knn_threads_init() (see knn_threads.c). */
+ * runnable processes leave (but for a count requested where OpenMP's waits
+ * do not spin); 1 where thread stacks are too small, and in a process
+ * forked after knn_threads_init() (see knn_threads.c). */
 int knn_threads(int requested);
 
 /* Bytes of address space the limit (ulimit -v) leaves this process;

@@ -632,6 +632,34 @@ test_that("the threads asked for are the threads used, whatever OpenMP says", {
     }
 })
 
+test_that("threads asked for are kept on a busy machine where waits sleep", {
+    skip_on_os("windows")
+    skip_if_not(file.exists("/proc/loadavg"))
+    ## More busy processes than cores: spinning waits make a second thread
+    ## cost more than it gains (inst/bench/shared_load.R), so a count left
+    ## to the engine, and one asked for where OpenMP spins, is lowered to
+    ## the free cores; where OpenMP's waits sleep (OMP_WAIT_POLICY=passive
+    ## when R started), the count asked for is the count used.
+    code <- c(
+        "busy <- lapply(seq_len(parallel::detectCores() + 1L), function(i)",
+        "    parallel::mcparallel(repeat NULL))",
+        "Sys.sleep(0.5)",
+        "x <- matrix(rnorm(3000 * 20), 3000)",
+        "asked <- knnSearch(x, k = 3, device = 'cpu', threads = 2,",
+        "                   progress = FALSE)",
+        "auto <- knnSearch(x, k = 3, device = 'cpu', progress = FALSE)",
+        "tools::pskill(vapply(busy, `[[`, 0L, 'pid'))",
+        "cat('DEVICE', attr(asked, 'device'), '|', attr(auto, 'device'),",
+        "    '\\n')")
+    device <- function(env) {
+        grep("^DEVICE", rscriptOutput(code, env), value = TRUE)
+    }
+    expect_identical(device("OMP_WAIT_POLICY=passive"),
+                     "DEVICE cpu (2 threads) | cpu (1 threads) ")
+    expect_identical(device("OMP_WAIT_POLICY=active"),
+                     "DEVICE cpu (1 threads) | cpu (1 threads) ")
+})
+
 test_that("under an address-space limit a search ends, or names what to lower", {
     skip_if_not(file.exists("/proc/self/status"))
     ## The sanitizers' shadow memory cannot live under a limit.
