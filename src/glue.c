@@ -390,8 +390,8 @@ static void knn_snn_check(SEXP index, SEXP type)
 }
 
 /* index: n x k 1-based integer matrix of a self search. Returns
- * list(from, to, weight) with 1-based from < to, in (from, to) order. Polls for interrupts,
- * which it raises again once every array is freed. */
+ * list(from, to, weight) with 1-based from < to, in (from, to) order.
+ * Polls for interrupts, which it raises again once every array is freed. */
 SEXP C_knn_snn(SEXP index, SEXP type)
 {
     knn_snn_check(index, type);

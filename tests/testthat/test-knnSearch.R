@@ -660,7 +660,7 @@ test_that("threads asked for are kept on a busy machine where waits sleep", {
                      "DEVICE cpu (1 threads) | cpu (1 threads) ")
 })
 
-test_that("under an address-space limit a search ends, or names what to lower", {
+test_that("under an address-space limit a search ends or names what to lower", {
     skip_if_not(file.exists("/proc/self/status"))
     ## The sanitizers' shadow memory cannot live under a limit.
     skip_if(nzchar(Sys.getenv("KNNGPU_SANITIZED")))
