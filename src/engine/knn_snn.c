@@ -13,6 +13,7 @@
  * and the edge count may pass 2^31. The interrupt callback is polled every
  * KNN_SNN_POLL_WORK steps of that work (a few milliseconds).
  */
+#include <math.h>
 #include <stdlib.h>
 #include "knn.h"
 
@@ -147,7 +148,7 @@ knn_status knn_snn_graph(const int *index, int n, int k, int base,
             work += 1.0 + (double)(rev.start[s + 1] - rev.start[s]);
         }
         qsort(touched, (size_t)n_touched, sizeof *touched, knn_snn_int_cmp);
-        work += n_touched;
+        work += n_touched * log2(n_touched + 1.0);
         for (int t = 0; t < n_touched; t++) {
             int b = touched[t];
             if (st == KNN_OK &&
