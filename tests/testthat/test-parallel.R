@@ -291,7 +291,9 @@ test_that("an interrupt of the master alone stops its workers within 1 s", {
     ## seconds), and MulticoreParam's workers went on searching, then
     ## stayed, for the rest of the session. The signal comes once both
     ## workers are inside their blocks, which each name themselves in the
-    ## transfer directory (R/parallel.R, .blockTask()).
+    ## transfer directory (R/parallel.R, .blockTask()). Pearson keeps the
+    ## workers on the product scan, whose interrupt polls are the ones
+    ## timed here.
     running <- function(pid) {
         stat <- sprintf("/proc/%d/stat", pid)
         if (!file.exists(stat)) return(FALSE)
@@ -312,7 +314,7 @@ test_that("an interrupt of the master alone stops its workers within 1 s", {
                 sprintf("options(knngpu.transfer.dir = '%s')", dir),
                 "set.seed(1); x <- matrix(rnorm(80000 * 50), 80000)"),
             code = paste0(
-                "knnGraph(x, k = 10, metric = 'euclidean', device = 'cpu', ",
+                "knnGraph(x, k = 10, metric = 'pearson', device = 'cpu', ",
                 "threads = 1, progress = FALSE, BPPARAM = BiocParallel::",
                 param, ")"),
             ready = function() {
