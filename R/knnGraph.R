@@ -116,11 +116,14 @@ knnGraph <- function(x, k = 10, metric = NULL, by = c("rows", "columns"),
                                   BPPARAM, precision, checkpoint,
                                   use = way, min.shared = use$min.shared))
     }
-    edges <- if (is.null(snn)) {
+    edges <- if (!is.null(snn)) {
+        .snnEdges(res$index, snn)
+    } else if (symmetrize == "none" || anyNA(res$to)) {
         .symmetrize(.directedEdges(res, way == "pairwise"), symmetrize,
                     source$n)
     } else {
-        .snnEdges(res$index, snn)
+        res[c("from", "rank")] <- NULL
+        .symmetrizeSearch(res, symmetrize, k)
     }
     .labelEdges(edges, source$labels, c(list(
         metric = metric, k = k, by = by, symmetrize = symmetrize, snn = snn,
@@ -155,33 +158,24 @@ knnGraph <- function(x, k = 10, metric = NULL, by = c("rows", "columns"),
 }
 
 ## Undirected edges: each pair once (from < to), keeping its better rank;
-## "mutual" keeps pairs that both ends chose. In C (knn_symmetry_pairs),
-## in memory of the order of the edges themselves.
-.symmetrize <- function(edges, symmetrize, n) {
-    if (symmetrize == "none") return(edges)
-    k <- nrow(edges) %/% n
-    if (!.isFullEdgeList(edges, n, k)) {
-        return(.symmetrizeAny(edges, symmetrize, n))
-    }
-    list2DF(.Call(C_knn_symmetrize, edges$to, edges$weight, edges$distance,
+## "mutual" keeps pairs that both ends chose.
+
+## Of a search's whole directed list, k neighbours of every node (the
+## engine's `to`, `weight` and `distance` in edge order, as .runEngine()
+## and .edgeList() give them; `from` and `rank` are not needed, and a
+## caller that drops them first frees their memory): in C
+## (knn_symmetry_pairs), in memory of the order of the edges themselves.
+.symmetrizeSearch <- function(res, symmetrize, k) {
+    list2DF(.Call(C_knn_symmetrize, res$to, res$weight, res$distance,
                   as.integer(k), symmetrize == "mutual"))
 }
 
-## Whether edges are a search's whole directed list, k per node in node
-## order with weights and distances, which the engine symmetrises in
-## bounded memory (C_knn_symmetrize).
-.isFullEdgeList <- function(edges, n, k) {
-    k >= 1L && nrow(edges) == as.double(n) * k &&
-        is.double(edges$weight) && is.double(edges$distance) &&
-        is.integer(edges$to) &&
-        identical(as.integer(edges$from), rep.int(seq_len(n), rep.int(k, n)))
-}
-
-## Any other directed edge list (fewer than k partners for some nodes, as
-## a pairwise-complete search leaves, or other columns, as toAdjacency()
-## passes): each pair once, from < to, with the columns of its edge of the
-## smaller rank, in (from, to) order, as C_knn_symmetrize gives them.
-.symmetrizeAny <- function(edges, symmetrize, n) {
+## Of any directed edge list of n nodes (fewer than k partners for some
+## nodes, as a pairwise-complete search leaves, or other columns, as
+## toAdjacency() passes): the columns of each pair's edge of the smaller
+## rank, in (from, to) order, as .symmetrizeSearch() gives them.
+.symmetrize <- function(edges, symmetrize, n) {
+    if (symmetrize == "none") return(edges)
     lo <- pmin(edges$from, edges$to)
     hi <- pmax(edges$from, edges$to)
     edges$from <- lo
@@ -203,11 +197,7 @@ knnGraph <- function(x, k = 10, metric = NULL, by = c("rows", "columns"),
              "'min.shared'", call. = FALSE)
     }
     type <- match(snn, c("rank", "number", "jaccard")) - 1L
-    g <- .Call(C_knn_snn, index, type)
-    edges <- data.frame(from = g$from, to = g$to, weight = g$weight)
-    edges <- edges[order(edges$from, edges$to), , drop = FALSE]
-    rownames(edges) <- NULL
-    edges
+    list2DF(.Call(C_knn_snn, index, type))
 }
 
 ## Replaces node numbers by names (unnamed nodes keep their 1-based

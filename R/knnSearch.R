@@ -35,8 +35,13 @@
 #'   \code{"cpu"} or \code{"gpu"} force one. The answer is the same.
 #' @param threads CPU threads, a whole number from 1 to 1024 (larger counts
 #'   are refused: OpenMP would try to start them all); \code{NULL} or 0 uses
-#'   \code{getOption("knngpu.threads")}, else all cores. BLAS threads are
-#'   set by the BLAS library.
+#'   \code{getOption("knngpu.threads")}, else all cores. While other
+#'   processes keep the cores busy, fewer threads run, as many as the cores
+#'   they leave: OpenMP's waiting threads spin, and a thread more than the
+#'   free cores then slows the search down. Where R started with
+#'   \code{OMP_WAIT_POLICY=passive} in its environment, the waits sleep and
+#'   the threads asked for are the threads used. BLAS threads are set by
+#'   the BLAS library.
 #' @param progress Show a progress bar on long runs.
 #' @param verbose Print the device, precision, tiling and timings.
 #' @param assay For a \code{SummarizedExperiment}, which assay to use (a

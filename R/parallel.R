@@ -163,8 +163,9 @@
     todo <- which(!file.exists(.blockFile(store, seq_along(blocks))))
     if (length(todo)) {
         tasks <- lapply(todo, function(i) list(block = i, rows = blocks[[i]]))
-        parts <- tryCatch(BiocParallel::bptry(BiocParallel::bplapply(
-            tasks, .blockTask(handle, k, search, store), BPPARAM = BPPARAM)),
+        parts <- tryCatch(BiocParallel::bptry(.stoppingWorkers(
+            BiocParallel::bplapply(tasks, .blockTask(handle, k, search, store),
+                                   BPPARAM = BPPARAM), store, BPPARAM)),
             error = identity)
         .stopUnwritten(store, blocks, todo, parts,
                        if (is.null(query)) ref else query)
@@ -274,8 +275,8 @@
 }
 
 ## Where the workers write their blocks (see the top of this file):
-## list(dir, keep, count), keep saying whether the files outlast the
-## search.
+## list(dir, keep, count, stop), keep saying whether the files outlast the
+## search, stop the file (.stoppingWorkers()) that stops the workers.
 .blockStore <- function(checkpoint, handle, k, blocks) {
     count <- length(blocks)
     if (is.null(checkpoint)) {
@@ -284,7 +285,8 @@
             stop("cannot create a directory in option ",
                  "'knngpu.transfer.dir'", call. = FALSE)
         }
-        return(list(dir = dir, keep = FALSE, count = count))
+        return(list(dir = dir, keep = FALSE, count = count,
+                    stop = file.path(dir, "stop")))
     }
     dir <- checkpoint$dir
     if (!dir.exists(dir) && !dir.create(dir, recursive = TRUE)) {
@@ -305,7 +307,50 @@
     } else {
         writeLines(key, keyFile)
     }
-    list(dir = dir, keep = TRUE, count = count)
+    stopFile <- file.path(dir, "stop")
+    unlink(stopFile)
+    list(dir = dir, keep = TRUE, count = count, stop = stopFile)
+}
+
+## Evaluates `run` (the workers' bplapply()) so that an interrupt of this
+## process stops the workers too: at the interrupt, before any frame
+## unwinds, the store's stop file appears, which the workers' searches
+## watch with its directory (src/callbacks.c). BiocParallel would
+## otherwise wait, while unwinding, for the blocks that its workers are
+## searching (SnowParam), or leave them searching (MulticoreParam). The
+## file stays for workers that have not looked yet: the store's
+## directory goes with it, or a rerun on a checkpoint removes it.
+## A MulticoreParam that bplapply() starts forks a process per block,
+## which after its block waits until this process reads its result:
+## after an interrupt nothing would, and each would keep its memory for
+## the rest of the session, so they are read here (.collectForked()).
+.stoppingWorkers <- function(run, store, BPPARAM) {
+    forked <- methods::is(BPPARAM, "MulticoreParam") &&
+        !BiocParallel::bpisup(BPPARAM)
+    stopped <- FALSE
+    on.exit({
+        if (stopped && forked) .collectForked(store)
+        unlink(list.files(store$dir, "^worker-[0-9]+$", full.names = TRUE))
+    })
+    withCallingHandlers(run, interrupt = function(condition) {
+        stopped <<- TRUE
+        file.create(store$stop, showWarnings = FALSE)
+    })
+}
+
+## Reads (parallel::mccollect()) the results of the processes that this
+## process forked for the store's blocks (each named itself in the store,
+## .blockTask()) and that stopped after an interrupt, which lets them
+## exit; waits for them at most `seconds`.
+.collectForked <- function(store, seconds = 2) {
+    pids <- as.integer(sub("^worker-", "",
+                           list.files(store$dir, "^worker-[0-9]+$")))
+    limit <- .wallSeconds() + seconds
+    while (length(pids) && .wallSeconds() < limit) {
+        done <- parallel::mccollect(pids, wait = FALSE, timeout = 0.05)
+        pids <- setdiff(pids, as.integer(names(done)))
+    }
+    invisible(NULL)
 }
 
 ## What decides a search's bits: its data (the transfer file's checksum,
@@ -351,10 +396,18 @@
 
 ## The task function: the reference in the engine's layout, read on a
 ## worker's first block and kept (one search's worth, by token) for the
-## next, then one block, list(block, rows), searched and written.
+## next, then one block, list(block, rows), searched and written; none
+## once the store's stop file exists, which also stops a search under way.
 .blockTask <- function(handle, k, search, store) {
     force(list(handle, k, search, store))
     function(task) {
+        if (file.exists(store$stop) || !dir.exists(store$dir)) {
+            stop("the search was stopped: the R session that started it ",
+                 "was interrupted", call. = FALSE)
+        }
+        file.create(file.path(store$dir, paste0("worker-", Sys.getpid())))
+        .Call(C_knn_stop_file, store$stop)
+        on.exit(.Call(C_knn_stop_file, NULL))
         shared <- .workerShared(handle)
         .writeBlock(store, task$block,
                     .searchBlock(shared$ref, shared$query, task$rows, k,

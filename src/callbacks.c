@@ -6,16 +6,74 @@
  * it again once the engine has freed everything: R then sees a real
  * interrupt (or the error, e.g. setTimeLimit()'s) as if the engine had not
  * been there.
+ *
+ * A BiocParallel worker also stops when its search's stop file appears,
+ * or the directory that holds it goes (R/parallel.R): an interrupt
+ * reaches only the process that started the search, whose workers would
+ * otherwise finish their blocks first, even after that process has gone
+ * on (MulticoreParam does not wait for them) and removed the directory.
  */
 #include <R.h>
 #include <Rinternals.h>
 #include <cli/progress.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
 #include "callbacks.h"
+#include "knn_backend.h"
+
+/* The stop file this process's searches watch and its directory (NULL:
+ * none), and when they were last looked for: a file system lookup per
+ * poll would cost more than the poll, and a tenth of a second keeps the
+ * answer within one. */
+static char *knn_r_stop_path;
+static char *knn_r_stop_dir;
+static double knn_r_stop_looked;
+
+#define KNN_STOP_LOOK_SECONDS 0.1
 
 static SEXP knn_r_check_interrupt(void *unused)
 {
     (void)unused;
     R_CheckUserInterrupt();
+    if (knn_r_stop_path) {
+        double now = knn_seconds();
+        if (now - knn_r_stop_looked >= KNN_STOP_LOOK_SECONDS) {
+            knn_r_stop_looked = now;
+            if (access(knn_r_stop_path, F_OK) == 0 ||
+                access(knn_r_stop_dir, F_OK) != 0) {
+                error("the search was stopped: the R session that started "
+                      "it was interrupted");
+            }
+        }
+    }
+    return R_NilValue;
+}
+
+SEXP C_knn_stop_file(SEXP path)
+{
+    free(knn_r_stop_path);
+    free(knn_r_stop_dir);
+    knn_r_stop_path = knn_r_stop_dir = NULL;
+    knn_r_stop_looked = 0;
+    if (!isString(path) || XLENGTH(path) != 1 ||
+        STRING_ELT(path, 0) == NA_STRING) {
+        return R_NilValue;
+    }
+    const char *p = R_ExpandFileName(translateChar(STRING_ELT(path, 0)));
+    const char *slash = strrchr(p, '/');
+    size_t dir_len = slash ? (size_t)(slash - p) : 1;
+    knn_r_stop_path = malloc(strlen(p) + 1);
+    knn_r_stop_dir = malloc(dir_len + 1);
+    if (!knn_r_stop_path || !knn_r_stop_dir) {
+        free(knn_r_stop_path);
+        free(knn_r_stop_dir);
+        knn_r_stop_path = knn_r_stop_dir = NULL;
+        error("cannot keep the stop file's path");
+    }
+    strcpy(knn_r_stop_path, p);
+    memcpy(knn_r_stop_dir, slash ? p : ".", dir_len);
+    knn_r_stop_dir[dir_len] = '\0';
     return R_NilValue;
 }
 

@@ -33,4 +33,9 @@ void knn_r_callbacks_done(knn_r_session *session);
  * error as it was. Does not return. Call after everything is freed. */
 void knn_r_raise(SEXP condition);
 
+/* .Call entry: path (a string) is the file whose appearance, or its
+ * directory's removal, stops this process's searches at their next
+ * interrupt poll, with an R error; NULL stops watching. Returns NULL. */
+SEXP C_knn_stop_file(SEXP path);
+
 #endif

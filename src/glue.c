@@ -394,8 +394,8 @@ static void knn_snn_check(SEXP index, SEXP type)
 }
 
 /* index: n x k 1-based integer matrix of a self search. Returns
- * list(from, to, weight) with 1-based from < to. Polls for interrupts,
- * which it raises again once every array is freed. */
+ * list(from, to, weight) with 1-based from < to, in (from, to) order.
+ * Polls for interrupts, which it raises again once every array is freed. */
 SEXP C_knn_snn(SEXP index, SEXP type)
 {
     knn_snn_check(index, type);
@@ -432,11 +432,10 @@ SEXP C_knn_snn(SEXP index, SEXP type)
     return res;
 }
 
-/* What C_knn_symmetrize keeps across R's allocations: the reverse lists
- * and the pairs' edges, freed whether or not those succeed. */
+/* What C_knn_symmetrize keeps across R's allocations: the reverse lists,
+ * freed whether or not those succeed. */
 typedef struct {
     knn_symmetry sym;
-    size_t *edge;
     SEXP to, weight, distance;
     int n, k, mutual;
     size_t m;
@@ -450,22 +449,14 @@ static SEXP knn_sym_to_r(void *data)
     SEXPTYPE types[] = {INTSXP, INTSXP, REALSXP, REALSXP, INTSXP};
     for (int c = 0; c < 5; c++)
         SET_VECTOR_ELT(res, c, allocVector(types[c], (R_xlen_t)j->m));
-    j->edge = malloc((j->m ? j->m : 1) * sizeof(size_t));
-    if (!j->edge)
-        error("knngpu: out of memory symmetrising %.0f edges: lower k",
-              (double)j->m);
+    knn_symmetry_out out = {
+        INTEGER(VECTOR_ELT(res, 0)), INTEGER(VECTOR_ELT(res, 1)),
+        INTEGER(VECTOR_ELT(res, 4)), REAL(VECTOR_ELT(res, 2)),
+        REAL(VECTOR_ELT(res, 3))};
     size_t m;
-    int *from = INTEGER(VECTOR_ELT(res, 0)), *to = INTEGER(VECTOR_ELT(res, 1));
-    knn_symmetry_pairs(&j->sym, INTEGER(j->to), j->n, j->k, 1, j->mutual,
-                       NULL, from, to, j->edge, &m);
-    double *w = REAL(VECTOR_ELT(res, 2)), *d = REAL(VECTOR_ELT(res, 3));
-    int *rank = INTEGER(VECTOR_ELT(res, 4));
-    for (size_t x = 0; x < m; x++) {
-        size_t e = j->edge[x];
-        w[x] = REAL(j->weight)[e];
-        d[x] = REAL(j->distance)[e];
-        rank[x] = (int)(e % (size_t)j->k) + 1;
-    }
+    knn_symmetry_pairs(&j->sym, INTEGER(j->to), REAL(j->weight),
+                       REAL(j->distance), j->n, j->k, 1, j->mutual, NULL,
+                       &out, &m);
     UNPROTECT(1);
     return res;
 }
@@ -475,8 +466,6 @@ static void knn_sym_release(void *data, Rboolean jump)
     knn_sym_job *j = data;
     (void)jump;
     knn_symmetry_free(&j->sym);
-    free(j->edge);
-    j->edge = NULL;
 }
 
 /* to, weight, distance: a self search's directed edge list of n nodes x k
@@ -494,7 +483,7 @@ SEXP C_knn_symmetrize(SEXP to, SEXP weight, SEXP distance, SEXP k,
         XLENGTH(to) / kk > INT_MAX)
         error("knngpu: a directed edge list of n x k integer targets and "
               "double weights and distances is needed");
-    knn_sym_job j = {{NULL, NULL}, NULL, to, weight, distance,
+    knn_sym_job j = {{NULL, NULL}, to, weight, distance,
                      (int)(XLENGTH(to) / kk), kk, asLogical(mutual) == TRUE,
                      0};
     const int *t = INTEGER(to);
@@ -510,8 +499,9 @@ SEXP C_knn_symmetrize(SEXP to, SEXP weight, SEXP distance, SEXP k,
     knn_r_callbacks(&session, 0, j.n, &cb);
     PROTECT(session.bar);
     PROTECT(session.caught);
-    knn_status st = knn_symmetry_pairs(&j.sym, t, j.n, kk, 1, j.mutual, &cb,
-                                       NULL, NULL, NULL, &j.m);
+    knn_status st = knn_symmetry_pairs(&j.sym, t, REAL(weight),
+                                       REAL(distance), j.n, kk, 1, j.mutual,
+                                       &cb, NULL, &j.m);
     if (st != KNN_OK) {
         knn_symmetry_free(&j.sym);
         if (st == KNN_E_INTERRUPTED)

@@ -288,6 +288,43 @@ limitCase("100000 x 50 graph under 1 GB", finishes(paste(
 limitCase("SNN weights of 20000 nodes, k = 30, under 1 GB", finishes(paste(
     "x <- matrix(rnorm(20000 * 10), ncol = 10); knnGraph(x, k = 30,",
     "metric = 'euclidean', device = 'cpu', snn = 'rank')")), vmem = 1e6)
+## Little left under the limit: a raw vector takes all but `mb` of it
+## (ulimit -v, which a child shell reports, less what R holds), where a
+## BLAS buffer (128 MB in OpenBLAS, retried for ever when refused) no
+## longer fits beside the search.
+leaving <- function(mb, call) paste(
+    "limit <- as.numeric(system('ulimit -v', intern = TRUE));",
+    "held <- as.numeric(gsub('[^0-9]', '', grep('^VmSize',",
+    "    readLines('/proc/self/status'), value = TRUE)));",
+    "x <- matrix(rnorm(20000 * 50), ncol = 50);",
+    sprintf("hog <- raw(max(0, (limit - held) * 1024 - %.0f * 2^20 - 8e6));",
+            mb), call)
+for (left in c(60, 120, 200)) for (algorithm in c("auto", "products")) {
+    limitCase(sprintf("20000 x 50, %s, %d MB left under 1 GB", algorithm,
+                      left),
+              finishes(leaving(left, paste0(
+                  "options(knngpu.algorithm = '", algorithm, "'); ",
+                  "knnSearch(x, k = 10, metric = 'euclidean', ",
+                  "device = 'cpu', threads = 2)"))), vmem = 1e6)
+}
+limitCase("k = 5000 re-rank under 1 GB", finishes(paste(
+    "x <- matrix(rnorm(20000 * 10), ncol = 10); knnSearch(x, x[1:2000, ],",
+    "k = 5000, metric = 'euclidean', device = 'cpu')")), vmem = 1e6)
+limitCase("union of 20000 nodes, k = 200, under 1 GB", finishes(paste(
+    "x <- matrix(rnorm(20000 * 10), ncol = 10); knnGraph(x, k = 200,",
+    "metric = 'euclidean', device = 'cpu', symmetrize = 'union')")),
+    vmem = 1e6)
+limitCase("k-d tree of 300000 points, threads = 8, under 1 GB", finishes(
+    paste("x <- matrix(rnorm(3e5 * 3), ncol = 3);",
+          "options(knngpu.algorithm = 'tree'); knnSearch(x, k = 10,",
+          "metric = 'euclidean', device = 'cpu', threads = 8)")), vmem = 1e6)
+limitCase("SnowParam(2) under 1 GB", finishes(paste(
+    "x <- matrix(rnorm(20000 * 10), ncol = 10); knnGraph(x, k = 10,",
+    "metric = 'euclidean', device = 'cpu',",
+    "BPPARAM = BiocParallel::SnowParam(2))")), vmem = 1e6)
+limitCase("Spearman of 5000 x 500, threads = 4, under 1 GB", finishes(paste(
+    "x <- matrix(rnorm(5000 * 500), ncol = 500); knnGraph(x, k = 10,",
+    "metric = 'spearman', device = 'cpu', threads = 4)")), vmem = 1e6)
 
 ## The R code every case runs first.
 prelude <- c(

@@ -3,8 +3,14 @@
 ## workstation. With waits that spin, a thread that the scheduler has
 ## parked holds every other one; two threads then take longer than one.
 ##
+## Under the load, the engine lowers the threads to the free cores
+## (src/engine/knn_threads.c), so threads = 2 runs on 1 there; where
+## OpenMP's waits sleep, it keeps the 2 asked for, which the second form
+## measures:
+##
 ## Usage (from the repository root, with knngpu installed in R_LIBS):
 ##   Rscript inst/bench/shared_load.R [--reps=N] [--load=N]
+##   OMP_WAIT_POLICY=passive Rscript inst/bench/shared_load.R [--reps=N]
 ##
 ##   --reps=N  runs per thread count (median reported; default 7)
 ##   --load=N  busy processes beside the search (default: one per core)

@@ -297,7 +297,8 @@ typedef enum { KNN_SNN_RANK = 0, KNN_SNN_NUMBER, KNN_SNN_JACCARD } knn_snn_type;
 /* Builds the undirected SNN graph of a self-search result: `index` is n x k,
  * column-major, its nodes counted from `base` (0, or R's 1), every one in
  * [base, base + n) (the caller checks). Allocates *from, *to (counted from
- * base too, from < to) and *weight with malloc; the caller frees them.
+ * base too, from < to, in (from, to) order) and *weight with malloc; the
+ * caller frees them.
  * Polls cb's interrupt callback (cb may be NULL). Returns KNN_E_NOMEM when
  * memory runs out, KNN_E_INTERRUPTED when the callback asks to stop; the
  * outputs are then NULL and everything is freed. */
@@ -323,13 +324,24 @@ knn_status knn_symmetry_build(knn_symmetry *s, const int *to, int n, int k,
                               int base);
 void knn_symmetry_free(knn_symmetry *s);
 
-/* Counts the pairs into *count and, where lo_out is not NULL, writes each
- * pair's nodes (from base) and its edge. Polls cb (may be NULL). Returns
- * KNN_E_NOMEM or KNN_E_INTERRUPTED (outputs unspecified). */
-knn_status knn_symmetry_pairs(const knn_symmetry *s, const int *to, int n,
-                              int k, int base, int mutual,
-                              const knn_callbacks *cb, int *lo_out,
-                              int *hi_out, size_t *edge_out, size_t *count);
+/* Where knn_symmetry_pairs writes the pairs, one element each: the nodes
+ * (from base, lo < hi) and the weight, distance and rank (1..k) of the
+ * pair's edge. */
+typedef struct {
+    int *lo, *hi, *rank;
+    double *weight, *distance;
+} knn_symmetry_out;
+
+/* Counts the pairs into *count and, where out is not NULL, writes them,
+ * with the weights and distances of the directed list (edge order, as
+ * `to`) that out->weight and out->distance take theirs from. Polls cb
+ * (may be NULL). Returns KNN_E_NOMEM or KNN_E_INTERRUPTED (outputs
+ * unspecified). */
+knn_status knn_symmetry_pairs(const knn_symmetry *s, const int *to,
+                              const double *weight, const double *distance,
+                              int n, int k, int base, int mutual,
+                              const knn_callbacks *cb,
+                              const knn_symmetry_out *out, size_t *count);
 
 /* What the GPU backend sees. */
 typedef struct {

@@ -15,6 +15,7 @@
 #define _GNU_SOURCE /* RTLD_DEFAULT in older glibc */
 #endif
 #include <dlfcn.h>
+#include <stdatomic.h>
 #include <stddef.h>
 #include "knn_blas.h"
 
@@ -48,4 +49,26 @@ void knn_blas_release(int before)
 {
     knn_blas_set_fn set = knn_blas_setter();
     if (before > 0 && set) set(before);
+}
+
+static atomic_int knn_blas_running;
+static atomic_int knn_blas_most;
+
+void knn_blas_enter(void)
+{
+    int now = atomic_fetch_add(&knn_blas_running, 1) + 1;
+    int most = atomic_load(&knn_blas_most);
+    while (now > most &&
+           !atomic_compare_exchange_weak(&knn_blas_most, &most, now)) {
+    }
+}
+
+void knn_blas_leave(void)
+{
+    atomic_fetch_sub(&knn_blas_running, 1);
+}
+
+int knn_blas_buffers(void)
+{
+    return atomic_load(&knn_blas_most);
 }

@@ -28,13 +28,27 @@ void sgemm_(const char *transa, const char *transb, const int *m,
 #define KNN_BLAS_BUFFER (128.0 * 1024 * 1024)
 #define KNN_BLAS_SHARE 0.5
 
+/* Brackets every product the engine asks of the BLAS (below): OpenBLAS
+ * keeps a buffer for each product that ran at once with others, for the
+ * rest of the process, so the most products at once so far is how many
+ * buffers it holds already (knn_threads_reserve counts the others). */
+void knn_blas_enter(void);
+void knn_blas_leave(void);
+
+/* The most products the engine had running at once so far: the BLAS
+ * buffers already in this process's address space (R's own products,
+ * which are not counted, may hold one more). Never fails. */
+int knn_blas_buffers(void);
+
 /* c (m x n) = t(a) %*% b, where a is p x m and b is p x n (column-major,
  * node-contiguous): the dot products of every pair of nodes. */
 static inline void knn_gemm_tn(int m, int n, int p, const double *a,
                                const double *b, double *c)
 {
     const double one = 1.0, zero = 0.0;
+    knn_blas_enter();
     dgemm_("T", "N", &m, &n, &p, &one, a, &p, b, &p, &zero, c, &m, 1, 1);
+    knn_blas_leave();
 }
 
 /* The same in float32 (inputs rounded, sums in float32: the margins of
@@ -44,7 +58,9 @@ static inline void knn_sgemm_tn(int m, int n, int p, const float *a,
                                 const float *b, float *c)
 {
     const float one = 1.0f, zero = 0.0f;
+    knn_blas_enter();
     sgemm_("T", "N", &m, &n, &p, &one, a, &p, b, &p, &zero, c, &m, 1, 1);
+    knn_blas_leave();
 }
 
 /* Holds the BLAS to one thread of its own, so that the engine's threads

@@ -943,6 +943,10 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
     double *f = malloc((size_t)n * p * sizeof(double));
     int *assign = malloc((size_t)n * sizeof(int));
     st = f && assign ? KNN_OK : KNN_E_NOMEM;
+    /* OpenBLAS retries a buffer that an address-space limit refuses for
+     * ever: the threads' buffers must fit before the first product. */
+    if (st == KNN_OK && !knn_threads_reserve_fits(km->threads, 1))
+        st = KNN_E_NOMEM;
     if (st == KNN_OK) {
         knn_nodes_fast(&km->space, &km->ref, 0, n, 0, f, km->threads);
         st = knn_km_partition(km, f, n, assign);
@@ -1059,7 +1063,8 @@ knn_status knn_clusters_search(const knn_request *req, knn_result *out,
     } else if (st == KNN_E_NOMEM) {
         snprintf(report->message, sizeof report->message,
                  "out of memory on the CPU partitioning %d nodes into "
-                 "clusters", req->n_ref);
+                 "clusters with %d threads: lower 'threads' or "
+                 "options(knngpu.cpu.memory)", req->n_ref, km.threads);
     } else if (st == KNN_E_INTERRUPTED && !report->message[0]) {
         snprintf(report->message, sizeof report->message,
                  "stopped between row clusters; all memory released");

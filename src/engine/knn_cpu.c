@@ -97,6 +97,7 @@ typedef struct {
     int symmetric;           /* self search sharing each score both ways */
     int n_query;
     int threads;
+    double budget;           /* bytes the tiles may take (knn_cpu_budget) */
     int row_tile, col_tile;
     void *tile;              /* col_tile x row_tile values: double, or
                                 float where tile_fp32; NULL if streamed */
@@ -139,17 +140,32 @@ static double knn_cpu_shared_rows(const knn_cpu *cpu)
  * reference columns as leave room for a useful row tile, then as many rows
  * as memory and the work bound allow. A streamed search has no tile, so
  * the budget goes to the fast vectors alone. */
-/* Bytes the request's tiles may take. */
-static double knn_cpu_budget(const knn_request *req)
+/* Under an address-space limit (ulimit -v), the share of what the limit
+ * leaves, less the threads' stacks and BLAS buffers, that the tiles may
+ * take: the rest is for the result, which R allocates after the search,
+ * and for R itself. */
+#define KNN_CPU_LIMIT_SHARE 0.5
+
+/* Bytes the search's tiles may take: the request's budget (or the
+ * default), shrunk to what an address-space limit leaves once the nodes
+ * are prepared. A budget too small for the smallest tile fails its
+ * allocation, which then names what to lower. */
+static double knn_cpu_budget(const knn_cpu *cpu)
 {
-    return req->memory_bytes > 0 ? req->memory_bytes : KNN_CPU_DEFAULT_BYTES;
+    const knn_request *req = cpu->req;
+    double bytes = req->memory_bytes > 0 ? req->memory_bytes
+                                         : KNN_CPU_DEFAULT_BYTES;
+    double room = KNN_CPU_LIMIT_SHARE *
+        (knn_address_space_left() -
+         knn_threads_reserve(cpu->threads, knn_uses_product(req->metric)));
+    return room < bytes ? fmax(room, 0.0) : bytes;
 }
 
 static void knn_cpu_plan(knn_cpu *cpu)
 {
     const knn_request *req = cpu->req;
     int product = knn_uses_product(req->metric);
-    double bytes = knn_cpu_budget(req);
+    double bytes = cpu->budget = knn_cpu_budget(cpu);
     double pool_bytes = (double)req->n_ref *
                         (KNN_POOL_FIRST_CAP(req->k) * sizeof(knn_cand) +
                          req->k * sizeof(double));
@@ -299,10 +315,17 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
         if (!cpu->ref_fast.values || !cpu->query_fast.values)
             return KNN_E_NOMEM;
     }
-    if (!cpu->symmetric || cpu->streamed) return KNN_OK;
-    cpu->column_bound = malloc((size_t)cpu->col_tile * sizeof(double));
-    cpu->column_floor = malloc((size_t)cpu->col_tile * sizeof(float));
-    return cpu->column_bound && cpu->column_floor ? KNN_OK : KNN_E_NOMEM;
+    if (cpu->symmetric && !cpu->streamed) {
+        cpu->column_bound = malloc((size_t)cpu->col_tile * sizeof(double));
+        cpu->column_floor = malloc((size_t)cpu->col_tile * sizeof(float));
+        if (!cpu->column_bound || !cpu->column_floor) return KNN_E_NOMEM;
+    }
+    /* What the threads take once the search runs must fit now: OpenBLAS
+     * retries a buffer that the limit refuses for ever, where a failed
+     * allocation here is an error that names what to lower. */
+    return knn_threads_reserve_fits(cpu->threads,
+                                    knn_uses_product(req->metric))
+        ? KNN_OK : KNN_E_NOMEM;
 }
 
 /* Rounding units of the current rung's inputs and sums (knn_exact.h). */
@@ -1020,7 +1043,7 @@ static void knn_cpu_describe_failure(const knn_cpu *cpu, knn_status st,
         snprintf(report->message, sizeof report->message,
                  "out of memory on the CPU with %d threads and %.0f MB for "
                  "tiles: lower 'threads' or options(knngpu.cpu.memory)",
-                 cpu->threads, knn_cpu_budget(cpu->req) / 1048576.0);
+                 cpu->threads, cpu->budget / 1048576.0);
     else if (st == KNN_E_INTERRUPTED)
         snprintf(report->message, sizeof report->message,
                  "stopped between tiles; all memory released");

@@ -6,12 +6,14 @@
  * smallest sum of the two ranks of a shared node, "jaccard" is
  * number / (2 (k + 1) - number). Weights are at least 1e-6, as in bluster.
  *
- * For each node a, the nodes b < a sharing a neighbour are found through the
+ * For each node a, the nodes b > a sharing a neighbour are found through the
  * reverse lists (which nodes list s, at which rank), so work is
- * O(n k^2) on average and memory O(n k). Offsets are 64-bit: n k and the
- * edge count may pass 2^31. The interrupt callback is polled every
+ * O(n k^2) on average and memory O(n k); each a's are sorted, so the edges
+ * come in (from, to) order and R sorts nothing. Offsets are 64-bit: n k
+ * and the edge count may pass 2^31. The interrupt callback is polled every
  * KNN_SNN_POLL_WORK steps of that work (a few milliseconds).
  */
+#include <math.h>
 #include <stdlib.h>
 #include "knn.h"
 
@@ -83,7 +85,13 @@ static int knn_edges_push(knn_edges *e, int from, int to, double weight)
     return 0;
 }
 
-/* Records that node b (< a) shares a node with a at combined rank r. */
+static int knn_snn_int_cmp(const void *x, const void *y)
+{
+    int a = *(const int *)x, b = *(const int *)y;
+    return (a > b) - (a < b);
+}
+
+/* Records that node b (> a) shares a node with a at combined rank r. */
 static void knn_snn_meet(int b, int r, int *best, int *count, int *touched,
                          int *n_touched)
 {
@@ -131,18 +139,20 @@ knn_status knn_snn_graph(const int *index, int n, int k, int base,
         int n_touched = 0;
         for (int ra = 0; ra <= k; ra++) {
             int s = ra == 0 ? a : index[a + (size_t)(ra - 1) * n] - base;
-            if (s < a)
+            if (s > a)
                 knn_snn_meet(s, ra, best, count, touched, &n_touched);
             for (size_t c = rev.start[s]; c < rev.start[s + 1]; c++)
-                if (rev.node[c] < a)
+                if (rev.node[c] > a)
                     knn_snn_meet(rev.node[c], ra + rev.rank[c], best, count,
                                  touched, &n_touched);
             work += 1.0 + (double)(rev.start[s + 1] - rev.start[s]);
         }
+        qsort(touched, (size_t)n_touched, sizeof *touched, knn_snn_int_cmp);
+        work += n_touched * log2(n_touched + 1.0);
         for (int t = 0; t < n_touched; t++) {
             int b = touched[t];
             if (st == KNN_OK &&
-                knn_edges_push(&edges, b + base, a + base,
+                knn_edges_push(&edges, a + base, b + base,
                                knn_snn_weight(type, k, best[b], count[b])))
                 st = KNN_E_NOMEM;
             count[b] = 0;

@@ -8,7 +8,9 @@
  * For each lo, the pairs come from two lists sorted by hi: its own edges
  * to larger nodes (sorted here, k at most) and the edges of larger nodes
  * to it, from reverse lists built once in edge order, hence by node.
- * The interrupt callback is polled every KNN_SYM_POLL_WORK edges.
+ * The pairs' columns are written straight from the directed list's, so
+ * nothing per pair is kept besides them. The interrupt callback is polled
+ * every KNN_SYM_POLL_WORK edges.
  */
 #include <stdlib.h>
 #include "knn.h"
@@ -60,10 +62,11 @@ knn_status knn_symmetry_build(knn_symmetry *s, const int *to, int n, int k,
     return KNN_OK;
 }
 
-knn_status knn_symmetry_pairs(const knn_symmetry *s, const int *to, int n,
-                              int k, int base, int mutual,
-                              const knn_callbacks *cb, int *lo_out,
-                              int *hi_out, size_t *edge_out, size_t *count)
+knn_status knn_symmetry_pairs(const knn_symmetry *s, const int *to,
+                              const double *weight, const double *distance,
+                              int n, int k, int base, int mutual,
+                              const knn_callbacks *cb,
+                              const knn_symmetry_out *out, size_t *count)
 {
     knn_sym_cand *own = malloc((size_t)k * sizeof *own);
     if (!own) return KNN_E_NOMEM;
@@ -98,10 +101,12 @@ knn_status knn_symmetry_pairs(const knn_symmetry *s, const int *to, int n,
             if (hi_a == hi) a++;
             if (hi_b == hi) b++;
             if (mutual && !both) continue;
-            if (lo_out) {
-                lo_out[m] = lo + base;
-                hi_out[m] = hi + base;
-                edge_out[m] = e;
+            if (out) {
+                out->lo[m] = lo + base;
+                out->hi[m] = hi + base;
+                out->weight[m] = weight[e];
+                out->distance[m] = distance[e];
+                out->rank[m] = (int)(e % (size_t)k) + 1;
             }
             m++;
         }

@@ -19,14 +19,19 @@
  * parks holds every other one at each barrier, and two threads can take
  * many times as long as one (inst/bench/shared_load.R). So a search takes no
  * more threads than there are cores that other runnable processes leave,
- * at least one; the bits do not depend on the count.
+ * at least one; the bits do not depend on the count. Where the waits do
+ * not spin (OMP_WAIT_POLICY=passive or GOMP_SPINCOUNT=0 in the environment
+ * R started in), more threads than free cores still gain, and a count the
+ * user asked for is kept as asked.
  */
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <strings.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#include "knn_blas.h"
 #include "knn_threads.h"
 
 #ifdef _OPENMP
@@ -41,9 +46,12 @@
 #define KNN_MIN_STACK (1024.0 * 1024.0)
 /* glibc's stack for a thread where the stack limit is unlimited. */
 #define KNN_UNLIMITED_STACK (32.0 * 1024.0 * 1024.0)
+/* The address space glibc reserves for a thread's malloc arena (64-bit). */
+#define KNN_MALLOC_ARENA (64.0 * 1024.0 * 1024.0)
 
 static volatile int knn_forked_child = 0;
 static double knn_stack_bytes = 0.0; /* a worker's stack, 0: not known */
+static int knn_waits_passive = 0;    /* libgomp's waiting threads sleep */
 
 static void knn_mark_child(void)
 {
@@ -51,7 +59,10 @@ static void knn_mark_child(void)
 }
 
 /* OMP_STACKSIZE in bytes (a number with an optional B, K, M or G; K when
- * there is none, as libgomp reads it), or 0 where unset or unreadable. */
+ * there is none, as libgomp reads it), or 0 where unset or unreadable.
+ * This is the OpenMP runtime's own setting, read from the environment
+ * because OpenMP has no call that returns it: libgomp gives its worker
+ * threads stacks of this size, read once when it starts. */
 static double knn_omp_stacksize(void)
 {
     const char *v = getenv("OMP_STACKSIZE");
@@ -70,9 +81,25 @@ static double knn_omp_stacksize(void)
     return n > 0.0 ? n * unit : 0.0;
 }
 
+/* Whether libgomp's waiting threads sleep at once: OMP_WAIT_POLICY
+ * passive, or a GOMP_SPINCOUNT of 0. Like OMP_STACKSIZE, these are the
+ * runtime's own settings, which it read when it started and which OpenMP
+ * has no call to return. */
+static int knn_omp_waits_passive(void)
+{
+    const char *policy = getenv("OMP_WAIT_POLICY");
+    if (policy && strcasecmp(policy, "passive") == 0) return 1;
+    const char *spins = getenv("GOMP_SPINCOUNT");
+    if (!spins || !*spins) return 0;
+    char *end;
+    double count = strtod(spins, &end);
+    return end != spins && count == 0.0;
+}
+
 void knn_threads_init(void)
 {
     pthread_atfork(NULL, NULL, knn_mark_child);
+    knn_waits_passive = knn_omp_waits_passive();
     knn_stack_bytes = knn_omp_stacksize();
     if (knn_stack_bytes > 0.0) return;
     struct rlimit rl;
@@ -96,6 +123,21 @@ double knn_address_space_left(void)
     }
     double left = (double)rl.rlim_cur - used;
     return left > 0.0 ? left : 0.0;
+}
+
+double knn_threads_reserve(int threads, int blas)
+{
+    double n = threads > 1 ? threads : 1;
+    double stack = knn_stack_bytes > 0.0 ? knn_stack_bytes
+                                         : KNN_UNLIMITED_STACK;
+    double buffers = blas ? fmax(0.0, n - knn_blas_buffers()) : 0.0;
+    return (n - 1.0) * (stack + KNN_MALLOC_ARENA) +
+           buffers * KNN_BLAS_BUFFER;
+}
+
+int knn_threads_reserve_fits(int threads, int blas)
+{
+    return knn_threads_reserve(threads, blas) <= knn_address_space_left();
 }
 
 int knn_threads_fitting(int threads, double bytes_each, double share)
@@ -136,7 +178,7 @@ int knn_threads(int requested)
     if (knn_stack_bytes > 0.0)
         cap = knn_threads_fitting(cap, knn_stack_bytes, KNN_STACK_SHARE);
     if (n > cap) n = cap;
-    if (n > 1) {
+    if (n > 1 && (requested <= 0 || !knn_waits_passive)) {
         int left = knn_procs_left(procs);
         if (n > left) n = left;
     }

@@ -27,15 +27,18 @@ gpuFreeBytes <- function() {
 }
 
 ## Runs `code` (R source text) in a fresh Rscript with a search that it
-## starts after writing its pid, sends it SIGINT `after` seconds later and
-## returns what the child wrote: its tryCatch() outcome ("interrupt",
-## "finished" or an error message), then whatever `report` (R source text)
-## printed after it, and the seconds from the signal to the child's answer.
-rscriptInterrupted <- function(setup, code, report = "", after = 0.5) {
+## starts after writing its pid, sends it SIGINT `after` seconds later (and
+## after `ready()`, when given, has returned TRUE) and returns what the
+## child wrote: its tryCatch() outcome ("interrupt", "finished" or an error
+## message), then whatever `report` (R source text) printed after it, and
+## the seconds from the signal to the child's answer.
+rscriptInterrupted <- function(setup, code, report = "", after = 0.5,
+                               ready = NULL) {
     dir <- tempfile("knngpu-interrupt")
     dir.create(dir)
     pid_file <- file.path(dir, "pid")
     out_file <- file.path(dir, "out")
+    answered_file <- file.path(dir, "answered")
     script <- file.path(dir, "run.R")
     writeLines(c(
         "suppressPackageStartupMessages(library(knngpu))", setup,
@@ -43,6 +46,8 @@ rscriptInterrupted <- function(setup, code, report = "", after = 0.5) {
         sprintf(paste("res <- tryCatch({%s; 'finished'}, interrupt =",
                       "function(c) 'interrupt', error = conditionMessage)"),
                 code),
+        sprintf("writeLines(format(as.numeric(Sys.time()), digits = 15),
+                '%s')", answered_file),
         sprintf("writeLines(c(res, %s), '%s')",
                 if (nzchar(report)) report else "character()", out_file)),
         script)
@@ -62,12 +67,16 @@ rscriptInterrupted <- function(setup, code, report = "", after = 0.5) {
         file.exists(path)
     }
     if (!waitFor(pid_file, 120)) return(list(lines = "no pid", took = NA))
+    if (!is.null(ready)) {
+        limit <- proc.time()[["elapsed"]] + 120
+        while (!ready() && proc.time()[["elapsed"]] < limit) Sys.sleep(0.05)
+    }
     Sys.sleep(after)
     pid <- as.integer(readLines(pid_file))
     tools::pskill(pid, tools::SIGINT)
-    sent <- proc.time()[["elapsed"]]
+    sent <- as.numeric(Sys.time())
     if (!waitFor(out_file, 30)) return(list(lines = "no answer", took = NA))
-    took <- proc.time()[["elapsed"]] - sent
     Sys.sleep(0.1)
-    list(lines = readLines(out_file), took = took)
+    list(lines = readLines(out_file),
+         took = as.numeric(readLines(answered_file)) - sent)
 }

@@ -146,11 +146,45 @@ test_that("symmetrising holds no more than the edges in R's memory", {
     size <- as.numeric(object.size(directed)) / 2^20
     invisible(gc(reset = TRUE))
     base <- sum(gc()[, 2L])
-    union <- knngpu:::.symmetrize(directed, "union", 5000)
+    union <- knngpu:::.symmetrizeSearch(directed, "union", 200L)
     peak <- sum(gc()[, 6L]) - base
     expect_lt(peak, 1.2 * size)
     expect_true(all(union$from < union$to))
     expect_false(anyDuplicated(paste(union$from, union$to)) > 0)
+})
+
+test_that("a symmetrised graph's search holds less than its directed list", {
+    ## The engine's `from` and `rank` go before the pairs are made (they
+    ## are not needed): R's peak beyond the graph it returns stays under
+    ## what the directed graph alone takes.
+    set.seed(44)
+    x <- matrix(rnorm(4000 * 5), ncol = 5)
+    peak <- function(how) {
+        invisible(gc(reset = TRUE))
+        base <- sum(gc()[, 2L])
+        g <- knnGraph(x, k = 250, metric = "euclidean", device = "cpu",
+                      symmetrize = how, progress = FALSE)
+        c(peak = sum(gc()[, 6L]) - base,
+          size = as.numeric(object.size(g)) / 2^20)
+    }
+    none <- peak("none")
+    for (how in c("union", "mutual")) {
+        got <- peak(how)
+        expect_lt(got[["peak"]] - got[["size"]], none[["peak"]], label = how)
+    }
+})
+
+test_that("SNN edges come from the engine in (from, to) order", {
+    ## R sorts nothing: an order() and a copy of every column were the
+    ## largest step of an SNN graph in R's memory.
+    set.seed(45)
+    x <- matrix(rnorm(600 * 4), ncol = 4)
+    index <- knnSearch(x, k = 12, metric = "euclidean", device = "cpu")$index
+    for (type in 0:2) {
+        g <- .Call(knngpu:::C_knn_snn, index, type)
+        expect_identical(order(g$from, g$to), seq_along(g$from))
+        expect_true(all(g$from < g$to))
+    }
 })
 
 test_that("symmetrising in C gives what the general path gives", {
@@ -161,12 +195,12 @@ test_that("symmetrising in C gives what the general path gives", {
                         weight = edges$weight, distance = edges$distance,
                         rank = edges$rank)
     for (how in c("union", "mutual")) {
-        viaC <- knngpu:::.symmetrize(plain, how, 300L)
-        general <- knngpu:::.symmetrizeAny(plain, how, 300L)
+        viaC <- knngpu:::.symmetrizeSearch(plain, how, 6L)
+        general <- knngpu:::.symmetrize(plain, how, 300L)
         expect_identical(as.list(viaC), as.list(general))
+        expect_identical(
+            as.list(knnGraph(x, k = 6, metric = "euclidean", device = "cpu",
+                             symmetrize = how))[names(viaC)],
+            as.list(viaC))
     }
-    ## A list with a node short of k partners takes the general path.
-    short <- plain[-2L, ]
-    expect_identical(knngpu:::.symmetrize(short, "union", 300L),
-                     knngpu:::.symmetrizeAny(short, "union", 300L))
 })

@@ -632,6 +632,80 @@ test_that("the threads asked for are the threads used, whatever OpenMP says", {
     }
 })
 
+test_that("threads asked for are kept on a busy machine where waits sleep", {
+    skip_on_os("windows")
+    skip_if_not(file.exists("/proc/loadavg"))
+    ## More busy processes than cores: spinning waits make a second thread
+    ## cost more than it gains (inst/bench/shared_load.R), so a count left
+    ## to the engine, and one asked for where OpenMP spins, is lowered to
+    ## the free cores; where OpenMP's waits sleep (OMP_WAIT_POLICY=passive
+    ## when R started), the count asked for is the count used.
+    code <- c(
+        "busy <- lapply(seq_len(parallel::detectCores() + 1L), function(i)",
+        "    parallel::mcparallel(repeat NULL))",
+        "Sys.sleep(0.5)",
+        "x <- matrix(rnorm(3000 * 20), 3000)",
+        "asked <- knnSearch(x, k = 3, device = 'cpu', threads = 2,",
+        "                   progress = FALSE)",
+        "auto <- knnSearch(x, k = 3, device = 'cpu', progress = FALSE)",
+        "tools::pskill(vapply(busy, `[[`, 0L, 'pid'))",
+        "cat('DEVICE', attr(asked, 'device'), '|', attr(auto, 'device'),",
+        "    '\\n')")
+    device <- function(env) {
+        grep("^DEVICE", rscriptOutput(code, env), value = TRUE)
+    }
+    expect_identical(device("OMP_WAIT_POLICY=passive"),
+                     "DEVICE cpu (2 threads) | cpu (1 threads) ")
+    expect_identical(device("OMP_WAIT_POLICY=active"),
+                     "DEVICE cpu (1 threads) | cpu (1 threads) ")
+})
+
+test_that("under an address-space limit a search ends or names what to lower", {
+    skip_if_not(file.exists("/proc/self/status"))
+    ## The sanitizers' shadow memory cannot live under a limit.
+    skip_if(nzchar(Sys.getenv("KNNGPU_SANITIZED")))
+    ## A BLAS buffer (128 MB in OpenBLAS) that the limit refused hung the
+    ## search (OpenBLAS retries it for ever); the default 64 MB of tiles
+    ## failed where smaller tiles fit. The limits are set from what the
+    ## child holds before its search: 100 MB more cannot hold the buffer,
+    ## 200 MB more holds it and small tiles.
+    script <- tempfile("knngpu-limit", fileext = ".R")
+    on.exit(unlink(script))
+    writeLines(c(
+        "suppressPackageStartupMessages(library(knngpu))",
+        "set.seed(1); x <- matrix(rnorm(20000 * 50), ncol = 50)",
+        "size <- grep('^VmSize', readLines('/proc/self/status'), value = TRUE)",
+        "res <- if (nzchar(Sys.getenv('KNNGPU_LIMIT_MEASURE'))) {",
+        "    'measured'",
+        "} else tryCatch({",
+        "    knnSearch(x, k = 10, metric = 'euclidean', device = 'cpu',",
+        "              threads = 1, progress = FALSE)",
+        "    'done'",
+        "}, error = function(e) conditionMessage(e))",
+        "cat('OUTCOME', gsub('[^0-9]', '', size), res, '\\n')"), script)
+    run <- function(limit_kb, env = "") {
+        command <- paste(
+            if (limit_kb > 0) sprintf("ulimit -v %.0f &&", limit_kb),
+            env, paste0("R_LIBS=", paste(.libPaths(), collapse = ":")),
+            "timeout 60", shQuote(file.path(R.home("bin"), "Rscript")),
+            shQuote(script))
+        start <- proc.time()[["elapsed"]]
+        out <- suppressWarnings(system2("sh", c("-c", shQuote(command)),
+                                        stdout = TRUE, stderr = TRUE))
+        line <- grep("^OUTCOME", out, value = TRUE)
+        list(line = if (length(line)) line[1L] else paste(out, collapse = " "),
+             seconds = proc.time()[["elapsed"]] - start)
+    }
+    measured <- run(0, "KNNGPU_LIMIT_MEASURE=1")$line
+    held <- as.numeric(strsplit(measured, " ")[[1L]][2L])
+    expect_false(is.na(held), label = measured)
+    tight <- run(held + 100 * 1024)
+    expect_match(tight$line, "'threads'.*knngpu.cpu.memory")
+    expect_lt(tight$seconds, 50)
+    roomy <- run(held + 200 * 1024)
+    expect_match(roomy$line, " done $")
+})
+
 test_that("an interrupt reaches R within a second in every long step", {
     skip_on_os("windows")
     ## Each step below ran for seconds without a poll: ranking the values

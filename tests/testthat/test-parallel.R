@@ -202,6 +202,7 @@ test_that("a worker reads the reference once for all its blocks", {
     runner <- knngpu:::.engineRunner("euclidean", "cpu", 1L, NULL)
     handle <- knngpu:::.shareSources(source, NULL)
     store <- list(dir = tempfile("blocks"), keep = FALSE, count = 2L)
+    store$stop <- file.path(store$dir, "stop")
     dir.create(store$dir)
     task <- knngpu:::.blockTask(handle, 4L, runner, store)
     task(list(block = 1L, rows = 1:50))
@@ -213,9 +214,10 @@ test_that("a worker reads the reference once for all its blocks", {
     whole <- knnSearch(x, k = 4, metric = "euclidean", device = "cpu")
     expect_identical(rbind(parts[[1L]]$index, parts[[2L]]$index),
                      whole$index[1:100, ])
-    ## Only finished blocks have files.
+    ## Only finished blocks have files, beside the worker's name.
     expect_setequal(list.files(store$dir),
-                    c("block-1-of-2.rds", "block-2-of-2.rds"))
+                    c("block-1-of-2.rds", "block-2-of-2.rds",
+                      paste0("worker-", Sys.getpid())))
     knngpu:::.workerForget()
     unlink(store$dir, recursive = TRUE)
 })
@@ -279,4 +281,54 @@ test_that("every row in another order is a subset, not the whole search", {
                                   BNPARAM = KnngpuParam(device = "cpu"))
     expect_identical(got$index, whole$index[150:1, ])
     expect_identical(got$distance, whole$distance[150:1, ])
+})
+
+test_that("an interrupt of the master alone stops its workers within 1 s", {
+    skip_if_not_installed("BiocParallel")
+    skip_if_not(file.exists("/proc/self/stat"))
+    ## RStudio's Stop button interrupts the R session only, not its
+    ## workers: SnowParam's waited for its workers' blocks (tens of
+    ## seconds), and MulticoreParam's workers went on searching, then
+    ## stayed, for the rest of the session. The signal comes once both
+    ## workers are inside their blocks, which each name themselves in the
+    ## transfer directory (R/parallel.R, .blockTask()). Pearson keeps the
+    ## workers on the product scan, whose interrupt polls are the ones
+    ## timed here.
+    running <- function(pid) {
+        stat <- sprintf("/proc/%d/stat", pid)
+        if (!file.exists(stat)) return(FALSE)
+        line <- tryCatch(readLines(stat, warn = FALSE),
+                         error = function(e) "")
+        grepl("^[0-9]+ \\(.*\\) [RSDT]", line)
+    }
+    for (param in c("SnowParam(2)", "MulticoreParam(2)")) {
+        dir <- tempfile("knngpu-transfer")
+        dir.create(dir)
+        pids <- integer()
+        workers <- function() {
+            as.integer(sub("^worker-", "", basename(list.files(
+                dir, "^worker-[0-9]+$", recursive = TRUE))))
+        }
+        got <- rscriptInterrupted(
+            setup = c(
+                sprintf("options(knngpu.transfer.dir = '%s')", dir),
+                "set.seed(1); x <- matrix(rnorm(80000 * 50), 80000)"),
+            code = paste0(
+                "knnGraph(x, k = 10, metric = 'pearson', device = 'cpu', ",
+                "threads = 1, progress = FALSE, BPPARAM = BiocParallel::",
+                param, ")"),
+            ready = function() {
+                pids <<- workers()
+                length(pids) == 2L
+            }, after = 0.5)
+        expect_identical(got$lines, "interrupt", label = param)
+        expect_lt(got$took, 1, label = param)
+        limit <- proc.time()[["elapsed"]] + 2
+        while (any(vapply(pids, running, logical(1))) &&
+               proc.time()[["elapsed"]] < limit) {
+            Sys.sleep(0.05)
+        }
+        expect_false(any(vapply(pids, running, logical(1))), label = param)
+        unlink(dir, recursive = TRUE)
+    }
 })
