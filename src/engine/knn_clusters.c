@@ -1,6 +1,7 @@
 /*
  * knn_clusters.c: exact search by clusters on the CPU, for Euclidean and
- * squared Euclidean distances (KMKNN's pruning, with BLAS products).
+ * squared Euclidean distances and for the correlations whose fast vectors
+ * are unit vectors (KMKNN's pruning, with BLAS products).
  *
  * The reference nodes' fast vectors (knn_prepare.h: the frame in which
  * every product path finds candidates) are partitioned by a few rounds of
@@ -13,7 +14,12 @@
  *   D = c_A - c_B, a_i = f_i - c_A, b_j = f_j - c_B,
  * so the float32 error scales with the clusters' radii, not with the
  * nodes' norms around one global centre: dense clusters, steep principal
- * components and outliers no longer widen every row's margin. Column
+ * components and outliers no longer widen every row's margin. The fast
+ * vectors of Pearson, Spearman and cosine are unit vectors whose product
+ * is r, and their fast score -r is the same sum halved, less the two
+ * vectors' squared norms halved (|f_i - f_j|^2 = |f_i|^2 + |f_j|^2 -
+ * 2 f_i.f_j), so the same residual products, margins and triangle bounds
+ * serve them, on distances between unit vectors. Column
  * clusters wider than the row cluster's cap (knn_km_caps) are multiplied
  * in float64, so no wide cluster widens the margins of the others.
  *
@@ -105,6 +111,8 @@ typedef struct {
     double *rad;    /* |res| as computed */
     double *sq;     /* |res|^2 as computed */
     double *norm;   /* rows: |fast vector|, for the margins */
+    double *fsq;    /* correlations: |fast vector|^2 as computed, else
+                       NULL */
     int *mfirst;    /* points: their nodes members[mfirst, + count) */
     int *count;
     int *members;   /* points: nodes by point, each point's ascending */
@@ -122,6 +130,8 @@ typedef struct {
     double *cdist;    /* clusters x clusters: |c_A - c_B| as computed */
     double *cap;      /* per row cluster: widest column cluster in fp32 */
     double slack;     /* relative widening of every bound (knn_km_up) */
+    int corr;         /* correlation scores: -f_i.f_j (else distances) */
+    double fsq_max;   /* correlations: bound of the points' |f|^2 */
     knn_km_side rows, cols;
     double pairs;     /* products taken, all tasks */
     double pooled;    /* candidates re-ranked */
@@ -170,10 +180,16 @@ static double knn_km_down(const knn_km *km, double x)
     return x - km->slack * fabs(x) - KNN_KM_TINY;
 }
 
+int knn_clusters_serve(knn_metric m)
+{
+    knn_score_kind kind = knn_score_of(m);
+    return knn_uses_product(m) &&
+           (kind == KNN_SCORE_DIST || kind == KNN_SCORE_NEG);
+}
+
 int knn_clusters_suits(const knn_request *req)
 {
-    if (req->metric != KNN_EUCLIDEAN && req->metric != KNN_SQEUCLIDEAN)
-        return 0;
+    if (!knn_clusters_serve(req->metric)) return 0;
     if (req->algorithm == KNN_ALGO_CLUSTERS) return 1;
     /* A forced rung asks for the scan's arithmetic. */
     return req->algorithm == KNN_ALGO_AUTO &&
@@ -190,6 +206,7 @@ static void knn_km_side_free(knn_km_side *s)
     free(s->rad);
     free(s->sq);
     free(s->norm);
+    free(s->fsq);
     free(s->mfirst);
     free(s->count);
     free(s->members);
@@ -373,7 +390,7 @@ static int knn_km_same_input(const knn_km_sorted *r, const knn_km_sorted *s)
 }
 
 static knn_status knn_km_side_alloc(knn_km_side *s, int n, int p,
-                                    int clusters, int points)
+                                    int clusters, int points, int corr)
 {
     s->n = n;
     s->first = malloc(((size_t)clusters + 1) * sizeof(int));
@@ -386,6 +403,10 @@ static knn_status knn_km_side_alloc(knn_km_side *s, int n, int p,
     s->radius = malloc((size_t)clusters * sizeof(double));
     int failed = !s->first || !s->node || !s->res || !s->res32 || !s->rad ||
                  !s->sq || !s->norm || !s->radius;
+    if (corr) {
+        s->fsq = malloc((size_t)n * sizeof(double));
+        failed |= !s->fsq;
+    }
     if (points) {
         s->mfirst = malloc((size_t)n * sizeof(int));
         s->count = malloc((size_t)n * sizeof(int));
@@ -420,7 +441,7 @@ static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
                                     int n, const int *assign, int points)
 {
     int p = km->p, nc = km->clusters;
-    knn_status st = knn_km_side_alloc(s, n, p, nc, points);
+    knn_status st = knn_km_side_alloc(s, n, p, nc, points, km->corr);
     knn_km_sorted *sorted = malloc((size_t)n * sizeof *sorted);
     if (st != KNN_OK || !sorted) {
         free(sorted);
@@ -448,11 +469,14 @@ static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
         knn_km_residual(km, s, e, f + (size_t)j * p,
                         km->centre + (size_t)assign[j] * p);
         sorted[e].rad = s->rad[e];
+        if (s->fsq) s->fsq[e] = knn_dot(f + (size_t)j * p, f + (size_t)j * p,
+                                        p);
     }
     if (!points) {
         for (int e = 0; e < n; e++) {
             s->node[e] = sorted[e].node;
-            s->norm[e] = sqrt(nodes->norm2[sorted[e].node]);
+            s->norm[e] = s->fsq ? sqrt(s->fsq[e])
+                                : sqrt(nodes->norm2[sorted[e].node]);
         }
     } else {
         /* Points in the sorted order, their residuals moved along. */
@@ -464,13 +488,14 @@ static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
                   knn_km_sorted_cmp);
         }
         double *res = malloc((size_t)n * p * sizeof(double));
-        double *sq = malloc((size_t)n * sizeof(double));
+        double *sq = malloc((size_t)n * 2 * sizeof(double));
         if (!res || !sq) {
             free(res);
             free(sq);
             free(sorted);
             return KNN_E_NOMEM;
         }
+        double *fsq = sq + n;
         int d = 0;
         for (int c = 0; c < nc; c++) {
             int first = d;
@@ -485,6 +510,7 @@ static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
                        s->res + (size_t)sorted[e].entry * p,
                        (size_t)p * sizeof(double));
                 sq[d] = s->sq[sorted[e].entry];
+                if (s->fsq) fsq[d] = s->fsq[sorted[e].entry];
                 s->node[d] = sorted[e].node;
                 s->mfirst[d] = e;
                 s->count[d] = 1;
@@ -501,7 +527,9 @@ static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
             s->rad[e] = sqrt(sq[e]);
             for (int t = 0; t < p; t++)
                 s->res32[(size_t)e * p + t] = (float)res[(size_t)e * p + t];
-            s->norm[e] = sqrt(nodes->norm2[s->node[e]]);
+            if (s->fsq) s->fsq[e] = fsq[e];
+            s->norm[e] = s->fsq ? sqrt(fsq[e])
+                                : sqrt(nodes->norm2[s->node[e]]);
         }
         free(sq);
     }
@@ -515,10 +543,13 @@ static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
     return KNN_OK;
 }
 
-/* Distances between centres, and each row cluster's float32 cap. */
+/* Distances between centres, each row cluster's float32 cap, and the
+ * bound of the points' |f|^2 of a correlation. */
 static knn_status knn_km_centres(knn_km *km)
 {
     int p = km->p, nc = km->clusters;
+    for (int e = 0; km->corr && e < km->cols.n; e++)
+        km->fsq_max = fmax(km->fsq_max, knn_km_up(km, km->cols.fsq[e]));
     km->cdist = malloc((size_t)nc * nc * sizeof(double));
     km->cap = malloc((size_t)nc * sizeof(double));
     double *radii = malloc((size_t)nc * sizeof(double));
@@ -569,9 +600,14 @@ static double knn_km_order_value(const void *ctx, int qi, int rj)
 }
 
 /* Bound on |fast score - canonical key| (and on |fast score - |f_i -
- * f_j|^2|) of row entry e of cluster A with any point: float32 products
- * of residuals up to the cap, and the float64 terms, whose magnitudes the
- * nodes' norms bound (|D| + |a_i| + |b_j| <= 5 (|f_i| + norm_max)). */
+ * f_j|^2|, or - f_i.f_j for correlations) of row entry e of cluster A
+ * with any point: float32 products of residuals up to the cap, and the
+ * float64 terms, whose magnitudes the nodes' norms bound (|D| + |a_i| +
+ * |b_j| <= 5 (|f_i| + norm_max)). A correlation's score holds the
+ * residuals' product once, not twice, and its fast vectors are unit
+ * vectors (norms 1 up to float64 rounding): its float64 terms are the
+ * distance form's with norms of 1, and its key's own error that of the
+ * scan's float64 products (knn_margin_corr). */
 static double knn_km_margin(const knn_km *km, int a, int e)
 {
     int p = km->p;
@@ -579,20 +615,31 @@ static double knn_km_margin(const knn_km *km, int a, int e)
     double fp32 = km->cap[a] < 0.0
         ? 0.0 : knn_margin_dist(p, KNN_U32, KNN_U32, KNN_TINY32, rho,
                                 km->cap[a]);
+    if (km->corr)
+        return 0.5 * fp32 +
+               64.0 * knn_margin_dist(p, 0.0, KNN_U64, KNN_TINY64, 1.0,
+                                      1.0) +
+               knn_margin_corr(p, 0.0, KNN_U64, KNN_TINY64,
+                               km->space.kappa);
     double fp64 = 64.0 * knn_margin_dist(p, 0.0, KNN_U64, KNN_TINY64,
                                          km->rows.norm[e],
                                          km->space.norm_max);
     return fp32 + fp64;
 }
 
-/* How far (as a distance |f_i - f_j|) a node can be and still pass row
- * i's pool: INFINITY until the pool has k scores. */
+/* How far (as a distance |f_i - f_j|) a node can be and still pass the
+ * pool of row entry e: INFINITY until the pool has k scores. A
+ * correlation's score s stands for -f_i.f_j, within the margin, so
+ * |f_i - f_j|^2 = |f_i|^2 + |f_j|^2 + 2 (-f_i.f_j). */
 static double knn_km_reach(const knn_km *km, const knn_pool *pool,
-                           double margin)
+                           double margin, int e)
 {
     if (!(pool->bound < INFINITY)) return INFINITY;
-    return knn_km_up(km, sqrt(knn_km_up(km, fmax(pool->bound + margin,
-                                                 0.0))));
+    double d2 = knn_km_up(km, pool->bound + margin);
+    if (km->corr)
+        d2 = knn_km_up(km, 2.0 * d2 + knn_km_up(km, km->rows.fsq[e] +
+                                                       km->fsq_max));
+    return knn_km_up(km, sqrt(knn_km_up(km, fmax(d2, 0.0))));
 }
 
 /* First point of [lo, hi) (sorted by rad) whose distance to the centre
@@ -651,6 +698,7 @@ static int knn_km_multiply(const knn_km *km, knn_km_work *w,
 {
     int p = km->p, failed = 0, lo = spans[0].from, hi = 0;
     const knn_km_side *rows = &km->rows, *cols = &km->cols;
+    double twice = km->corr ? 1.0 : 2.0;
     for (int r = 0; r < n; r++) {
         size_t e = (size_t)(r0 + spans[r].i);
         if (spans[r].to > hi) hi = spans[r].to;
@@ -681,7 +729,7 @@ static int knn_km_multiply(const knn_km *km, knn_km_work *w,
             for (int j = ja; j < jb; j++) {
                 double g = fp32 ? ((const float *)w->prod)[(size_t)r * m + j]
                                 : w->prod[(size_t)r * m + j];
-                double s = base + colterm[j] - 2.0 * g;
+                double s = base + colterm[j] - twice * g;
                 if (s <= pool->bound)
                     failed |= knn_km_offer_point(km, pool, s, j0 + j,
                                                  itself);
@@ -716,8 +764,8 @@ static int knn_km_visit(const knn_km *km, knn_km_work *w, int a, int b,
         double dot = 0.0;
         for (int t = 0; t < p; t++) dot += w->delta[t] * res[t];
         double r = dd + rows->sq[e] + 2.0 * dot;
-        w->rowterm[i] = r;
-        double reach = knn_km_reach(km, &w->pools[i], w->margin[i]);
+        w->rowterm[i] = km->corr ? 0.5 * (r - rows->fsq[e]) : r;
+        double reach = knn_km_reach(km, &w->pools[i], w->margin[i], e);
         int from = b0, to = b1;
         if (reach < INFINITY) {
             double scale = knn_km_up(km, dn + rows->rad[e]);
@@ -738,7 +786,8 @@ static int knn_km_visit(const knn_km *km, knn_km_work *w, int a, int b,
     }
     if (nact == 0) return 0;
     qsort(w->spans, (size_t)nact, sizeof *w->spans, knn_km_span_cmp);
-    /* The points' centre terms |b_j|^2 - 2 D.b_j, once for every group. */
+    /* The points' centre terms |b_j|^2 - 2 D.b_j (correlations: less
+     * |f_j|^2, halved), once for every group. */
     int first = w->spans[0].from, last = first;
     for (int r = 0; r < nact; r++)
         if (w->spans[r].to > last) last = w->spans[r].to;
@@ -746,7 +795,8 @@ static int knn_km_visit(const knn_km *km, knn_km_work *w, int a, int b,
         const double *res = cols->res + (size_t)j * p;
         double dot = 0.0;
         for (int t = 0; t < p; t++) dot += w->delta[t] * res[t];
-        w->colterm[j - first] = cols->sq[j] - 2.0 * dot;
+        double c = cols->sq[j] - 2.0 * dot;
+        w->colterm[j - first] = km->corr ? 0.5 * (c - cols->fsq[j]) : c;
     }
     int fp32 = cols->radius[b] <= km->cap[a];
     for (int g0 = 0; g0 < nact && !failed; g0 += KNN_KM_GROUP) {
@@ -789,7 +839,8 @@ static int knn_km_task(const knn_km *km, knn_km_work *w, int a, int r0,
             reach = fmax(reach,
                          knn_km_up(km, knn_km_up(km, km->rows.rad[r0 + i]) +
                                            knn_km_reach(km, &w->pools[i],
-                                                        w->margin[i])));
+                                                        w->margin[i],
+                                                        r0 + i)));
         if (w->near[t].lbc > reach) break;
         failed |= knn_km_visit(km, w, a, b, r0, nr);
     }
@@ -925,6 +976,7 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
     km->threads = knn_threads_fitting(knn_threads(req->threads),
                                       KNN_BLAS_BUFFER, KNN_BLAS_SHARE);
     km->slack = fmax(0x1p-40, (8.0 * req->p + 64.0) * KNN_U64);
+    km->corr = knn_is_correlation(req->metric);
     if (km->threads > 1) {
         km->blas_before = knn_blas_hold_one_thread();
         if (km->blas_before == 0) km->threads = 1;
