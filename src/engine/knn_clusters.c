@@ -45,7 +45,8 @@
  * clusters prune too little (N(0,1) in many dimensions), the product scan,
  * which uses the symmetry of a self search, is faster and takes over
  * (knn_km_pays). Memory: the fast vectors once (float64) and the
- * residuals (float64 and float32) of the reference and query nodes.
+ * residuals (float64 and float32) of the reference's points and of the
+ * query nodes (a self search's rows borrow their points').
  */
 #include <float.h>
 #include <math.h>
@@ -74,8 +75,11 @@
 /* Row clusters whose first rows are searched to measure the share. */
 #define KNN_KM_PILOT 8
 /* Rounds of k-means: later rounds move few nodes, and any partition
- * gives the same answer. */
+ * gives the same answer. All but the last run on a sample of this many
+ * nodes per cluster, spread over the node order: the centres they find
+ * are about those of the whole, at a fraction of the products. */
 #define KNN_KM_ROUNDS 4
+#define KNN_KM_SAMPLE 24
 /* Rows per task (their residuals and pools stay in the cache), columns
  * per product, nodes per assignment product. */
 #define KNN_KM_ROWS 128
@@ -108,6 +112,10 @@ typedef struct {
     int *node;      /* entry -> node (a point: its smallest node) */
     double *res;    /* p x n: fast vector less its cluster's centre */
     float *res32;   /* the same rounded to float32 */
+    int *vec;       /* rows of a self search: entry -> its point, whose
+                       residuals (in the points' res and res32, which
+                       these borrow) are its own; else NULL (entry e's
+                       are the e-th) */
     double *rad;    /* |res| as computed */
     double *sq;     /* |res|^2 as computed */
     double *norm;   /* rows: |fast vector|, for the margins */
@@ -201,8 +209,11 @@ static void knn_km_side_free(knn_km_side *s)
 {
     free(s->first);
     free(s->node);
-    free(s->res);
-    free(s->res32);
+    if (!s->vec) {
+        free(s->res);
+        free(s->res32);
+    }
+    free(s->vec);
     free(s->rad);
     free(s->sq);
     free(s->norm);
@@ -212,6 +223,12 @@ static void knn_km_side_free(knn_km_side *s)
     free(s->members);
     free(s->radius);
     memset(s, 0, sizeof *s);
+}
+
+/* Where entry e of side s has its residuals in res and res32 (times p). */
+static size_t knn_km_vec(const knn_km_side *s, int e)
+{
+    return (size_t)(s->vec ? s->vec[e] : e);
 }
 
 static void knn_km_free(knn_km *km)
@@ -339,7 +356,8 @@ static int knn_km_interrupted(const knn_request *req)
 }
 
 /* k-means of the reference's fast vectors f: km->centre and `assign`.
- * Seeds are nodes spread evenly over the node order. */
+ * Seeds are nodes spread evenly over the node order; the rounds but the
+ * last run on a sample (KNN_KM_SAMPLE). */
 static knn_status knn_km_partition(knn_km *km, const double *f, int n,
                                    int *assign)
 {
@@ -353,12 +371,27 @@ static knn_status knn_km_partition(knn_km *km, const double *f, int n,
         memcpy(km->centre + (size_t)c * p, f + (size_t)j * p,
                (size_t)p * sizeof(double));
     }
-    for (int r = 0; r < KNN_KM_ROUNDS; r++) {
-        if (knn_km_assign(km, f, n, assign) ||
-            knn_km_update(km, f, n, assign))
-            return KNN_E_NOMEM;
-        if (knn_km_interrupted(km->req)) return KNN_E_INTERRUPTED;
+    int ns = (double)KNN_KM_SAMPLE * nc < n ? KNN_KM_SAMPLE * nc : n;
+    double *sample = ns < n ? malloc((size_t)ns * p * sizeof(double))
+                            : NULL;
+    if (ns < n && !sample) return KNN_E_NOMEM;
+    for (int i = 0; sample && i < ns; i++)
+        memcpy(sample + (size_t)i * p,
+               f + (size_t)(((double)i + 0.5) * n / ns) * p,
+               (size_t)p * sizeof(double));
+    const double *fs = sample ? sample : f;
+    knn_status st = KNN_OK;
+    for (int r = 0; st == KNN_OK && r < KNN_KM_ROUNDS; r++) {
+        const double *x = r < KNN_KM_ROUNDS - 1 ? fs : f;
+        int m = r < KNN_KM_ROUNDS - 1 ? ns : n;
+        if (knn_km_assign(km, x, m, assign) ||
+            knn_km_update(km, x, m, assign))
+            st = KNN_E_NOMEM;
+        else if (knn_km_interrupted(km->req))
+            st = KNN_E_INTERRUPTED;
     }
+    free(sample);
+    if (st != KNN_OK) return st;
     if (knn_km_assign(km, f, n, assign)) return KNN_E_NOMEM;
     knn_km_drop_empty(km, n, assign);
     return KNN_OK;
@@ -543,6 +576,69 @@ static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
     return KNN_OK;
 }
 
+/* A row (node, point) pair, for ordering rows by node. */
+typedef struct {
+    int node, vec;
+} knn_km_row;
+
+static int knn_km_row_cmp(const void *x, const void *y)
+{
+    const knn_km_row *u = x, *v = y;
+    return (u->node > v->node) - (u->node < v->node);
+}
+
+/* The rows of a self search: every node, by cluster, ascending within
+ * each (as a query's rows), each with its point's residuals (identical
+ * nodes have identical fast vectors, so the same residuals), which it
+ * borrows. */
+static knn_status knn_km_rows_of_points(knn_km *km)
+{
+    const knn_km_side *c = &km->cols;
+    knn_km_side *s = &km->rows;
+    int n = km->n_query, nc = km->clusters;
+    s->n = n;
+    s->first = malloc(((size_t)nc + 1) * sizeof(int));
+    s->node = malloc((size_t)n * sizeof(int));
+    s->vec = malloc((size_t)n * sizeof(int));
+    s->rad = malloc((size_t)n * sizeof(double));
+    s->sq = malloc((size_t)n * sizeof(double));
+    s->norm = malloc((size_t)n * sizeof(double));
+    s->radius = malloc((size_t)nc * sizeof(double));
+    s->fsq = km->corr ? malloc((size_t)n * sizeof(double)) : NULL;
+    knn_km_row *order = malloc((size_t)n * sizeof *order);
+    if (!s->first || !s->node || !s->vec || !s->rad || !s->sq || !s->norm ||
+        !s->radius || (km->corr && !s->fsq) || !order) {
+        free(order);
+        return KNN_E_NOMEM;
+    }
+    s->res = c->res;
+    s->res32 = c->res32;
+    for (int a = 0; a < nc; a++) {
+        s->first[a] = c->first[a] < c->n ? c->mfirst[c->first[a]] : n;
+        s->radius[a] = c->radius[a];
+    }
+    s->first[nc] = n;
+    for (int d = 0; d < c->n; d++)
+        for (int m = c->mfirst[d]; m < c->mfirst[d] + c->count[d]; m++) {
+            order[m].node = c->members[m];
+            order[m].vec = d;
+        }
+    for (int a = 0; a < nc; a++)
+        qsort(order + s->first[a], (size_t)(s->first[a + 1] - s->first[a]),
+              sizeof *order, knn_km_row_cmp);
+    for (int e = 0; e < n; e++) {
+        int d = order[e].vec;
+        s->node[e] = order[e].node;
+        s->vec[e] = d;
+        s->rad[e] = c->rad[d];
+        s->sq[e] = c->sq[d];
+        s->norm[e] = c->norm[d];
+        if (s->fsq) s->fsq[e] = c->fsq[d];
+    }
+    free(order);
+    return KNN_OK;
+}
+
 /* Distances between centres, each row cluster's float32 cap, and the
  * bound of the points' |f|^2 of a correlation. */
 static knn_status knn_km_centres(knn_km *km)
@@ -700,7 +796,7 @@ static int knn_km_multiply(const knn_km *km, knn_km_work *w,
     const knn_km_side *rows = &km->rows, *cols = &km->cols;
     double twice = km->corr ? 1.0 : 2.0;
     for (int r = 0; r < n; r++) {
-        size_t e = (size_t)(r0 + spans[r].i);
+        size_t e = knn_km_vec(rows, r0 + spans[r].i);
         if (spans[r].to > hi) hi = spans[r].to;
         if (fp32)
             memcpy((float *)w->gathered + (size_t)r * p,
@@ -760,7 +856,7 @@ static int knn_km_visit(const knn_km *km, knn_km_work *w, int a, int b,
     int b0 = cols->first[b], b1 = cols->first[b + 1], nact = 0;
     for (int i = 0; i < nr; i++) {
         int e = r0 + i;
-        const double *res = rows->res + (size_t)e * p;
+        const double *res = rows->res + knn_km_vec(rows, e) * p;
         double dot = 0.0;
         for (int t = 0; t < p; t++) dot += w->delta[t] * res[t];
         double r = dd + rows->sq[e] + 2.0 * dot;
@@ -1001,8 +1097,7 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
     }
     if (st == KNN_OK)
         st = knn_km_build_side(km, &km->cols, &km->ref, f, n, assign, 1);
-    if (st == KNN_OK && km->self)
-        st = knn_km_build_side(km, &km->rows, &km->ref, f, n, assign, 0);
+    if (st == KNN_OK && km->self) st = knn_km_rows_of_points(km);
     if (st == KNN_OK && !km->self) {
         int nq = req->n_query;
         free(f);
