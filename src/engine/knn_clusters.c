@@ -72,8 +72,10 @@
  * the scan wins even where the clusters skip most pairs
  * (inst/bench/clusters.R). */
 #define KNN_KM_MAX_FEATURES 100
-/* Row clusters whose first rows are searched to measure the share. */
+/* Row clusters whose first rows (at most KNN_KM_PILOT_ROWS) are
+ * searched to measure the share. */
 #define KNN_KM_PILOT 8
+#define KNN_KM_PILOT_ROWS 32
 /* Rounds of k-means: later rounds move few nodes, and any partition
  * gives the same answer. All but the last run on a sample of this many
  * nodes per cluster, spread over the node order: the centres they find
@@ -142,6 +144,10 @@ typedef struct {
     double fsq_max;   /* correlations: bound of the points' |f|^2 */
     knn_km_side rows, cols;
     double pairs;     /* products taken, all tasks */
+    double *pilot;    /* while the pilot runs: products its tasks have
+                         taken so far, which they stop past pilot_cap
+                         (knn_km_pays); else NULL */
+    double pilot_cap;
     double pooled;    /* candidates re-ranked */
 } knn_km;
 
@@ -172,6 +178,7 @@ typedef struct {
     double *delta;    /* p */
     knn_km_near *near; /* clusters, nearest first */
     double pairs, pooled;
+    int gave_up;      /* a pilot task stopped past km->pilot_cap */
 } knn_km_work;
 
 /* A bound x widened up or down by its rounding: relative slack (above
@@ -382,8 +389,8 @@ static knn_status knn_km_partition(knn_km *km, const double *f, int n,
     const double *fs = sample ? sample : f;
     knn_status st = KNN_OK;
     for (int r = 0; st == KNN_OK && r < KNN_KM_ROUNDS; r++) {
-        const double *x = r < KNN_KM_ROUNDS - 1 ? fs : f;
-        int m = r < KNN_KM_ROUNDS - 1 ? ns : n;
+        const double *x = fs;
+        int m = ns;
         if (knn_km_assign(km, x, m, assign) ||
             knn_km_update(km, x, m, assign))
             st = KNN_E_NOMEM;
@@ -902,6 +909,16 @@ static int knn_km_visit(const knn_km *km, knn_km_work *w, int a, int b,
     return failed;
 }
 
+/* Adds a pilot task's new products to the pilot's; whether they are now
+ * past its cap. */
+static int knn_km_pilot_past(const knn_km *km, double pairs)
+{
+    double now;
+    #pragma omp atomic capture
+    now = *km->pilot += pairs;
+    return now > km->pilot_cap;
+}
+
 /* Column clusters by their lower bound, then number. */
 static int knn_km_near_cmp(const void *x, const void *y)
 {
@@ -938,7 +955,12 @@ static int knn_km_task(const knn_km *km, knn_km_work *w, int a, int r0,
                                                         w->margin[i],
                                                         r0 + i)));
         if (w->near[t].lbc > reach) break;
+        double before = w->pairs;
         failed |= knn_km_visit(km, w, a, b, r0, nr);
+        if (km->pilot && knn_km_pilot_past(km, w->pairs - before)) {
+            w->gave_up = 1;
+            return failed;
+        }
     }
     if (failed || !out) return failed;
     for (int i = 0; i < nr; i++) {
@@ -1028,7 +1050,10 @@ static knn_status knn_km_run(knn_km *km, const knn_km_task_rows *tasks,
  * of pairs multiplied for the first task's rows of a sample of row
  * clusters (marked in `piloted`). Those rows' answers are written to out
  * as they would be later: the search then skips them, and the scan that
- * takes over where clusters do not pay rewrites them. */
+ * takes over where clusters do not pay rewrites them. The pilot stops as
+ * soon as its products pass the share, so on data the clusters cannot
+ * prune it costs about the share of its rows' products, not all of
+ * them. */
 static knn_status knn_km_pays(knn_km *km, knn_result *out, char *piloted,
                               int *pays)
 {
@@ -1039,7 +1064,7 @@ static knn_status knn_km_pays(knn_km *km, knn_result *out, char *piloted,
     for (int s = 0; s < sample; s++) {
         int a = (int)(((double)s + 0.5) * nc / sample);
         int r0 = km->rows.first[a], r1 = km->rows.first[a + 1];
-        if (r1 - r0 > KNN_KM_ROWS) r1 = r0 + KNN_KM_ROWS;
+        if (r1 - r0 > KNN_KM_PILOT_ROWS) r1 = r0 + KNN_KM_PILOT_ROWS;
         if (r1 <= r0 || piloted[a]) continue;
         piloted[a] = 1;
         tasks[n].a = a;
@@ -1050,15 +1075,20 @@ static knn_status knn_km_pays(knn_km *km, knn_result *out, char *piloted,
     }
     /* One task per thread at a time, polling between: a task on data
      * the clusters do not prune multiplies its rows by every node. */
+    double taken = 0.0;
+    km->pilot = &taken;
+    km->pilot_cap = KNN_KM_MAX_SHARE * rows * km->cols.n;
     knn_status st = KNN_OK;
-    for (int t = 0; st == KNN_OK && t < n; t += km->threads) {
+    for (int t = 0; st == KNN_OK && t < n && taken <= km->pilot_cap;
+         t += km->threads) {
         st = knn_km_run(km, tasks + t, n - t < km->threads ? n - t
                                                            : km->threads,
                         out);
         if (st == KNN_OK && knn_km_interrupted(km->req))
             st = KNN_E_INTERRUPTED;
     }
-    *pays = km->pairs <= KNN_KM_MAX_SHARE * rows * km->cols.n;
+    km->pilot = NULL;
+    *pays = taken <= km->pilot_cap;
     return st;
 }
 
@@ -1120,8 +1150,16 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
     return st;
 }
 
+/* Rows of row cluster a that the pilot searched (knn_km_pays). */
+static int knn_km_piloted(const knn_km *km, const char *piloted, int a)
+{
+    int rows = km->rows.first[a + 1] - km->rows.first[a];
+    return !piloted[a] ? 0 : rows < KNN_KM_PILOT_ROWS ? rows
+                                                      : KNN_KM_PILOT_ROWS;
+}
+
 /* Every row's task, in cluster order, up to KNN_KM_ROWS rows each, but
- * the first of a cluster that is `piloted` (knn_km_pays). */
+ * the rows the pilot searched. */
 static knn_km_task_rows *knn_km_tasks(const knn_km *km,
                                       const char *piloted, int *n)
 {
@@ -1135,9 +1173,8 @@ static knn_km_task_rows *knn_km_tasks(const knn_km *km,
     if (!tasks) return NULL;
     *n = 0;
     for (int a = 0; a < nc; a++)
-        for (int r0 = km->rows.first[a]; r0 < km->rows.first[a + 1];
-             r0 += KNN_KM_ROWS) {
-            if (r0 == km->rows.first[a] && piloted[a]) continue;
+        for (int r0 = km->rows.first[a] + knn_km_piloted(km, piloted, a);
+             r0 < km->rows.first[a + 1]; r0 += KNN_KM_ROWS) {
             int r1 = km->rows.first[a + 1] - r0 < KNN_KM_ROWS
                 ? km->rows.first[a + 1] : r0 + KNN_KM_ROWS;
             tasks[*n].a = a;
@@ -1171,9 +1208,7 @@ knn_status knn_clusters_search(const knn_request *req, knn_result *out,
         ? knn_km_tasks(&km, piloted, &n_tasks) : NULL;
     if (st == KNN_OK && !tasks) st = KNN_E_NOMEM;
     for (int a = 0; piloted && a < km.clusters; a++)
-        if (piloted[a])
-            done += km.rows.first[a + 1] - km.rows.first[a] < KNN_KM_ROWS
-                ? km.rows.first[a + 1] - km.rows.first[a] : KNN_KM_ROWS;
+        done += knn_km_piloted(&km, piloted, a);
     free(piloted);
     double poll_rows = fmin(KNN_KM_POLL_ROWS,
                             KNN_KM_POLL_WORK / ((double)km.cols.n * req->p));
