@@ -202,6 +202,30 @@ int knn_clusters_serve(knn_metric m)
            (kind == KNN_SCORE_DIST || kind == KNN_SCORE_NEG);
 }
 
+/* Bytes the clusters' arrays take at most: the fast vectors of one side
+ * (float64) while its residuals (float64 and float32) are formed, the
+ * reference's points' residuals kept meanwhile, O(n) numbers per node,
+ * the centres and their distances, and each thread's product tile. */
+static double knn_km_bytes(const knn_request *req)
+{
+    double p = req->p, nr = req->n_ref;
+    double nq = req->query ? req->n_query : 0.0;
+    double nc = ceil(sqrt(nr));
+    double fast = fmax(20.0 * p * nr, 12.0 * p * nr + 20.0 * p * nq);
+    double per_node = 64.0 * (nr + nq) + 8.0 * nc * (nc + p);
+    double threads = knn_threads(req->threads);
+    return fast + per_node +
+           threads * 8.0 * KNN_KM_ROWS * (KNN_KM_COLS + p);
+}
+
+/* Whether the clusters' arrays fit the request's memory budget, where it
+ * sets one (else they take O(n p) bytes, as the scan's fast vectors and
+ * canonical forms do). */
+static int knn_km_fits(const knn_request *req)
+{
+    return req->memory_bytes <= 0 || knn_km_bytes(req) <= req->memory_bytes;
+}
+
 int knn_clusters_suits(const knn_request *req)
 {
     if (!knn_clusters_serve(req->metric)) return 0;
@@ -209,7 +233,8 @@ int knn_clusters_suits(const knn_request *req)
     /* A forced rung asks for the scan's arithmetic. */
     return req->algorithm == KNN_ALGO_AUTO &&
            req->precision == KNN_PRECISION_AUTO &&
-           req->n_ref >= KNN_KM_MIN_NODES && req->p <= KNN_KM_MAX_FEATURES;
+           req->n_ref >= KNN_KM_MIN_NODES && req->p <= KNN_KM_MAX_FEATURES &&
+           knn_km_fits(req);
 }
 
 static void knn_km_side_free(knn_km_side *s)
@@ -410,7 +435,7 @@ static knn_status knn_km_partition(knn_km *km, const double *f, int n,
 typedef struct {
     double rad;
     const double *x;
-    int p, node, entry;
+    int p, node;
 } knn_km_sorted;
 
 static int knn_km_sorted_cmp(const void *a, const void *b)
@@ -456,9 +481,23 @@ static knn_status knn_km_side_alloc(knn_km_side *s, int n, int p,
     return failed ? KNN_E_NOMEM : KNN_OK;
 }
 
-/* Residual of fast vector x from centre c into entry e of side s. */
-static void knn_km_residual(const knn_km *km, knn_km_side *s, int e,
-                            const double *x, const double *c)
+/* |x - c|^2 of fast vector x and centre c, with the bits of the sum
+ * knn_km_entry keeps. */
+static double knn_km_sq(const double *x, const double *c, int p)
+{
+    double sq = 0.0;
+    for (int t = 0; t < p; t++) {
+        double r = x[t] - c[t];
+        sq += r * r;
+    }
+    return sq;
+}
+
+/* Entry e of side s: node j of `nodes`, with fast vector x, in the
+ * cluster of centre c: its residual and norms. */
+static void knn_km_entry(const knn_km *km, knn_km_side *s, int e,
+                         const knn_nodes *nodes, int j, const double *x,
+                         const double *c)
 {
     int p = km->p;
     double *r = s->res + (size_t)e * p, sq = 0.0;
@@ -468,8 +507,11 @@ static void knn_km_residual(const knn_km *km, knn_km_side *s, int e,
         r32[t] = (float)r[t];
         sq += r[t] * r[t];
     }
+    s->node[e] = j;
     s->sq[e] = sq;
     s->rad[e] = sqrt(sq);
+    if (s->fsq) s->fsq[e] = knn_dot(x, x, p);
+    s->norm[e] = s->fsq ? sqrt(s->fsq[e]) : sqrt(nodes->norm2[j]);
 }
 
 /* Builds side s from n nodes with fast vectors f and clusters `assign`:
@@ -503,39 +545,26 @@ static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
         e->p = p;
     }
     free(at);
-    #pragma omp parallel for num_threads(km->threads) schedule(static)
-    for (int e = 0; e < n; e++) {
-        int j = sorted[e].node;
-        knn_km_residual(km, s, e, f + (size_t)j * p,
-                        km->centre + (size_t)assign[j] * p);
-        sorted[e].rad = s->rad[e];
-        if (s->fsq) s->fsq[e] = knn_dot(f + (size_t)j * p, f + (size_t)j * p,
-                                        p);
-    }
     if (!points) {
+        #pragma omp parallel for num_threads(km->threads) schedule(static)
         for (int e = 0; e < n; e++) {
-            s->node[e] = sorted[e].node;
-            s->norm[e] = s->fsq ? sqrt(s->fsq[e])
-                                : sqrt(nodes->norm2[sorted[e].node]);
+            int j = sorted[e].node;
+            knn_km_entry(km, s, e, nodes, j, f + (size_t)j * p,
+                         km->centre + (size_t)assign[j] * p);
         }
     } else {
-        /* Points in the sorted order, their residuals moved along. */
-        for (int c = 0; c < nc; c++) {
-            for (int e = s->first[c]; e < s->first[c + 1]; e++)
-                sorted[e].entry = e;
+        /* Points in the sorted order, their residuals written there. */
+        #pragma omp parallel for num_threads(km->threads) schedule(static)
+        for (int e = 0; e < n; e++) {
+            int j = sorted[e].node;
+            sorted[e].rad = sqrt(knn_km_sq(f + (size_t)j * p,
+                                           km->centre +
+                                               (size_t)assign[j] * p, p));
+        }
+        for (int c = 0; c < nc; c++)
             qsort(sorted + s->first[c],
                   (size_t)(s->first[c + 1] - s->first[c]), sizeof *sorted,
                   knn_km_sorted_cmp);
-        }
-        double *res = malloc((size_t)n * p * sizeof(double));
-        double *sq = malloc((size_t)n * 2 * sizeof(double));
-        if (!res || !sq) {
-            free(res);
-            free(sq);
-            free(sorted);
-            return KNN_E_NOMEM;
-        }
-        double *fsq = sq + n;
         int d = 0;
         for (int c = 0; c < nc; c++) {
             int first = d;
@@ -546,11 +575,6 @@ static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
                     s->count[d - 1]++;
                     continue;
                 }
-                memcpy(res + (size_t)d * p,
-                       s->res + (size_t)sorted[e].entry * p,
-                       (size_t)p * sizeof(double));
-                sq[d] = s->sq[sorted[e].entry];
-                if (s->fsq) fsq[d] = s->fsq[sorted[e].entry];
                 s->node[d] = sorted[e].node;
                 s->mfirst[d] = e;
                 s->count[d] = 1;
@@ -560,18 +584,12 @@ static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
         }
         s->first[nc] = d;
         s->n = d;
-        free(s->res);
-        s->res = res;
+        #pragma omp parallel for num_threads(km->threads) schedule(static)
         for (int e = 0; e < d; e++) {
-            s->sq[e] = sq[e];
-            s->rad[e] = sqrt(sq[e]);
-            for (int t = 0; t < p; t++)
-                s->res32[(size_t)e * p + t] = (float)res[(size_t)e * p + t];
-            if (s->fsq) s->fsq[e] = fsq[e];
-            s->norm[e] = s->fsq ? sqrt(fsq[e])
-                                : sqrt(nodes->norm2[s->node[e]]);
+            int j = s->node[e];
+            knn_km_entry(km, s, e, nodes, j, f + (size_t)j * p,
+                         km->centre + (size_t)assign[j] * p);
         }
-        free(sq);
     }
     free(sorted);
     for (int c = 0; c < nc; c++) {
@@ -1190,6 +1208,14 @@ knn_status knn_clusters_search(const knn_request *req, knn_result *out,
 {
     knn_km km = {0};
     double t0 = knn_seconds();
+    if (!knn_km_fits(req)) {
+        snprintf(report->message, sizeof report->message,
+                 "the clusters need %.0f MB, beyond "
+                 "options(knngpu.cpu.memory) of %.0f MB: raise it, or "
+                 "leave the algorithm to knngpu",
+                 knn_km_bytes(req) / 1048576.0, req->memory_bytes / 1048576.0);
+        return KNN_E_NOMEM;
+    }
     knn_status st = knn_km_setup(&km, req);
     char *piloted = st == KNN_OK ? calloc((size_t)km.clusters, 1) : NULL;
     if (st == KNN_OK && !piloted) st = KNN_E_NOMEM;

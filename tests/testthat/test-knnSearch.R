@@ -400,6 +400,21 @@ test_that("clusters give the bits of the product scan on every shape", {
     flat <- knnSearch(shapeData("normal", 4000, 60, seed = 44), k = 10,
                       metric = "euclidean", device = "cpu")
     expect_no_match(attr(flat, "device"), "clusters")
+    ## A memory budget the clusters' arrays do not fit: auto searches by
+    ## the scan, with the same bits; forced clusters are refused.
+    cells <- shapeData("cellpcs", 4000, 10, seed = 43)
+    tight <- withOptions(list(knngpu.cpu.memory = 1e6),
+                         knnSearch(cells, k = 10, metric = "euclidean",
+                                   device = "cpu"))
+    expect_no_match(attr(tight, "device"), "clusters")
+    expect_match(attr(knnSearch(cells, k = 10, metric = "pearson",
+                                device = "cpu"), "device"), "clusters")
+    expect_identical(tight[c("index", "distance")],
+                     structured[c("index", "distance")])
+    expect_error(withOptions(list(knngpu.algorithm = "clusters",
+                                  knngpu.cpu.memory = 1e6),
+                             knnSearch(cells, k = 10, device = "cpu")),
+                 "beyond options\\(knngpu.cpu.memory\\)")
     expect_error(withOptions(list(knngpu.algorithm = "clusters"),
                              knnSearch(x, k = 5, metric = "abspearson",
                                        device = "cpu")),
