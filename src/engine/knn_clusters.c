@@ -860,13 +860,32 @@ static int knn_km_multiply(const knn_km *km, knn_km_work *w,
     return failed;
 }
 
-/* Rows [r0, r0 + nr) of row cluster a against column cluster b: the
+/* a.b in float64, in KNN_KM_LANES interleaved sums that the compiler
+ * vectorises: a centre term of every row and point a visit meets, whose
+ * one sum in feature order would wait on each addition's latency. Its
+ * error is that of any order of the sum, which the bounds' slack
+ * covers. */
+#define KNN_KM_LANES 8
+static double knn_km_dot(const double *a, const double *b, int p)
+{
+    double lane[KNN_KM_LANES] = {0.0};
+    int t = 0;
+    for (; t + KNN_KM_LANES <= p; t += KNN_KM_LANES)
+        for (int l = 0; l < KNN_KM_LANES; l++) lane[l] += a[t + l] * b[t + l];
+    double dot = 0.0;
+    for (; t < p; t++) dot += a[t] * b[t];
+    for (int l = 0; l < KNN_KM_LANES; l++) dot += lane[l];
+    return dot;
+}
+
+/* Rows [r0, r0 + nr) of row cluster a against column cluster b (whose
+ * lower bound from a is lbc, as knn_km_task computes it): the
  * rows whose reach meets b, each against the points whose distance to
  * b's centre may lie within it. Rows go in groups of KNN_KM_GROUP by
  * where their spans start, so that each group's product covers little
  * more than its rows' spans. */
 static int knn_km_visit(const knn_km *km, knn_km_work *w, int a, int b,
-                        int r0, int nr)
+                        double lbc, int r0, int nr)
 {
     int p = km->p, failed = 0;
     const knn_km_side *rows = &km->rows, *cols = &km->cols;
@@ -881,12 +900,15 @@ static int knn_km_visit(const knn_km *km, knn_km_work *w, int a, int b,
     int b0 = cols->first[b], b1 = cols->first[b + 1], nact = 0;
     for (int i = 0; i < nr; i++) {
         int e = r0 + i;
+        /* b's bound lbc, less the row's own radius, against its reach
+         * (the task's test, row by row). */
+        double reach = knn_km_reach(km, &w->pools[i], w->margin[i], e);
+        if (knn_km_down(km, lbc - knn_km_up(km, rows->rad[e])) > reach)
+            continue;
         const double *res = rows->res + knn_km_vec(rows, e) * p;
-        double dot = 0.0;
-        for (int t = 0; t < p; t++) dot += w->delta[t] * res[t];
+        double dot = knn_km_dot(w->delta, res, p);
         double r = dd + rows->sq[e] + 2.0 * dot;
         w->rowterm[i] = km->corr ? 0.5 * (r - rows->fsq[e]) : r;
-        double reach = knn_km_reach(km, &w->pools[i], w->margin[i], e);
         int from = b0, to = b1;
         if (reach < INFINITY) {
             double scale = knn_km_up(km, dn + rows->rad[e]);
@@ -914,8 +936,7 @@ static int knn_km_visit(const knn_km *km, knn_km_work *w, int a, int b,
         if (w->spans[r].to > last) last = w->spans[r].to;
     for (int j = first; j < last; j++) {
         const double *res = cols->res + (size_t)j * p;
-        double dot = 0.0;
-        for (int t = 0; t < p; t++) dot += w->delta[t] * res[t];
+        double dot = knn_km_dot(w->delta, res, p);
         double c = cols->sq[j] - 2.0 * dot;
         w->colterm[j - first] = km->corr ? 0.5 * (c - cols->fsq[j]) : c;
     }
@@ -974,7 +995,7 @@ static int knn_km_task(const knn_km *km, knn_km_work *w, int a, int r0,
                                                         r0 + i)));
         if (w->near[t].lbc > reach) break;
         double before = w->pairs;
-        failed |= knn_km_visit(km, w, a, b, r0, nr);
+        failed |= knn_km_visit(km, w, a, b, w->near[t].lbc, r0, nr);
         if (km->pilot && knn_km_pilot_past(km, w->pairs - before)) {
             w->gave_up = 1;
             return failed;
@@ -1121,10 +1142,10 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
                                       KNN_BLAS_BUFFER, KNN_BLAS_SHARE);
     km->slack = fmax(0x1p-40, (8.0 * req->p + 64.0) * KNN_U64);
     km->corr = knn_is_correlation(req->metric);
-    if (km->threads > 1) {
-        km->blas_before = knn_blas_hold_one_thread();
-        if (km->blas_before == 0) km->threads = 1;
-    }
+    /* The products are small: BLAS threads of their own would only wait
+     * on each other between them, also beside one thread of ours. */
+    km->blas_before = knn_blas_hold_one_thread();
+    if (km->blas_before == 0) km->threads = 1;
     knn_status st = knn_space_init(&km->space, req);
     if (st == KNN_OK)
         st = knn_nodes_prepare(&km->ref, &km->space, req->ref, req->n_ref, 1,
