@@ -68,10 +68,10 @@
  * (which computes each pair once in a self search) is faster. */
 #define KNN_KM_MIN_NODES 1000
 #define KNN_KM_MAX_SHARE 0.25
-/* Features up to which auto takes the clusters: at many more features
- * the scan wins even where the clusters skip most pairs
- * (inst/bench/clusters.R). */
-#define KNN_KM_MAX_FEATURES 100
+/* Features up to which auto takes the clusters: measured to 500
+ * (log-counts, inst/bench/clusters.R --kinds=logcounts); beyond, the
+ * scan. */
+#define KNN_KM_MAX_FEATURES 512
 /* Row clusters whose first rows (at most KNN_KM_PILOT_ROWS) are
  * searched to measure the share. */
 #define KNN_KM_PILOT 8
