@@ -132,7 +132,7 @@
 #'   where a sample of rows shows that this prunes enough (structured
 #'   data: principal components, cell types, genes at many levels,
 #'   log-counts; measured by \code{inst/bench/clusters.R}) and where their
-#'   arrays (about 20 bytes per value of the reference) fit
+#'   arrays (about 12 bytes per value of the nodes) fit
 #'   \code{getOption("knngpu.cpu.memory")} when it is set; the bits are
 #'   the same again. \code{options(knngpu.algorithm = "tree" | "clusters" |
 #'   "products")} forces one (\code{"auto"}, the default, chooses).

@@ -44,12 +44,14 @@
  * sample of clusters, what share of the pairs it multiplies; where the
  * clusters prune too little (N(0,1) in many dimensions), the product scan,
  * which uses the symmetry of a self search, is faster and takes over
- * (knn_km_pays). Memory: the fast vectors once (float64) and the
- * residuals (float64 and float32) of the reference's points and of the
- * query nodes (a self search's rows borrow their points').
+ * (knn_km_pays). Memory: the residuals (float64 and float32) of the
+ * reference's points and of the query nodes (a self search's rows borrow
+ * their points'); fast vectors are formed node by node as they are
+ * needed.
  */
 #include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -77,9 +79,10 @@
 #define KNN_KM_PILOT 8
 #define KNN_KM_PILOT_ROWS 32
 /* Rounds of k-means: later rounds move few nodes, and any partition
- * gives the same answer. All but the last run on a sample of this many
- * nodes per cluster, spread over the node order: the centres they find
- * are about those of the whole, at a fraction of the products. */
+ * gives the same answer. They run on a sample of this many nodes per
+ * cluster, spread over the node order (the centres they find are about
+ * those of the whole, at a fraction of the products); then every node
+ * goes to its nearest centre. */
 #define KNN_KM_ROUNDS 4
 #define KNN_KM_SAMPLE 24
 /* Rows per task (their residuals and pools stay in the cache), columns
@@ -202,17 +205,18 @@ int knn_clusters_serve(knn_metric m)
            (kind == KNN_SCORE_DIST || kind == KNN_SCORE_NEG);
 }
 
-/* Bytes the clusters' arrays take at most: the fast vectors of one side
- * (float64) while its residuals (float64 and float32) are formed, the
- * reference's points' residuals kept meanwhile, O(n) numbers per node,
- * the centres and their distances, and each thread's product tile. */
+/* Bytes the clusters' arrays take at most: the residuals (float64 and
+ * float32) of the reference's points and of the query nodes, O(n)
+ * numbers per node, the centres, their distances and the k-means sample,
+ * and each thread's product tile. */
 static double knn_km_bytes(const knn_request *req)
 {
     double p = req->p, nr = req->n_ref;
     double nq = req->query ? req->n_query : 0.0;
     double nc = ceil(sqrt(nr));
-    double fast = fmax(20.0 * p * nr, 12.0 * p * nr + 20.0 * p * nq);
-    double per_node = 64.0 * (nr + nq) + 8.0 * nc * (nc + p);
+    double fast = 12.0 * p * (nr + nq);
+    double per_node = 64.0 * (nr + nq) +
+                      8.0 * nc * (nc + p + KNN_KM_SAMPLE * p);
     double threads = knn_threads(req->threads);
     return fast + per_node +
            threads * 8.0 * KNN_KM_ROWS * (KNN_KM_COLS + p);
@@ -277,11 +281,12 @@ static void knn_km_free(knn_km *km)
     km->blas_before = 0;
 }
 
-/* Nearest centre of each of n fast vectors f (p x n), by float32
- * products (|c|^2 - 2 c.f), ties to the smaller centre. Returns nonzero
- * when scratch memory runs out. */
-static int knn_km_assign(const knn_km *km, const double *f, int n,
-                         int *assign)
+/* Nearest centre of each of n fast vectors, by float32 products (|c|^2 -
+ * 2 c.f), ties to the smaller centre: those of f (p x n), or where f is
+ * NULL those of nodes, formed a block at a time. Returns nonzero when
+ * scratch memory runs out. */
+static int knn_km_assign(const knn_km *km, const double *f,
+                         const knn_nodes *nodes, int n, int *assign)
 {
     int p = km->p, nc = km->clusters, failed = 0;
     float *c32 = malloc((size_t)p * nc * sizeof(float));
@@ -311,8 +316,11 @@ static int knn_km_assign(const knn_km *km, const double *f, int n,
             if (!x || !g) continue;
             int j0 = b * KNN_KM_ASSIGN;
             int m = n - j0 < KNN_KM_ASSIGN ? n - j0 : KNN_KM_ASSIGN;
-            for (size_t v = 0; v < (size_t)m * p; v++)
-                x[v] = (float)f[(size_t)j0 * p + v];
+            if (f)
+                for (size_t v = 0; v < (size_t)m * p; v++)
+                    x[v] = (float)f[(size_t)j0 * p + v];
+            else
+                knn_nodes_fast(&km->space, nodes, j0, m, 1, x, 1);
             knn_sgemm_tn(nc, m, p, c32, x, g);
             for (int j = 0; j < m; j++) {
                 const float *col = g + (size_t)j * nc;
@@ -387,44 +395,109 @@ static int knn_km_interrupted(const knn_request *req)
     return req->cb.interrupted && req->cb.interrupted(req->cb.ctx);
 }
 
-/* k-means of the reference's fast vectors f: km->centre and `assign`.
- * Seeds are nodes spread evenly over the node order; the rounds but the
- * last run on a sample (KNN_KM_SAMPLE). */
-static knn_status knn_km_partition(knn_km *km, const double *f, int n,
-                                   int *assign)
+/* |x - c|^2 of fast vector x and centre c, with the bits of the sum
+ * knn_km_entry keeps. */
+static double knn_km_sq(const double *x, const double *c, int p)
+{
+    double sq = 0.0;
+    for (int t = 0; t < p; t++) {
+        double r = x[t] - c[t];
+        sq += r * r;
+    }
+    return sq;
+}
+
+/* A fixed stream of pseudo-random numbers (splitmix64): the sample and
+ * the seeds do not depend on the nodes' order, whose regularities (rows
+ * repeating with a period) an even stride over it would meet, and the
+ * search does not depend on R's random state. Any partition gives the
+ * same answer. */
+#define KNN_KM_SEED 0x9e3779b97f4a7c15ULL
+static uint64_t knn_km_random(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Seeds from the ns sampled fast vectors (d2: ns scratch values), in
+ * random order: three quarters the sampled nodes themselves, which
+ * follow the nodes' density (where neighbours are close, many small
+ * clusters), the rest as k-means++ draws them, each with probability
+ * proportional to its squared distance from the seeds so far, so that
+ * every well separated group of nodes gets seeds of its own. */
+static void knn_km_seed(knn_km *km, const double *sample, int ns,
+                        double *d2, uint64_t *state)
+{
+    int p = km->p, nc = km->clusters, next = 0;
+    for (int i = 0; i < ns; i++) d2[i] = INFINITY;
+    for (int c = 0; c < nc; c++) {
+        double *centre = km->centre + (size_t)c * p;
+        memcpy(centre, sample + (size_t)next * p, (size_t)p * sizeof(double));
+        double total = 0.0;
+        #pragma omp parallel for num_threads(km->threads) schedule(static) \
+            reduction(+ : total)
+        for (int i = 0; i < ns; i++) {
+            double d = knn_km_sq(sample + (size_t)i * p, centre, p);
+            if (d < d2[i]) d2[i] = d;
+            total += d2[i];
+        }
+        if (c + 1 < nc - nc / 4) {
+            next = c + 1;
+            continue;
+        }
+        /* Where every sampled node is a seed already (few distinct
+         * nodes), the next seed repeats one: its cluster stays empty. */
+        double u = (double)(knn_km_random(state) >> 11) * 0x1p-53 * total;
+        next = ns - 1;
+        for (int i = 0; i < ns; i++) {
+            u -= d2[i];
+            if (u < 0.0) {
+                next = i;
+                break;
+            }
+        }
+    }
+}
+
+/* k-means of the fast vectors of the n reference nodes: km->centre and
+ * `assign`. Seeds are k-means++'s on a sample (KNN_KM_SAMPLE per
+ * cluster), on which the rounds run. */
+static knn_status knn_km_partition(knn_km *km, const knn_nodes *nodes,
+                                   int n, int *assign)
 {
     int p = km->p, nc = (int)ceil(sqrt((double)n));
     if (nc > n) nc = n;
     km->clusters = nc;
     km->centre = malloc((size_t)p * nc * sizeof(double));
     if (!km->centre) return KNN_E_NOMEM;
-    for (int c = 0; c < nc; c++) {
-        int j = (int)(((double)c + 0.5) * n / nc);
-        memcpy(km->centre + (size_t)c * p, f + (size_t)j * p,
-               (size_t)p * sizeof(double));
-    }
     int ns = (double)KNN_KM_SAMPLE * nc < n ? KNN_KM_SAMPLE * nc : n;
-    double *sample = ns < n ? malloc((size_t)ns * p * sizeof(double))
-                            : NULL;
-    if (ns < n && !sample) return KNN_E_NOMEM;
-    for (int i = 0; sample && i < ns; i++)
-        memcpy(sample + (size_t)i * p,
-               f + (size_t)(((double)i + 0.5) * n / ns) * p,
-               (size_t)p * sizeof(double));
-    const double *fs = sample ? sample : f;
+    double *sample = malloc((size_t)ns * p * sizeof(double));
+    double *d2 = malloc((size_t)ns * sizeof(double));
+    if (!sample || !d2) {
+        free(sample);
+        free(d2);
+        return KNN_E_NOMEM;
+    }
+    uint64_t state = KNN_KM_SEED;
+    for (int i = 0; i < ns; i++)
+        knn_nodes_fast(&km->space, nodes,
+                       ns == n ? i : (int)(knn_km_random(&state) % n), 1, 0,
+                       sample + (size_t)i * p, 1);
+    knn_km_seed(km, sample, ns, d2, &state);
+    free(d2);
     knn_status st = KNN_OK;
     for (int r = 0; st == KNN_OK && r < KNN_KM_ROUNDS; r++) {
-        const double *x = fs;
-        int m = ns;
-        if (knn_km_assign(km, x, m, assign) ||
-            knn_km_update(km, x, m, assign))
+        if (knn_km_assign(km, sample, NULL, ns, assign) ||
+            knn_km_update(km, sample, ns, assign))
             st = KNN_E_NOMEM;
         else if (knn_km_interrupted(km->req))
             st = KNN_E_INTERRUPTED;
     }
     free(sample);
     if (st != KNN_OK) return st;
-    if (knn_km_assign(km, f, n, assign)) return KNN_E_NOMEM;
+    if (knn_km_assign(km, NULL, nodes, n, assign)) return KNN_E_NOMEM;
     knn_km_drop_empty(km, n, assign);
     return KNN_OK;
 }
@@ -481,18 +554,6 @@ static knn_status knn_km_side_alloc(knn_km_side *s, int n, int p,
     return failed ? KNN_E_NOMEM : KNN_OK;
 }
 
-/* |x - c|^2 of fast vector x and centre c, with the bits of the sum
- * knn_km_entry keeps. */
-static double knn_km_sq(const double *x, const double *c, int p)
-{
-    double sq = 0.0;
-    for (int t = 0; t < p; t++) {
-        double r = x[t] - c[t];
-        sq += r * r;
-    }
-    return sq;
-}
-
 /* Entry e of side s: node j of `nodes`, with fast vector x, in the
  * cluster of centre c: its residual and norms. */
 static void knn_km_entry(const knn_km *km, knn_km_side *s, int e,
@@ -514,25 +575,30 @@ static void knn_km_entry(const knn_km *km, knn_km_side *s, int e,
     s->norm[e] = s->fsq ? sqrt(s->fsq[e]) : sqrt(nodes->norm2[j]);
 }
 
-/* Builds side s from n nodes with fast vectors f and clusters `assign`:
- * every node an entry (rows, points == 0), or the nodes merged into
- * points and sorted by distance to the centre (points). nodes->raw gives
- * the input values that decide identity; norm2 the fast norms. */
+/* Builds side s from n nodes in clusters `assign`: every node an entry
+ * (rows, points == 0), or the nodes merged into points and sorted by
+ * distance to the centre (points). nodes->raw gives the input values
+ * that decide identity; norm2 the fast norms. Each node's fast vector is
+ * formed where it is needed (in `fast`, p values per thread), so no copy
+ * of them all is held. */
 static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
-                                    const knn_nodes *nodes, const double *f,
-                                    int n, const int *assign, int points)
+                                    const knn_nodes *nodes, int n,
+                                    const int *assign, int points)
 {
     int p = km->p, nc = km->clusters;
     knn_status st = knn_km_side_alloc(s, n, p, nc, points, km->corr);
     knn_km_sorted *sorted = malloc((size_t)n * sizeof *sorted);
-    if (st != KNN_OK || !sorted) {
+    double *fast = malloc((size_t)km->threads * p * sizeof(double));
+    if (st != KNN_OK || !sorted || !fast) {
         free(sorted);
+        free(fast);
         return KNN_E_NOMEM;
     }
     /* Nodes by cluster, ascending within each. */
     int *at = calloc((size_t)nc + 1, sizeof(int));
     if (!at) {
         free(sorted);
+        free(fast);
         return KNN_E_NOMEM;
     }
     for (int j = 0; j < n; j++) at[assign[j] + 1]++;
@@ -549,7 +615,9 @@ static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
         #pragma omp parallel for num_threads(km->threads) schedule(static)
         for (int e = 0; e < n; e++) {
             int j = sorted[e].node;
-            knn_km_entry(km, s, e, nodes, j, f + (size_t)j * p,
+            double *x = fast + (size_t)knn_thread_number() * p;
+            knn_nodes_fast(&km->space, nodes, j, 1, 0, x, 1);
+            knn_km_entry(km, s, e, nodes, j, x,
                          km->centre + (size_t)assign[j] * p);
         }
     } else {
@@ -557,9 +625,10 @@ static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
         #pragma omp parallel for num_threads(km->threads) schedule(static)
         for (int e = 0; e < n; e++) {
             int j = sorted[e].node;
-            sorted[e].rad = sqrt(knn_km_sq(f + (size_t)j * p,
-                                           km->centre +
-                                               (size_t)assign[j] * p, p));
+            double *x = fast + (size_t)knn_thread_number() * p;
+            knn_nodes_fast(&km->space, nodes, j, 1, 0, x, 1);
+            sorted[e].rad = sqrt(knn_km_sq(x, km->centre +
+                                                  (size_t)assign[j] * p, p));
         }
         for (int c = 0; c < nc; c++)
             qsort(sorted + s->first[c],
@@ -587,11 +656,14 @@ static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
         #pragma omp parallel for num_threads(km->threads) schedule(static)
         for (int e = 0; e < d; e++) {
             int j = s->node[e];
-            knn_km_entry(km, s, e, nodes, j, f + (size_t)j * p,
+            double *x = fast + (size_t)knn_thread_number() * p;
+            knn_nodes_fast(&km->space, nodes, j, 1, 0, x, 1);
+            knn_km_entry(km, s, e, nodes, j, x,
                          km->centre + (size_t)assign[j] * p);
         }
     }
     free(sorted);
+    free(fast);
     for (int c = 0; c < nc; c++) {
         double r = 0.0;
         for (int e = s->first[c]; e < s->first[c + 1]; e++)
@@ -1156,34 +1228,25 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
     if (st != KNN_OK) return st;
     km->query = km->self ? &km->ref : &km->query_nodes;
 
-    int p = req->p, n = req->n_ref;
-    double *f = malloc((size_t)n * p * sizeof(double));
+    int n = req->n_ref;
     int *assign = malloc((size_t)n * sizeof(int));
-    st = f && assign ? KNN_OK : KNN_E_NOMEM;
-    if (st == KNN_OK) {
-        knn_nodes_fast(&km->space, &km->ref, 0, n, 0, f, km->threads);
-        st = knn_km_partition(km, f, n, assign);
-    }
+    st = assign ? KNN_OK : KNN_E_NOMEM;
+    if (st == KNN_OK) st = knn_km_partition(km, &km->ref, n, assign);
     if (st == KNN_OK)
-        st = knn_km_build_side(km, &km->cols, &km->ref, f, n, assign, 1);
+        st = knn_km_build_side(km, &km->cols, &km->ref, n, assign, 1);
     if (st == KNN_OK && km->self) st = knn_km_rows_of_points(km);
     if (st == KNN_OK && !km->self) {
         int nq = req->n_query;
-        free(f);
         free(assign);
-        f = malloc((size_t)nq * p * sizeof(double));
         assign = malloc((size_t)nq * sizeof(int));
-        st = f && assign ? KNN_OK : KNN_E_NOMEM;
-        if (st == KNN_OK) {
-            knn_nodes_fast(&km->space, &km->query_nodes, 0, nq, 0, f,
-                           km->threads);
-            st = knn_km_assign(km, f, nq, assign) ? KNN_E_NOMEM : KNN_OK;
-        }
+        st = assign ? KNN_OK : KNN_E_NOMEM;
         if (st == KNN_OK)
-            st = knn_km_build_side(km, &km->rows, &km->query_nodes, f, nq,
+            st = knn_km_assign(km, NULL, &km->query_nodes, nq, assign)
+                ? KNN_E_NOMEM : KNN_OK;
+        if (st == KNN_OK)
+            st = knn_km_build_side(km, &km->rows, &km->query_nodes, nq,
                                    assign, 0);
     }
-    free(f);
     free(assign);
     if (st == KNN_OK) st = knn_km_centres(km);
     return st;
