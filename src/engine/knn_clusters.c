@@ -5,7 +5,7 @@
  *
  * The reference nodes' fast vectors (knn_prepare.h: the frame in which
  * every product path finds candidates) are partitioned by a few rounds of
- * k-means (about sqrt(n) clusters, seeds spread over the node order, in
+ * k-means on a sample (about sqrt(n) clusters, knn_km_seed's seeds, in
  * float64; the assignment may be any, it only costs or saves work). Each
  * node is held as its residual from its cluster's centre, and a pair's
  * fast score is assembled from the residuals' product (float32 BLAS) and
