@@ -400,6 +400,15 @@ test_that("clusters give the bits of the product scan on every shape", {
     flat <- knnSearch(shapeData("normal", 4000, 60, seed = 44), k = 10,
                       metric = "euclidean", device = "cpu")
     expect_no_match(attr(flat, "device"), "clusters")
+    ## Rows that repeat 20 profiles with the period of an even stride over
+    ## the node order (2500 nodes, 50 clusters): every profile still gets
+    ## clusters of its own, so candidates stay near k.
+    periodic <- withOptions(list(knngpu.algorithm = "clusters"),
+                            knnSearch(shapeData("clusters", 2500, 12,
+                                                seed = 47),
+                                      k = 10, metric = "euclidean",
+                                      device = "cpu"))
+    expect_lt(attr(periodic, "timings")$candidates, 15)
     ## A memory budget the clusters' arrays do not fit: auto searches by
     ## the scan, with the same bits; forced clusters are refused.
     cells <- shapeData("cellpcs", 4000, 10, seed = 43)
