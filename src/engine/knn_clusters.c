@@ -487,7 +487,7 @@ static knn_status knn_km_partition(knn_km *km, const knn_nodes *nodes,
                        sample + (size_t)i * p, 1);
     knn_km_seed(km, sample, ns, d2, &state);
     free(d2);
-    knn_status st = KNN_OK;
+    knn_status st = knn_km_interrupted(km->req) ? KNN_E_INTERRUPTED : KNN_OK;
     for (int r = 0; st == KNN_OK && r < KNN_KM_ROUNDS; r++) {
         if (knn_km_assign(km, sample, NULL, ns, assign) ||
             knn_km_update(km, sample, ns, assign))
@@ -1232,8 +1232,10 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
     int *assign = malloc((size_t)n * sizeof(int));
     st = assign ? KNN_OK : KNN_E_NOMEM;
     if (st == KNN_OK) st = knn_km_partition(km, &km->ref, n, assign);
+    if (st == KNN_OK && knn_km_interrupted(req)) st = KNN_E_INTERRUPTED;
     if (st == KNN_OK)
         st = knn_km_build_side(km, &km->cols, &km->ref, n, assign, 1);
+    if (st == KNN_OK && knn_km_interrupted(req)) st = KNN_E_INTERRUPTED;
     if (st == KNN_OK && km->self) st = knn_km_rows_of_points(km);
     if (st == KNN_OK && !km->self) {
         int nq = req->n_query;
