@@ -95,8 +95,8 @@
 ## How the CPU searches (src/engine/knn.h, knn_algorithm, in this order):
 ## "auto" chooses by measured cost; "products" scans every pair through
 ## matrix products; "tree" uses a k-d tree (distance metrics only);
-## "clusters" prunes cluster pairs of a k-means partition (Euclidean and
-## squared Euclidean only).
+## "clusters" prunes cluster pairs of a k-means partition (Euclidean,
+## squared Euclidean, Pearson, Spearman and cosine).
 .algorithms <- c("auto", "products", "tree", "clusters")
 
 ## The GPU's selection kernel, chosen by measured cost ("auto") or forced

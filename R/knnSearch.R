@@ -133,12 +133,14 @@
 #'   from 500 nodes, up to 8 from 8000), the search uses an exact k-d tree
 #'   instead of the scan of every pair, where it is faster (measured by
 #'   \code{inst/bench/lowdim.R}); the bits are the same. On more features,
-#'   Euclidean and squared Euclidean searches of 1000 nodes or more (up to
-#'   100 features) partition the nodes into clusters and skip the cluster
-#'   pairs that cannot hold a neighbour, where a sample of rows shows that
-#'   this prunes
-#'   enough (structured data: principal components, cell types, genes at
-#'   many levels; measured by \code{inst/bench/clusters.R}); the bits are
+#'   Euclidean, squared Euclidean, Pearson, Spearman and cosine searches
+#'   of 1000 nodes or more (up to 512 features) partition the nodes into
+#'   clusters and skip the cluster pairs that cannot hold a neighbour,
+#'   where a sample of rows shows that this prunes enough (structured
+#'   data: principal components, cell types, genes at many levels,
+#'   log-counts; measured by \code{inst/bench/clusters.R}) and where their
+#'   arrays (about 12 bytes per value of the nodes) fit
+#'   \code{getOption("knngpu.cpu.memory")} when it is set; the bits are
 #'   the same again. \code{options(knngpu.algorithm = "tree" | "clusters" |
 #'   "products")} forces one (\code{"auto"}, the default, chooses).
 #'

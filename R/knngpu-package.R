@@ -47,7 +47,9 @@
 #'     pair's product once, for both nodes, where every node's candidate
 #'     pool fits in three quarters of it (about \code{(2k + 16) * 16 + 8k}
 #'     bytes a node: some 58000 nodes at \code{k = 15}); a larger budget
-#'     buys that for more nodes, at the cost of memory.}
+#'     buys that for more nodes, at the cost of memory. Where it is set,
+#'     the search by clusters also keeps its arrays (about 12 bytes per
+#'     value of the nodes) within it, or leaves the search to the scan.}
 #'   \item{\code{knngpu.gpu.memory}}{Bytes of device memory a GPU search
 #'     may use for its nodes and tiles (default: what the GPU has free);
 #'     nodes past half of it stream through the device in blocks.}

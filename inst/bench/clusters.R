@@ -1,11 +1,21 @@
 ## The CPU's search by clusters (src/engine/knn_clusters.c) on every shape
-## class, against the product scan it may hand over to and BiocNeighbors'
-## KMKNN, Euclidean; and the numbers behind its thresholds.
+## class, against the product scan it may hand over to, BiocNeighbors'
+## KMKNN and FAISS CPU's flat search; and the numbers behind its
+## thresholds.
 ##
-## Usage, from the repository root, with knngpu installed in R_LIBS:
+## Usage, from the repository root, with knngpu installed in R_LIBS (and,
+## for FAISS, python3 with faiss-cpu on the PATH, see peers/faiss.R):
 ##   Rscript inst/bench/clusters.R [--n=1000,5000,20000] [--kinds=a,b]
-##                                 [--k=10] [--reps=3] [--kmknn=yes|no]
+##                                 [--metric=euclidean] [--k=10]
+##                                 [--reps=3] [--kmknn=yes|no]
+##                                 [--faiss=yes|no] [--forced=yes|no]
 ##                                 [--out=FILE]
+##   --metric euclidean, cosine or pearson (KMKNN: its "Cosine" distance,
+##            on rows centred in R first for pearson, centring timed)
+##   --faiss  run FAISS CPU (IndexFlat, its own time from the float64
+##            array to the indices, Python's start and the file read
+##            excluded), where python3 can import faiss
+##   --forced also run the forced scan and clusters (no: auto alone)
 ##   --n      nodes per case (comma-separated)
 ##   --kinds  data kinds of inst/bench/shapes-data.R (default: the classes
 ##            below), at their full feature counts
@@ -13,11 +23,14 @@
 ##            the methods starts one further), so that other processes on
 ##            the machine weigh on each alike; the table holds medians
 ##   --kmknn  run BiocNeighbors::findKNN(x, k, BNPARAM = KmknnParam())
+##            (one thread, as BiocNeighbors runs by default)
 ##
 ## Columns: auto (what knnSearch() chooses), scan (forced
-## knngpu.algorithm = "products"), clusters (forced "clusters") and the
-## share of pairs the clusters multiplied (from their precision line);
-## auto / KMKNN; auto / N(0,1) (the normal kind's auto time at the same n).
+## knngpu.algorithm = "products"), clusters (forced "clusters"), auto's
+## choice: the share of pairs the clusters multiplied (from the precision
+## line) or "scan";
+## auto / KMKNN; auto / FAISS; auto / N(0,1) (the normal kind's auto time
+## at the same n).
 ## The thresholds of knn_clusters.c come from here: KNN_KM_MIN_NODES (the
 ## smallest n where clusters beat the scan on structured kinds) and
 ## KNN_KM_MAX_SHARE (the share above which the scan is faster: compare the
@@ -26,12 +39,17 @@
 suppressPackageStartupMessages(library(knngpu))
 source("tools/args.R")
 source(file.path("inst", "bench", "shapes-data.R"))
+source(file.path("inst", "bench", "peers", "faiss.R"))
 
 sizes <- as.integer(strsplit(argValue("n", "1000,5000,20000"), ",")[[1L]])
 kinds <- strsplit(argValue("kinds", paste(
     "normal,pca,cellpcs,heavy,levels,logcounts,binary,duplicates,",
     "replicates,clusters", sep = "")), ",")[[1L]]
 k <- as.integer(argValue("k", "10"))
+metric <- argValue("metric", "euclidean")
+stopifnot(metric %in% c("euclidean", "cosine", "pearson"))
+faiss <- argValue("faiss", "yes") == "yes" && faissAvailable()
+forced <- argValue("forced", "yes") == "yes"
 reps <- as.integer(argValue("reps", "3"))
 kmknn <- argValue("kmknn", "yes") == "yes"
 out <- argValue("out", "")
@@ -46,30 +64,52 @@ seconds <- function(f) {
 withAlgorithm <- function(algorithm, x) {
     old <- options(knngpu.algorithm = algorithm)
     on.exit(options(old))
-    knnSearch(x, k = k, metric = "euclidean", device = "cpu",
+    knnSearch(x, k = k, metric = metric, device = "cpu",
               progress = FALSE)
 }
 
-methods <- list(
-    auto = function(x) withAlgorithm("auto", x),
-    scan = function(x) withAlgorithm("products", x),
-    clusters = function(x) withAlgorithm("clusters", x))
-if (kmknn) {
-    methods$kmknn <- function(x) findKNN(x, k = k, BNPARAM = KmknnParam())
+## KMKNN's search under `metric`: Pearson as the cosine of rows centred
+## here (part of its time).
+kmknnSearch <- function(x) {
+    if (metric == "euclidean") {
+        return(findKNN(x, k = k, BNPARAM = KmknnParam()))
+    }
+    if (metric == "pearson") x <- x - rowMeans(x)
+    findKNN(x, k = k, BNPARAM = KmknnParam(distance = "Cosine"))
+}
+
+methods <- list(auto = function(x) withAlgorithm("auto", x))
+if (forced) {
+    methods$scan <- function(x) withAlgorithm("products", x)
+    methods$clusters <- function(x) withAlgorithm("clusters", x)
+}
+if (kmknn) methods$kmknn <- kmknnSearch
+if (faiss) {
+    ## FAISS's own time, which excludes the file it reads the nodes from.
+    methods$faiss <- function(x) {
+        file <- faissFile(x)
+        on.exit(unlink(file))
+        got <- faissSearch(file, nrow(x), ncol(x), k, metric, "cpu")
+        structure(list(), seconds = got$seconds)
+    }
 }
 
 emit <- function(lines) {
     writeLines(lines)
     if (nzchar(out)) cat(lines, file = out, sep = "\n", append = TRUE)
 }
-emit(c(sprintf("### %s, CPU, %d cores, %s (medians of %d alternated runs)",
+emit(c(sprintf(paste("### %s, CPU, %d cores, load %s, %s, %s",
+                     "(medians of %d alternated runs)"),
                format(Sys.time(), "%Y-%m-%d %H:%M UTC", tz = "UTC"),
                parallel::detectCores(),
+               paste(readLines("/proc/loadavg", warn = FALSE), collapse = ""),
+               metric,
                paste(c("Rscript inst/bench/clusters.R", commandArgs(TRUE)),
                      collapse = " "), reps), "",
        paste("| data | n x d | auto s | scan s | clusters s |",
-             "pairs multiplied | KMKNN s | auto / KMKNN | auto / N(0,1) |"),
-       "|---|---|---:|---:|---:|---:|---:|---:|---:|"))
+             "auto's choice | KMKNN s | FAISS s | auto / KMKNN |",
+             "auto / FAISS | auto / N(0,1) |"),
+       "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"))
 
 normalAuto <- list()
 for (n in sizes) for (kind in kinds) {
@@ -83,20 +123,26 @@ for (n in sizes) for (kind in kinds) {
     for (r in seq_len(reps)) for (m in names(methods)[
         (seq_along(methods) + r - 2L) %% length(methods) + 1L]) {
         got <- seconds(function() methods[[m]](x))
-        times[r, m] <- got$seconds
-        if (m == "clusters") {
-            share <- sub(".*\\(([^)]*) of pairs\\).*", "\\1",
-                         attr(got$value, "precision"))
+        own <- attr(got$value, "seconds")
+        times[r, m] <- if (is.null(own)) got$seconds else own
+        if (m == "auto") {
+            share <- if (!grepl("clusters", attr(got$value, "device"))) {
+                "scan"
+            } else {
+                sub(".*\\(([^)]*) of pairs\\).*", "\\1",
+                    attr(got$value, "precision"))
+            }
         }
     }
     med <- apply(times, 2L, stats::median)
     if (kind == "normal") normalAuto[[as.character(n)]] <- med[["auto"]]
     base <- normalAuto[[as.character(n)]]
-    theirs <- if (kmknn) med[["kmknn"]] else NA_real_
+    col <- function(m) if (m %in% names(med)) med[[m]] else NA_real_
     emit(sprintf(paste("| %s | %d x %d | %.3g | %.3g | %.3g | %s | %.3g |",
-                       "%.2f | %s |"),
-                 kind, nrow(x), ncol(x), med[["auto"]], med[["scan"]],
-                 med[["clusters"]], share, theirs, med[["auto"]] / theirs,
+                       "%.3g | %.2f | %.2f | %s |"),
+                 kind, nrow(x), ncol(x), med[["auto"]], col("scan"),
+                 col("clusters"), share, col("kmknn"), col("faiss"),
+                 med[["auto"]] / col("kmknn"), med[["auto"]] / col("faiss"),
                  if (is.null(base)) "" else
                      sprintf("%.2f", med[["auto"]] / base)))
 }

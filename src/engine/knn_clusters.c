@@ -1,10 +1,11 @@
 /*
  * knn_clusters.c: exact search by clusters on the CPU, for Euclidean and
- * squared Euclidean distances (KMKNN's pruning, with BLAS products).
+ * squared Euclidean distances and for the correlations whose fast vectors
+ * are unit vectors (KMKNN's pruning, with BLAS products).
  *
  * The reference nodes' fast vectors (knn_prepare.h: the frame in which
  * every product path finds candidates) are partitioned by a few rounds of
- * k-means (about sqrt(n) clusters, seeds spread over the node order, in
+ * k-means on a sample (about sqrt(n) clusters, knn_km_seed's seeds, in
  * float64; the assignment may be any, it only costs or saves work). Each
  * node is held as its residual from its cluster's centre, and a pair's
  * fast score is assembled from the residuals' product (float32 BLAS) and
@@ -13,7 +14,12 @@
  *   D = c_A - c_B, a_i = f_i - c_A, b_j = f_j - c_B,
  * so the float32 error scales with the clusters' radii, not with the
  * nodes' norms around one global centre: dense clusters, steep principal
- * components and outliers no longer widen every row's margin. Column
+ * components and outliers no longer widen every row's margin. The fast
+ * vectors of Pearson, Spearman and cosine are unit vectors whose product
+ * is r, and their fast score -r is the same sum halved, less the two
+ * vectors' squared norms halved (|f_i - f_j|^2 = |f_i|^2 + |f_j|^2 -
+ * 2 f_i.f_j), so the same residual products, margins and triangle bounds
+ * serve them, on distances between unit vectors. Column
  * clusters wider than the row cluster's cap (knn_km_caps) are multiplied
  * in float64, so no wide cluster widens the margins of the others.
  *
@@ -38,11 +44,14 @@
  * sample of clusters, what share of the pairs it multiplies; where the
  * clusters prune too little (N(0,1) in many dimensions), the product scan,
  * which uses the symmetry of a self search, is faster and takes over
- * (knn_km_pays). Memory: the fast vectors once (float64) and the
- * residuals (float64 and float32) of the reference and query nodes.
+ * (knn_km_pays). Memory: the residuals (float64 and float32) of the
+ * reference's points and of the query nodes (a self search's rows borrow
+ * their points'); fast vectors are formed node by node as they are
+ * needed.
  */
 #include <float.h>
 #include <math.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -61,15 +70,21 @@
  * (which computes each pair once in a self search) is faster. */
 #define KNN_KM_MIN_NODES 1000
 #define KNN_KM_MAX_SHARE 0.25
-/* Features up to which auto takes the clusters: at many more features
- * the scan wins even where the clusters skip most pairs
- * (inst/bench/clusters.R). */
-#define KNN_KM_MAX_FEATURES 100
-/* Row clusters whose first rows are searched to measure the share. */
+/* Features up to which auto takes the clusters: measured to 500
+ * (log-counts, inst/bench/clusters.R --kinds=logcounts); beyond, the
+ * scan. */
+#define KNN_KM_MAX_FEATURES 512
+/* Row clusters whose first rows (at most KNN_KM_PILOT_ROWS) are
+ * searched to measure the share. */
 #define KNN_KM_PILOT 8
+#define KNN_KM_PILOT_ROWS 32
 /* Rounds of k-means: later rounds move few nodes, and any partition
- * gives the same answer. */
+ * gives the same answer. They run on a sample of this many nodes per
+ * cluster, spread over the node order (the centres they find are about
+ * those of the whole, at a fraction of the products); then every node
+ * goes to its nearest centre. */
 #define KNN_KM_ROUNDS 4
+#define KNN_KM_SAMPLE 24
 /* Rows per task (their residuals and pools stay in the cache), columns
  * per product, nodes per assignment product. */
 #define KNN_KM_ROWS 128
@@ -102,9 +117,15 @@ typedef struct {
     int *node;      /* entry -> node (a point: its smallest node) */
     double *res;    /* p x n: fast vector less its cluster's centre */
     float *res32;   /* the same rounded to float32 */
+    int *vec;       /* rows of a self search: entry -> its point, whose
+                       residuals (in the points' res and res32, which
+                       these borrow) are its own; else NULL (entry e's
+                       are the e-th) */
     double *rad;    /* |res| as computed */
     double *sq;     /* |res|^2 as computed */
     double *norm;   /* rows: |fast vector|, for the margins */
+    double *fsq;    /* correlations: |fast vector|^2 as computed, else
+                       NULL */
     int *mfirst;    /* points: their nodes members[mfirst, + count) */
     int *count;
     int *members;   /* points: nodes by point, each point's ascending */
@@ -122,8 +143,14 @@ typedef struct {
     double *cdist;    /* clusters x clusters: |c_A - c_B| as computed */
     double *cap;      /* per row cluster: widest column cluster in fp32 */
     double slack;     /* relative widening of every bound (knn_km_up) */
+    int corr;         /* correlation scores: -f_i.f_j (else distances) */
+    double fsq_max;   /* correlations: bound of the points' |f|^2 */
     knn_km_side rows, cols;
     double pairs;     /* products taken, all tasks */
+    double *pilot;    /* while the pilot runs: products its tasks have
+                         taken so far, which they stop past pilot_cap
+                         (knn_km_pays); else NULL */
+    double pilot_cap;
     double pooled;    /* candidates re-ranked */
 } knn_km;
 
@@ -154,6 +181,7 @@ typedef struct {
     double *delta;    /* p */
     knn_km_near *near; /* clusters, nearest first */
     double pairs, pooled;
+    int gave_up;      /* a pilot task stopped past km->pilot_cap */
 } knn_km_work;
 
 /* A bound x widened up or down by its rounding: relative slack (above
@@ -170,31 +198,73 @@ static double knn_km_down(const knn_km *km, double x)
     return x - km->slack * fabs(x) - KNN_KM_TINY;
 }
 
+int knn_clusters_serve(knn_metric m)
+{
+    knn_score_kind kind = knn_score_of(m);
+    return knn_uses_product(m) &&
+           (kind == KNN_SCORE_DIST || kind == KNN_SCORE_NEG);
+}
+
+/* Bytes the clusters' arrays take at most: the residuals (float64 and
+ * float32) of the reference's points and of the query nodes, O(n)
+ * numbers per node, the centres, their distances and the k-means sample,
+ * and each thread's product tile. */
+static double knn_km_bytes(const knn_request *req)
+{
+    double p = req->p, nr = req->n_ref;
+    double nq = req->query ? req->n_query : 0.0;
+    double nc = ceil(sqrt(nr));
+    double fast = 12.0 * p * (nr + nq);
+    double per_node = 64.0 * (nr + nq) +
+                      8.0 * nc * (nc + p + KNN_KM_SAMPLE * p);
+    double threads = knn_threads(req->threads);
+    return fast + per_node +
+           threads * 8.0 * KNN_KM_ROWS * (KNN_KM_COLS + p);
+}
+
+/* Whether the clusters' arrays fit the request's memory budget, where it
+ * sets one (else they take O(n p) bytes, as the scan's fast vectors and
+ * canonical forms do). */
+static int knn_km_fits(const knn_request *req)
+{
+    return req->memory_bytes <= 0 || knn_km_bytes(req) <= req->memory_bytes;
+}
+
 int knn_clusters_suits(const knn_request *req)
 {
-    if (req->metric != KNN_EUCLIDEAN && req->metric != KNN_SQEUCLIDEAN)
-        return 0;
+    if (!knn_clusters_serve(req->metric)) return 0;
     if (req->algorithm == KNN_ALGO_CLUSTERS) return 1;
     /* A forced rung asks for the scan's arithmetic. */
     return req->algorithm == KNN_ALGO_AUTO &&
            req->precision == KNN_PRECISION_AUTO &&
-           req->n_ref >= KNN_KM_MIN_NODES && req->p <= KNN_KM_MAX_FEATURES;
+           req->n_ref >= KNN_KM_MIN_NODES && req->p <= KNN_KM_MAX_FEATURES &&
+           knn_km_fits(req);
 }
 
 static void knn_km_side_free(knn_km_side *s)
 {
     free(s->first);
     free(s->node);
-    free(s->res);
-    free(s->res32);
+    if (!s->vec) {
+        free(s->res);
+        free(s->res32);
+    }
+    free(s->vec);
     free(s->rad);
     free(s->sq);
     free(s->norm);
+    free(s->fsq);
     free(s->mfirst);
     free(s->count);
     free(s->members);
     free(s->radius);
     memset(s, 0, sizeof *s);
+}
+
+/* Where entry e of side s has its residuals in res and res32 (times p). */
+static size_t knn_km_vec(const knn_km_side *s, int e)
+{
+    return (size_t)(s->vec ? s->vec[e] : e);
 }
 
 static void knn_km_free(knn_km *km)
@@ -211,11 +281,12 @@ static void knn_km_free(knn_km *km)
     km->blas_before = 0;
 }
 
-/* Nearest centre of each of n fast vectors f (p x n), by float32
- * products (|c|^2 - 2 c.f), ties to the smaller centre. Returns nonzero
- * when scratch memory runs out. */
-static int knn_km_assign(const knn_km *km, const double *f, int n,
-                         int *assign)
+/* Nearest centre of each of n fast vectors, by float32 products (|c|^2 -
+ * 2 c.f), ties to the smaller centre: those of f (p x n), or where f is
+ * NULL those of nodes, formed a block at a time. Returns nonzero when
+ * scratch memory runs out. */
+static int knn_km_assign(const knn_km *km, const double *f,
+                         const knn_nodes *nodes, int n, int *assign)
 {
     int p = km->p, nc = km->clusters, failed = 0;
     float *c32 = malloc((size_t)p * nc * sizeof(float));
@@ -245,8 +316,11 @@ static int knn_km_assign(const knn_km *km, const double *f, int n,
             if (!x || !g) continue;
             int j0 = b * KNN_KM_ASSIGN;
             int m = n - j0 < KNN_KM_ASSIGN ? n - j0 : KNN_KM_ASSIGN;
-            for (size_t v = 0; v < (size_t)m * p; v++)
-                x[v] = (float)f[(size_t)j0 * p + v];
+            if (f)
+                for (size_t v = 0; v < (size_t)m * p; v++)
+                    x[v] = (float)f[(size_t)j0 * p + v];
+            else
+                knn_nodes_fast(&km->space, nodes, j0, m, 1, x, 1);
             knn_sgemm_tn(nc, m, p, c32, x, g);
             for (int j = 0; j < m; j++) {
                 const float *col = g + (size_t)j * nc;
@@ -321,28 +395,109 @@ static int knn_km_interrupted(const knn_request *req)
     return req->cb.interrupted && req->cb.interrupted(req->cb.ctx);
 }
 
-/* k-means of the reference's fast vectors f: km->centre and `assign`.
- * Seeds are nodes spread evenly over the node order. */
-static knn_status knn_km_partition(knn_km *km, const double *f, int n,
-                                   int *assign)
+/* |x - c|^2 of fast vector x and centre c, with the bits of the sum
+ * knn_km_entry keeps. */
+static double knn_km_sq(const double *x, const double *c, int p)
+{
+    double sq = 0.0;
+    for (int t = 0; t < p; t++) {
+        double r = x[t] - c[t];
+        sq += r * r;
+    }
+    return sq;
+}
+
+/* A fixed stream of pseudo-random numbers (splitmix64): the sample and
+ * the seeds do not depend on the nodes' order, whose regularities (rows
+ * repeating with a period) an even stride over it would meet, and the
+ * search does not depend on R's random state. Any partition gives the
+ * same answer. */
+#define KNN_KM_SEED 0x9e3779b97f4a7c15ULL
+static uint64_t knn_km_random(uint64_t *state)
+{
+    uint64_t z = (*state += 0x9e3779b97f4a7c15ULL);
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+    return z ^ (z >> 31);
+}
+
+/* Seeds from the ns sampled fast vectors (d2: ns scratch values), in
+ * random order: three quarters the sampled nodes themselves, which
+ * follow the nodes' density (where neighbours are close, many small
+ * clusters), the rest as k-means++ draws them, each with probability
+ * proportional to its squared distance from the seeds so far, so that
+ * every well separated group of nodes gets seeds of its own. */
+static void knn_km_seed(knn_km *km, const double *sample, int ns,
+                        double *d2, uint64_t *state)
+{
+    int p = km->p, nc = km->clusters, next = 0;
+    for (int i = 0; i < ns; i++) d2[i] = INFINITY;
+    for (int c = 0; c < nc; c++) {
+        double *centre = km->centre + (size_t)c * p;
+        memcpy(centre, sample + (size_t)next * p, (size_t)p * sizeof(double));
+        double total = 0.0;
+        #pragma omp parallel for num_threads(km->threads) schedule(static) \
+            reduction(+ : total)
+        for (int i = 0; i < ns; i++) {
+            double d = knn_km_sq(sample + (size_t)i * p, centre, p);
+            if (d < d2[i]) d2[i] = d;
+            total += d2[i];
+        }
+        if (c + 1 < nc - nc / 4) {
+            next = c + 1;
+            continue;
+        }
+        /* Where every sampled node is a seed already (few distinct
+         * nodes), the next seed repeats one: its cluster stays empty. */
+        double u = (double)(knn_km_random(state) >> 11) * 0x1p-53 * total;
+        next = ns - 1;
+        for (int i = 0; i < ns; i++) {
+            u -= d2[i];
+            if (u < 0.0) {
+                next = i;
+                break;
+            }
+        }
+    }
+}
+
+/* k-means of the fast vectors of the n reference nodes: km->centre and
+ * `assign`. Seeds are k-means++'s on a sample (KNN_KM_SAMPLE per
+ * cluster), on which the rounds run. */
+static knn_status knn_km_partition(knn_km *km, const knn_nodes *nodes,
+                                   int n, int *assign)
 {
     int p = km->p, nc = (int)ceil(sqrt((double)n));
     if (nc > n) nc = n;
     km->clusters = nc;
     km->centre = malloc((size_t)p * nc * sizeof(double));
     if (!km->centre) return KNN_E_NOMEM;
-    for (int c = 0; c < nc; c++) {
-        int j = (int)(((double)c + 0.5) * n / nc);
-        memcpy(km->centre + (size_t)c * p, f + (size_t)j * p,
-               (size_t)p * sizeof(double));
+    int ns = (double)KNN_KM_SAMPLE * nc < n ? KNN_KM_SAMPLE * nc : n;
+    double *sample = malloc((size_t)ns * p * sizeof(double));
+    double *d2 = malloc((size_t)ns * sizeof(double));
+    if (!sample || !d2) {
+        free(sample);
+        free(d2);
+        return KNN_E_NOMEM;
     }
-    for (int r = 0; r < KNN_KM_ROUNDS; r++) {
-        if (knn_km_assign(km, f, n, assign) ||
-            knn_km_update(km, f, n, assign))
-            return KNN_E_NOMEM;
-        if (knn_km_interrupted(km->req)) return KNN_E_INTERRUPTED;
+    uint64_t state = KNN_KM_SEED;
+    for (int i = 0; i < ns; i++)
+        knn_nodes_fast(&km->space, nodes,
+                       ns == n ? i : (int)(knn_km_random(&state) % n), 1, 0,
+                       sample + (size_t)i * p, 1);
+    knn_km_seed(km, sample, ns, d2, &state);
+    free(d2);
+    knn_status st = knn_km_interrupted(km->req) ? KNN_E_INTERRUPTED : KNN_OK;
+    for (int r = 0; st == KNN_OK && r < KNN_KM_ROUNDS; r++) {
+        if (knn_km_assign(km, sample, NULL, ns, assign) ||
+            knn_km_update(km, sample, ns, assign))
+            st = KNN_E_NOMEM;
+        else if (knn_km_interrupted(km->req))
+            st = KNN_E_INTERRUPTED;
     }
-    if (knn_km_assign(km, f, n, assign)) return KNN_E_NOMEM;
+    free(sample);
+    if (st != KNN_OK) return st;
+    if (knn_km_assign(km, NULL, nodes, n, assign)) return KNN_E_NOMEM;
     knn_km_drop_empty(km, n, assign);
     return KNN_OK;
 }
@@ -353,7 +508,7 @@ static knn_status knn_km_partition(knn_km *km, const double *f, int n,
 typedef struct {
     double rad;
     const double *x;
-    int p, node, entry;
+    int p, node;
 } knn_km_sorted;
 
 static int knn_km_sorted_cmp(const void *a, const void *b)
@@ -373,7 +528,7 @@ static int knn_km_same_input(const knn_km_sorted *r, const knn_km_sorted *s)
 }
 
 static knn_status knn_km_side_alloc(knn_km_side *s, int n, int p,
-                                    int clusters, int points)
+                                    int clusters, int points, int corr)
 {
     s->n = n;
     s->first = malloc(((size_t)clusters + 1) * sizeof(int));
@@ -386,6 +541,10 @@ static knn_status knn_km_side_alloc(knn_km_side *s, int n, int p,
     s->radius = malloc((size_t)clusters * sizeof(double));
     int failed = !s->first || !s->node || !s->res || !s->res32 || !s->rad ||
                  !s->sq || !s->norm || !s->radius;
+    if (corr) {
+        s->fsq = malloc((size_t)n * sizeof(double));
+        failed |= !s->fsq;
+    }
     if (points) {
         s->mfirst = malloc((size_t)n * sizeof(int));
         s->count = malloc((size_t)n * sizeof(int));
@@ -395,9 +554,11 @@ static knn_status knn_km_side_alloc(knn_km_side *s, int n, int p,
     return failed ? KNN_E_NOMEM : KNN_OK;
 }
 
-/* Residual of fast vector x from centre c into entry e of side s. */
-static void knn_km_residual(const knn_km *km, knn_km_side *s, int e,
-                            const double *x, const double *c)
+/* Entry e of side s: node j of `nodes`, with fast vector x, in the
+ * cluster of centre c: its residual and norms. */
+static void knn_km_entry(const knn_km *km, knn_km_side *s, int e,
+                         const knn_nodes *nodes, int j, const double *x,
+                         const double *c)
 {
     int p = km->p;
     double *r = s->res + (size_t)e * p, sq = 0.0;
@@ -407,29 +568,37 @@ static void knn_km_residual(const knn_km *km, knn_km_side *s, int e,
         r32[t] = (float)r[t];
         sq += r[t] * r[t];
     }
+    s->node[e] = j;
     s->sq[e] = sq;
     s->rad[e] = sqrt(sq);
+    if (s->fsq) s->fsq[e] = knn_dot(x, x, p);
+    s->norm[e] = s->fsq ? sqrt(s->fsq[e]) : sqrt(nodes->norm2[j]);
 }
 
-/* Builds side s from n nodes with fast vectors f and clusters `assign`:
- * every node an entry (rows, points == 0), or the nodes merged into
- * points and sorted by distance to the centre (points). nodes->raw gives
- * the input values that decide identity; norm2 the fast norms. */
+/* Builds side s from n nodes in clusters `assign`: every node an entry
+ * (rows, points == 0), or the nodes merged into points and sorted by
+ * distance to the centre (points). nodes->raw gives the input values
+ * that decide identity; norm2 the fast norms. Each node's fast vector is
+ * formed where it is needed (in `fast`, p values per thread), so no copy
+ * of them all is held. */
 static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
-                                    const knn_nodes *nodes, const double *f,
-                                    int n, const int *assign, int points)
+                                    const knn_nodes *nodes, int n,
+                                    const int *assign, int points)
 {
     int p = km->p, nc = km->clusters;
-    knn_status st = knn_km_side_alloc(s, n, p, nc, points);
+    knn_status st = knn_km_side_alloc(s, n, p, nc, points, km->corr);
     knn_km_sorted *sorted = malloc((size_t)n * sizeof *sorted);
-    if (st != KNN_OK || !sorted) {
+    double *fast = malloc((size_t)km->threads * p * sizeof(double));
+    if (st != KNN_OK || !sorted || !fast) {
         free(sorted);
+        free(fast);
         return KNN_E_NOMEM;
     }
     /* Nodes by cluster, ascending within each. */
     int *at = calloc((size_t)nc + 1, sizeof(int));
     if (!at) {
         free(sorted);
+        free(fast);
         return KNN_E_NOMEM;
     }
     for (int j = 0; j < n; j++) at[assign[j] + 1]++;
@@ -442,35 +611,29 @@ static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
         e->p = p;
     }
     free(at);
-    #pragma omp parallel for num_threads(km->threads) schedule(static)
-    for (int e = 0; e < n; e++) {
-        int j = sorted[e].node;
-        knn_km_residual(km, s, e, f + (size_t)j * p,
-                        km->centre + (size_t)assign[j] * p);
-        sorted[e].rad = s->rad[e];
-    }
     if (!points) {
+        #pragma omp parallel for num_threads(km->threads) schedule(static)
         for (int e = 0; e < n; e++) {
-            s->node[e] = sorted[e].node;
-            s->norm[e] = sqrt(nodes->norm2[sorted[e].node]);
+            int j = sorted[e].node;
+            double *x = fast + (size_t)knn_thread_number() * p;
+            knn_nodes_fast(&km->space, nodes, j, 1, 0, x, 1);
+            knn_km_entry(km, s, e, nodes, j, x,
+                         km->centre + (size_t)assign[j] * p);
         }
     } else {
-        /* Points in the sorted order, their residuals moved along. */
-        for (int c = 0; c < nc; c++) {
-            for (int e = s->first[c]; e < s->first[c + 1]; e++)
-                sorted[e].entry = e;
+        /* Points in the sorted order, their residuals written there. */
+        #pragma omp parallel for num_threads(km->threads) schedule(static)
+        for (int e = 0; e < n; e++) {
+            int j = sorted[e].node;
+            double *x = fast + (size_t)knn_thread_number() * p;
+            knn_nodes_fast(&km->space, nodes, j, 1, 0, x, 1);
+            sorted[e].rad = sqrt(knn_km_sq(x, km->centre +
+                                                  (size_t)assign[j] * p, p));
+        }
+        for (int c = 0; c < nc; c++)
             qsort(sorted + s->first[c],
                   (size_t)(s->first[c + 1] - s->first[c]), sizeof *sorted,
                   knn_km_sorted_cmp);
-        }
-        double *res = malloc((size_t)n * p * sizeof(double));
-        double *sq = malloc((size_t)n * sizeof(double));
-        if (!res || !sq) {
-            free(res);
-            free(sq);
-            free(sorted);
-            return KNN_E_NOMEM;
-        }
         int d = 0;
         for (int c = 0; c < nc; c++) {
             int first = d;
@@ -481,10 +644,6 @@ static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
                     s->count[d - 1]++;
                     continue;
                 }
-                memcpy(res + (size_t)d * p,
-                       s->res + (size_t)sorted[e].entry * p,
-                       (size_t)p * sizeof(double));
-                sq[d] = s->sq[sorted[e].entry];
                 s->node[d] = sorted[e].node;
                 s->mfirst[d] = e;
                 s->count[d] = 1;
@@ -494,18 +653,17 @@ static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
         }
         s->first[nc] = d;
         s->n = d;
-        free(s->res);
-        s->res = res;
+        #pragma omp parallel for num_threads(km->threads) schedule(static)
         for (int e = 0; e < d; e++) {
-            s->sq[e] = sq[e];
-            s->rad[e] = sqrt(sq[e]);
-            for (int t = 0; t < p; t++)
-                s->res32[(size_t)e * p + t] = (float)res[(size_t)e * p + t];
-            s->norm[e] = sqrt(nodes->norm2[s->node[e]]);
+            int j = s->node[e];
+            double *x = fast + (size_t)knn_thread_number() * p;
+            knn_nodes_fast(&km->space, nodes, j, 1, 0, x, 1);
+            knn_km_entry(km, s, e, nodes, j, x,
+                         km->centre + (size_t)assign[j] * p);
         }
-        free(sq);
     }
     free(sorted);
+    free(fast);
     for (int c = 0; c < nc; c++) {
         double r = 0.0;
         for (int e = s->first[c]; e < s->first[c + 1]; e++)
@@ -515,10 +673,76 @@ static knn_status knn_km_build_side(const knn_km *km, knn_km_side *s,
     return KNN_OK;
 }
 
-/* Distances between centres, and each row cluster's float32 cap. */
+/* A row (node, point) pair, for ordering rows by node. */
+typedef struct {
+    int node, vec;
+} knn_km_row;
+
+static int knn_km_row_cmp(const void *x, const void *y)
+{
+    const knn_km_row *u = x, *v = y;
+    return (u->node > v->node) - (u->node < v->node);
+}
+
+/* The rows of a self search: every node, by cluster, ascending within
+ * each (as a query's rows), each with its point's residuals (identical
+ * nodes have identical fast vectors, so the same residuals), which it
+ * borrows. */
+static knn_status knn_km_rows_of_points(knn_km *km)
+{
+    const knn_km_side *c = &km->cols;
+    knn_km_side *s = &km->rows;
+    int n = km->n_query, nc = km->clusters;
+    s->n = n;
+    s->first = malloc(((size_t)nc + 1) * sizeof(int));
+    s->node = malloc((size_t)n * sizeof(int));
+    s->vec = malloc((size_t)n * sizeof(int));
+    s->rad = malloc((size_t)n * sizeof(double));
+    s->sq = malloc((size_t)n * sizeof(double));
+    s->norm = malloc((size_t)n * sizeof(double));
+    s->radius = malloc((size_t)nc * sizeof(double));
+    s->fsq = km->corr ? malloc((size_t)n * sizeof(double)) : NULL;
+    knn_km_row *order = malloc((size_t)n * sizeof *order);
+    if (!s->first || !s->node || !s->vec || !s->rad || !s->sq || !s->norm ||
+        !s->radius || (km->corr && !s->fsq) || !order) {
+        free(order);
+        return KNN_E_NOMEM;
+    }
+    s->res = c->res;
+    s->res32 = c->res32;
+    for (int a = 0; a < nc; a++) {
+        s->first[a] = c->first[a] < c->n ? c->mfirst[c->first[a]] : n;
+        s->radius[a] = c->radius[a];
+    }
+    s->first[nc] = n;
+    for (int d = 0; d < c->n; d++)
+        for (int m = c->mfirst[d]; m < c->mfirst[d] + c->count[d]; m++) {
+            order[m].node = c->members[m];
+            order[m].vec = d;
+        }
+    for (int a = 0; a < nc; a++)
+        qsort(order + s->first[a], (size_t)(s->first[a + 1] - s->first[a]),
+              sizeof *order, knn_km_row_cmp);
+    for (int e = 0; e < n; e++) {
+        int d = order[e].vec;
+        s->node[e] = order[e].node;
+        s->vec[e] = d;
+        s->rad[e] = c->rad[d];
+        s->sq[e] = c->sq[d];
+        s->norm[e] = c->norm[d];
+        if (s->fsq) s->fsq[e] = c->fsq[d];
+    }
+    free(order);
+    return KNN_OK;
+}
+
+/* Distances between centres, each row cluster's float32 cap, and the
+ * bound of the points' |f|^2 of a correlation. */
 static knn_status knn_km_centres(knn_km *km)
 {
     int p = km->p, nc = km->clusters;
+    for (int e = 0; km->corr && e < km->cols.n; e++)
+        km->fsq_max = fmax(km->fsq_max, knn_km_up(km, km->cols.fsq[e]));
     km->cdist = malloc((size_t)nc * nc * sizeof(double));
     km->cap = malloc((size_t)nc * sizeof(double));
     double *radii = malloc((size_t)nc * sizeof(double));
@@ -569,9 +793,14 @@ static double knn_km_order_value(const void *ctx, int qi, int rj)
 }
 
 /* Bound on |fast score - canonical key| (and on |fast score - |f_i -
- * f_j|^2|) of row entry e of cluster A with any point: float32 products
- * of residuals up to the cap, and the float64 terms, whose magnitudes the
- * nodes' norms bound (|D| + |a_i| + |b_j| <= 5 (|f_i| + norm_max)). */
+ * f_j|^2|, or - f_i.f_j for correlations) of row entry e of cluster A
+ * with any point: float32 products of residuals up to the cap, and the
+ * float64 terms, whose magnitudes the nodes' norms bound (|D| + |a_i| +
+ * |b_j| <= 5 (|f_i| + norm_max)). A correlation's score holds the
+ * residuals' product once, not twice, and its fast vectors are unit
+ * vectors (norms 1 up to float64 rounding): its float64 terms are the
+ * distance form's with norms of 1, and its key's own error that of the
+ * scan's float64 products (knn_margin_corr). */
 static double knn_km_margin(const knn_km *km, int a, int e)
 {
     int p = km->p;
@@ -579,20 +808,31 @@ static double knn_km_margin(const knn_km *km, int a, int e)
     double fp32 = km->cap[a] < 0.0
         ? 0.0 : knn_margin_dist(p, KNN_U32, KNN_U32, KNN_TINY32, rho,
                                 km->cap[a]);
+    if (km->corr)
+        return 0.5 * fp32 +
+               64.0 * knn_margin_dist(p, 0.0, KNN_U64, KNN_TINY64, 1.0,
+                                      1.0) +
+               knn_margin_corr(p, 0.0, KNN_U64, KNN_TINY64,
+                               km->space.kappa);
     double fp64 = 64.0 * knn_margin_dist(p, 0.0, KNN_U64, KNN_TINY64,
                                          km->rows.norm[e],
                                          km->space.norm_max);
     return fp32 + fp64;
 }
 
-/* How far (as a distance |f_i - f_j|) a node can be and still pass row
- * i's pool: INFINITY until the pool has k scores. */
+/* How far (as a distance |f_i - f_j|) a node can be and still pass the
+ * pool of row entry e: INFINITY until the pool has k scores. A
+ * correlation's score s stands for -f_i.f_j, within the margin, so
+ * |f_i - f_j|^2 = |f_i|^2 + |f_j|^2 + 2 (-f_i.f_j). */
 static double knn_km_reach(const knn_km *km, const knn_pool *pool,
-                           double margin)
+                           double margin, int e)
 {
     if (!(pool->bound < INFINITY)) return INFINITY;
-    return knn_km_up(km, sqrt(knn_km_up(km, fmax(pool->bound + margin,
-                                                 0.0))));
+    double d2 = knn_km_up(km, pool->bound + margin);
+    if (km->corr)
+        d2 = knn_km_up(km, 2.0 * d2 + knn_km_up(km, km->rows.fsq[e] +
+                                                       km->fsq_max));
+    return knn_km_up(km, sqrt(knn_km_up(km, fmax(d2, 0.0))));
 }
 
 /* First point of [lo, hi) (sorted by rad) whose distance to the centre
@@ -651,8 +891,9 @@ static int knn_km_multiply(const knn_km *km, knn_km_work *w,
 {
     int p = km->p, failed = 0, lo = spans[0].from, hi = 0;
     const knn_km_side *rows = &km->rows, *cols = &km->cols;
+    double twice = km->corr ? 1.0 : 2.0;
     for (int r = 0; r < n; r++) {
-        size_t e = (size_t)(r0 + spans[r].i);
+        size_t e = knn_km_vec(rows, r0 + spans[r].i);
         if (spans[r].to > hi) hi = spans[r].to;
         if (fp32)
             memcpy((float *)w->gathered + (size_t)r * p,
@@ -681,7 +922,7 @@ static int knn_km_multiply(const knn_km *km, knn_km_work *w,
             for (int j = ja; j < jb; j++) {
                 double g = fp32 ? ((const float *)w->prod)[(size_t)r * m + j]
                                 : w->prod[(size_t)r * m + j];
-                double s = base + colterm[j] - 2.0 * g;
+                double s = base + colterm[j] - twice * g;
                 if (s <= pool->bound)
                     failed |= knn_km_offer_point(km, pool, s, j0 + j,
                                                  itself);
@@ -691,13 +932,32 @@ static int knn_km_multiply(const knn_km *km, knn_km_work *w,
     return failed;
 }
 
-/* Rows [r0, r0 + nr) of row cluster a against column cluster b: the
+/* a.b in float64, in KNN_KM_LANES interleaved sums that the compiler
+ * vectorises: a centre term of every row and point a visit meets, whose
+ * one sum in feature order would wait on each addition's latency. Its
+ * error is that of any order of the sum, which the bounds' slack
+ * covers. */
+#define KNN_KM_LANES 8
+static double knn_km_dot(const double *a, const double *b, int p)
+{
+    double lane[KNN_KM_LANES] = {0.0};
+    int t = 0;
+    for (; t + KNN_KM_LANES <= p; t += KNN_KM_LANES)
+        for (int l = 0; l < KNN_KM_LANES; l++) lane[l] += a[t + l] * b[t + l];
+    double dot = 0.0;
+    for (; t < p; t++) dot += a[t] * b[t];
+    for (int l = 0; l < KNN_KM_LANES; l++) dot += lane[l];
+    return dot;
+}
+
+/* Rows [r0, r0 + nr) of row cluster a against column cluster b (whose
+ * lower bound from a is lbc, as knn_km_task computes it): the
  * rows whose reach meets b, each against the points whose distance to
  * b's centre may lie within it. Rows go in groups of KNN_KM_GROUP by
  * where their spans start, so that each group's product covers little
  * more than its rows' spans. */
 static int knn_km_visit(const knn_km *km, knn_km_work *w, int a, int b,
-                        int r0, int nr)
+                        double lbc, int r0, int nr)
 {
     int p = km->p, failed = 0;
     const knn_km_side *rows = &km->rows, *cols = &km->cols;
@@ -712,12 +972,15 @@ static int knn_km_visit(const knn_km *km, knn_km_work *w, int a, int b,
     int b0 = cols->first[b], b1 = cols->first[b + 1], nact = 0;
     for (int i = 0; i < nr; i++) {
         int e = r0 + i;
-        const double *res = rows->res + (size_t)e * p;
-        double dot = 0.0;
-        for (int t = 0; t < p; t++) dot += w->delta[t] * res[t];
+        /* b's bound lbc, less the row's own radius, against its reach
+         * (the task's test, row by row). */
+        double reach = knn_km_reach(km, &w->pools[i], w->margin[i], e);
+        if (knn_km_down(km, lbc - knn_km_up(km, rows->rad[e])) > reach)
+            continue;
+        const double *res = rows->res + knn_km_vec(rows, e) * p;
+        double dot = knn_km_dot(w->delta, res, p);
         double r = dd + rows->sq[e] + 2.0 * dot;
-        w->rowterm[i] = r;
-        double reach = knn_km_reach(km, &w->pools[i], w->margin[i]);
+        w->rowterm[i] = km->corr ? 0.5 * (r - rows->fsq[e]) : r;
         int from = b0, to = b1;
         if (reach < INFINITY) {
             double scale = knn_km_up(km, dn + rows->rad[e]);
@@ -738,15 +1001,16 @@ static int knn_km_visit(const knn_km *km, knn_km_work *w, int a, int b,
     }
     if (nact == 0) return 0;
     qsort(w->spans, (size_t)nact, sizeof *w->spans, knn_km_span_cmp);
-    /* The points' centre terms |b_j|^2 - 2 D.b_j, once for every group. */
+    /* The points' centre terms |b_j|^2 - 2 D.b_j (correlations: less
+     * |f_j|^2, halved), once for every group. */
     int first = w->spans[0].from, last = first;
     for (int r = 0; r < nact; r++)
         if (w->spans[r].to > last) last = w->spans[r].to;
     for (int j = first; j < last; j++) {
         const double *res = cols->res + (size_t)j * p;
-        double dot = 0.0;
-        for (int t = 0; t < p; t++) dot += w->delta[t] * res[t];
-        w->colterm[j - first] = cols->sq[j] - 2.0 * dot;
+        double dot = knn_km_dot(w->delta, res, p);
+        double c = cols->sq[j] - 2.0 * dot;
+        w->colterm[j - first] = km->corr ? 0.5 * (c - cols->fsq[j]) : c;
     }
     int fp32 = cols->radius[b] <= km->cap[a];
     for (int g0 = 0; g0 < nact && !failed; g0 += KNN_KM_GROUP) {
@@ -754,6 +1018,16 @@ static int knn_km_visit(const knn_km *km, knn_km_work *w, int a, int b,
         failed |= knn_km_multiply(km, w, w->spans + g0, n, r0, first, fp32);
     }
     return failed;
+}
+
+/* Adds a pilot task's new products to the pilot's; whether they are now
+ * past its cap. */
+static int knn_km_pilot_past(const knn_km *km, double pairs)
+{
+    double now;
+    #pragma omp atomic capture
+    now = *km->pilot += pairs;
+    return now > km->pilot_cap;
 }
 
 /* Column clusters by their lower bound, then number. */
@@ -789,9 +1063,15 @@ static int knn_km_task(const knn_km *km, knn_km_work *w, int a, int r0,
             reach = fmax(reach,
                          knn_km_up(km, knn_km_up(km, km->rows.rad[r0 + i]) +
                                            knn_km_reach(km, &w->pools[i],
-                                                        w->margin[i])));
+                                                        w->margin[i],
+                                                        r0 + i)));
         if (w->near[t].lbc > reach) break;
-        failed |= knn_km_visit(km, w, a, b, r0, nr);
+        double before = w->pairs;
+        failed |= knn_km_visit(km, w, a, b, w->near[t].lbc, r0, nr);
+        if (km->pilot && knn_km_pilot_past(km, w->pairs - before)) {
+            w->gave_up = 1;
+            return failed;
+        }
     }
     if (failed || !out) return failed;
     for (int i = 0; i < nr; i++) {
@@ -881,7 +1161,10 @@ static knn_status knn_km_run(knn_km *km, const knn_km_task_rows *tasks,
  * of pairs multiplied for the first task's rows of a sample of row
  * clusters (marked in `piloted`). Those rows' answers are written to out
  * as they would be later: the search then skips them, and the scan that
- * takes over where clusters do not pay rewrites them. */
+ * takes over where clusters do not pay rewrites them. The pilot stops as
+ * soon as its products pass the share, so on data the clusters cannot
+ * prune it costs about the share of its rows' products, not all of
+ * them. */
 static knn_status knn_km_pays(knn_km *km, knn_result *out, char *piloted,
                               int *pays)
 {
@@ -892,7 +1175,7 @@ static knn_status knn_km_pays(knn_km *km, knn_result *out, char *piloted,
     for (int s = 0; s < sample; s++) {
         int a = (int)(((double)s + 0.5) * nc / sample);
         int r0 = km->rows.first[a], r1 = km->rows.first[a + 1];
-        if (r1 - r0 > KNN_KM_ROWS) r1 = r0 + KNN_KM_ROWS;
+        if (r1 - r0 > KNN_KM_PILOT_ROWS) r1 = r0 + KNN_KM_PILOT_ROWS;
         if (r1 <= r0 || piloted[a]) continue;
         piloted[a] = 1;
         tasks[n].a = a;
@@ -903,15 +1186,20 @@ static knn_status knn_km_pays(knn_km *km, knn_result *out, char *piloted,
     }
     /* One task per thread at a time, polling between: a task on data
      * the clusters do not prune multiplies its rows by every node. */
+    double taken = 0.0;
+    km->pilot = &taken;
+    km->pilot_cap = KNN_KM_MAX_SHARE * rows * km->cols.n;
     knn_status st = KNN_OK;
-    for (int t = 0; st == KNN_OK && t < n; t += km->threads) {
+    for (int t = 0; st == KNN_OK && t < n && taken <= km->pilot_cap;
+         t += km->threads) {
         st = knn_km_run(km, tasks + t, n - t < km->threads ? n - t
                                                            : km->threads,
                         out);
         if (st == KNN_OK && knn_km_interrupted(km->req))
             st = KNN_E_INTERRUPTED;
     }
-    *pays = km->pairs <= KNN_KM_MAX_SHARE * rows * km->cols.n;
+    km->pilot = NULL;
+    *pays = taken <= km->pilot_cap;
     return st;
 }
 
@@ -925,10 +1213,11 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
     km->threads = knn_threads_fitting(knn_threads(req->threads),
                                       KNN_BLAS_BUFFER, KNN_BLAS_SHARE);
     km->slack = fmax(0x1p-40, (8.0 * req->p + 64.0) * KNN_U64);
-    if (km->threads > 1) {
-        km->blas_before = knn_blas_hold_one_thread();
-        if (km->blas_before == 0) km->threads = 1;
-    }
+    km->corr = knn_is_correlation(req->metric);
+    /* The products are small: BLAS threads of their own would only wait
+     * on each other between them, also beside one thread of ours. */
+    km->blas_before = knn_blas_hold_one_thread();
+    if (km->blas_before == 0) km->threads = 1;
     knn_status st = knn_space_init(&km->space, req);
     if (st == KNN_OK)
         st = knn_nodes_prepare(&km->ref, &km->space, req->ref, req->n_ref, 1,
@@ -939,46 +1228,46 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
     if (st != KNN_OK) return st;
     km->query = km->self ? &km->ref : &km->query_nodes;
 
-    int p = req->p, n = req->n_ref;
-    double *f = malloc((size_t)n * p * sizeof(double));
+    int n = req->n_ref;
     int *assign = malloc((size_t)n * sizeof(int));
-    st = f && assign ? KNN_OK : KNN_E_NOMEM;
+    st = assign ? KNN_OK : KNN_E_NOMEM;
     /* OpenBLAS retries a buffer that an address-space limit refuses for
      * ever: the threads' buffers must fit before the first product. */
     if (st == KNN_OK && !knn_threads_reserve_fits(km->threads, 1))
         st = KNN_E_NOMEM;
-    if (st == KNN_OK) {
-        knn_nodes_fast(&km->space, &km->ref, 0, n, 0, f, km->threads);
-        st = knn_km_partition(km, f, n, assign);
-    }
+    if (st == KNN_OK) st = knn_km_partition(km, &km->ref, n, assign);
+    if (st == KNN_OK && knn_km_interrupted(req)) st = KNN_E_INTERRUPTED;
     if (st == KNN_OK)
-        st = knn_km_build_side(km, &km->cols, &km->ref, f, n, assign, 1);
-    if (st == KNN_OK && km->self)
-        st = knn_km_build_side(km, &km->rows, &km->ref, f, n, assign, 0);
+        st = knn_km_build_side(km, &km->cols, &km->ref, n, assign, 1);
+    if (st == KNN_OK && knn_km_interrupted(req)) st = KNN_E_INTERRUPTED;
+    if (st == KNN_OK && km->self) st = knn_km_rows_of_points(km);
     if (st == KNN_OK && !km->self) {
         int nq = req->n_query;
-        free(f);
         free(assign);
-        f = malloc((size_t)nq * p * sizeof(double));
         assign = malloc((size_t)nq * sizeof(int));
-        st = f && assign ? KNN_OK : KNN_E_NOMEM;
-        if (st == KNN_OK) {
-            knn_nodes_fast(&km->space, &km->query_nodes, 0, nq, 0, f,
-                           km->threads);
-            st = knn_km_assign(km, f, nq, assign) ? KNN_E_NOMEM : KNN_OK;
-        }
+        st = assign ? KNN_OK : KNN_E_NOMEM;
         if (st == KNN_OK)
-            st = knn_km_build_side(km, &km->rows, &km->query_nodes, f, nq,
+            st = knn_km_assign(km, NULL, &km->query_nodes, nq, assign)
+                ? KNN_E_NOMEM : KNN_OK;
+        if (st == KNN_OK)
+            st = knn_km_build_side(km, &km->rows, &km->query_nodes, nq,
                                    assign, 0);
     }
-    free(f);
     free(assign);
     if (st == KNN_OK) st = knn_km_centres(km);
     return st;
 }
 
+/* Rows of row cluster a that the pilot searched (knn_km_pays). */
+static int knn_km_piloted(const knn_km *km, const char *piloted, int a)
+{
+    int rows = km->rows.first[a + 1] - km->rows.first[a];
+    return !piloted[a] ? 0 : rows < KNN_KM_PILOT_ROWS ? rows
+                                                      : KNN_KM_PILOT_ROWS;
+}
+
 /* Every row's task, in cluster order, up to KNN_KM_ROWS rows each, but
- * the first of a cluster that is `piloted` (knn_km_pays). */
+ * the rows the pilot searched. */
 static knn_km_task_rows *knn_km_tasks(const knn_km *km,
                                       const char *piloted, int *n)
 {
@@ -992,9 +1281,8 @@ static knn_km_task_rows *knn_km_tasks(const knn_km *km,
     if (!tasks) return NULL;
     *n = 0;
     for (int a = 0; a < nc; a++)
-        for (int r0 = km->rows.first[a]; r0 < km->rows.first[a + 1];
-             r0 += KNN_KM_ROWS) {
-            if (r0 == km->rows.first[a] && piloted[a]) continue;
+        for (int r0 = km->rows.first[a] + knn_km_piloted(km, piloted, a);
+             r0 < km->rows.first[a + 1]; r0 += KNN_KM_ROWS) {
             int r1 = km->rows.first[a + 1] - r0 < KNN_KM_ROWS
                 ? km->rows.first[a + 1] : r0 + KNN_KM_ROWS;
             tasks[*n].a = a;
@@ -1010,6 +1298,14 @@ knn_status knn_clusters_search(const knn_request *req, knn_result *out,
 {
     knn_km km = {0};
     double t0 = knn_seconds();
+    if (!knn_km_fits(req)) {
+        snprintf(report->message, sizeof report->message,
+                 "the clusters need %.0f MB, beyond "
+                 "options(knngpu.cpu.memory) of %.0f MB: raise it, or "
+                 "leave the algorithm to knngpu",
+                 knn_km_bytes(req) / 1048576.0, req->memory_bytes / 1048576.0);
+        return KNN_E_NOMEM;
+    }
     knn_status st = knn_km_setup(&km, req);
     char *piloted = st == KNN_OK ? calloc((size_t)km.clusters, 1) : NULL;
     if (st == KNN_OK && !piloted) st = KNN_E_NOMEM;
@@ -1028,9 +1324,7 @@ knn_status knn_clusters_search(const knn_request *req, knn_result *out,
         ? knn_km_tasks(&km, piloted, &n_tasks) : NULL;
     if (st == KNN_OK && !tasks) st = KNN_E_NOMEM;
     for (int a = 0; piloted && a < km.clusters; a++)
-        if (piloted[a])
-            done += km.rows.first[a + 1] - km.rows.first[a] < KNN_KM_ROWS
-                ? km.rows.first[a + 1] - km.rows.first[a] : KNN_KM_ROWS;
+        done += knn_km_piloted(&km, piloted, a);
     free(piloted);
     double poll_rows = fmin(KNN_KM_POLL_ROWS,
                             KNN_KM_POLL_WORK / ((double)km.cols.n * req->p));

@@ -213,6 +213,11 @@ void knn_nodes_fast(const knn_space *space, const knn_nodes *nodes,
 {
     size_t width = (size_t)space->p * (fp32 ? sizeof(float)
                                              : sizeof(double));
+    /* One node, often asked from within a parallel loop, needs no team. */
+    if (count == 1) {
+        knn_node_fast(space, nodes, first, fp32, out);
+        return;
+    }
     #pragma omp parallel for num_threads(knn_threads(threads)) \
         schedule(static)
     for (int i = 0; i < count; i++)

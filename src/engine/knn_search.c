@@ -9,6 +9,7 @@
 #include <stdio.h>
 #include <string.h>
 #include "knn_backend.h"
+#include "knn_clusters.h"
 #include "knn_dedup.h"
 #include "knn_exact.h"
 
@@ -65,9 +66,10 @@ knn_status knn_search(const knn_request *req, const knn_knobs *knobs,
         return knn_invalid(report, "the k-d tree serves the distance "
                                    "metrics only");
     if (req->algorithm == KNN_ALGO_CLUSTERS &&
-        req->metric != KNN_EUCLIDEAN && req->metric != KNN_SQEUCLIDEAN)
-        return knn_invalid(report, "clusters serve the Euclidean and "
-                                   "squared Euclidean metrics only");
+        !knn_clusters_serve(req->metric))
+        return knn_invalid(report, "clusters serve the Euclidean, squared "
+                                   "Euclidean, Pearson, Spearman and cosine "
+                                   "metrics only");
     /* The GPU backend finds non-finite values while it uploads them; a
      * non-finite node is never degenerate, so either order finds both. */
     if (backend == KNN_BACKEND_CPU && knn_has_nonfinite(req)) {

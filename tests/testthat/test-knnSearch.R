@@ -335,7 +335,8 @@ test_that("clusters give the bits of the product scan on every shape", {
     for (kind in kinds) {
         x <- shapeData(kind, 1200, 12, seed = 41)
         q <- rbind(x[c(3, 500), ], x[7:46, ] * 1.01 + 0.01)
-        for (metric in c("euclidean", "sqeuclidean")) {
+        for (metric in c("euclidean", "sqeuclidean", "pearson", "cosine",
+                         "spearman")) {
             label <- paste(kind, metric)
             runs <- lapply(c("clusters", "products"), function(a) {
                 withOptions(list(knngpu.algorithm = a), list(
@@ -359,6 +360,26 @@ test_that("clusters give the bits of the product scan on every shape", {
                          tolerance = 1e-12, label = label)
         }
     }
+    ## Hard data at full feature counts (levels, log-counts, near
+    ## duplicates) and small integers full of exact ties, on either rung.
+    hard <- c(lapply(setNames(hardKinds, hardKinds), hardMatrix, n = 400,
+                     seed = 45),
+              list(tied = tiedMatrix(400, 9, 46)))
+    for (kind in names(hard)) {
+        for (metric in c("euclidean", "pearson", "cosine", "spearman")) {
+            for (precision in c("auto", "fp64")) {
+                runs <- lapply(c("clusters", "products"), function(a) {
+                    withOptions(list(knngpu.algorithm = a),
+                                knnSearch(hard[[kind]], k = 10,
+                                          metric = metric, device = "cpu",
+                                          precision = precision))
+                })
+                expect_identical(runs[[1]][c("index", "distance")],
+                                 runs[[2]][c("index", "distance")],
+                                 label = paste(kind, metric, precision))
+            }
+        }
+    }
     ## A large k, k = n - 1, and many threads over few nodes.
     x <- shapeData("duplicates", 300, 6, seed = 42)
     for (k in c(1L, 150L, 299L)) {
@@ -379,10 +400,34 @@ test_that("clusters give the bits of the product scan on every shape", {
     flat <- knnSearch(shapeData("normal", 4000, 60, seed = 44), k = 10,
                       metric = "euclidean", device = "cpu")
     expect_no_match(attr(flat, "device"), "clusters")
+    ## Rows that repeat 20 profiles with the period of an even stride over
+    ## the node order (2500 nodes, 50 clusters): every profile still gets
+    ## clusters of its own, so candidates stay near k.
+    periodic <- withOptions(list(knngpu.algorithm = "clusters"),
+                            knnSearch(shapeData("clusters", 2500, 12,
+                                                seed = 47),
+                                      k = 10, metric = "euclidean",
+                                      device = "cpu"))
+    expect_lt(attr(periodic, "timings")$candidates, 15)
+    ## A memory budget the clusters' arrays do not fit: auto searches by
+    ## the scan, with the same bits; forced clusters are refused.
+    cells <- shapeData("cellpcs", 4000, 10, seed = 43)
+    tight <- withOptions(list(knngpu.cpu.memory = 1e6),
+                         knnSearch(cells, k = 10, metric = "euclidean",
+                                   device = "cpu"))
+    expect_no_match(attr(tight, "device"), "clusters")
+    expect_match(attr(knnSearch(cells, k = 10, metric = "pearson",
+                                device = "cpu"), "device"), "clusters")
+    expect_identical(tight[c("index", "distance")],
+                     structured[c("index", "distance")])
+    expect_error(withOptions(list(knngpu.algorithm = "clusters",
+                                  knngpu.cpu.memory = 1e6),
+                             knnSearch(cells, k = 10, device = "cpu")),
+                 "beyond options\\(knngpu.cpu.memory\\)")
     expect_error(withOptions(list(knngpu.algorithm = "clusters"),
-                             knnSearch(x, k = 5, metric = "cosine",
+                             knnSearch(x, k = 5, metric = "abspearson",
                                        device = "cpu")),
-                 "clusters serve the Euclidean and squared Euclidean")
+                 "clusters serve the Euclidean, squared Euclidean, Pearson")
 })
 
 test_that("every CPU rung gives the float64 reference on hard data", {
