@@ -502,6 +502,11 @@ knn_status knn_nodes_remargin(knn_metric metric, knn_gpu_nodes *nodes,
  * changed) where it does not fit. */
 knn_status knn_nodes_half(knn_metric metric, knn_gpu_nodes *nodes,
                           char *message, cudaStream_t stream);
+/* The fp16 copy of the first n nodes' fast vectors into nodes->half (and
+ * their unscales into nodes->half_unscale, where that is not NULL), both
+ * allocated by the caller; on the stream. */
+knn_status knn_half_fill(const knn_gpu_nodes *nodes, size_t n,
+                         char *message, cudaStream_t stream);
 /* Product metrics: the split TF32 arrays (nodes->split) from the fast
  * vectors, on the stream after the work already queued there.
  * KNN_E_NOMEM (nothing changed) where they do not fit. */

@@ -146,7 +146,7 @@ static size_t knn_fused_smem_bytes(int k)
     size_t floats = KNN_FUSED_STAGING + knn_fused_small_floats(k) +
                     (knn_fused_best_shared(k) ? (size_t)k * KNN_FUSED_ROWS
                                               : 0);
-    return floats * sizeof(float) + (KNN_FUSED_ROWS + 1) * sizeof(int) +
+    return floats * sizeof(float) + (2 * KNN_FUSED_ROWS + 1) * sizeof(int) +
            KNN_FUSED_ROWS * sizeof(knn_owner);
 }
 
@@ -405,6 +405,8 @@ struct knn_fused_shared {
     float *best;        /* [k][128]: row r's k smallest, column r (in
                            device memory past KNN_FUSED_SHARED_BEST_MAX_K) */
     int *list_count;    /* [128] */
+    int *row_self;      /* [128]: each row's own node in a self search
+                           (knn_row_self), else -1 */
     int *overflow;      /* the last column block whose lists overflowed,
                            numbered from 1 */
     knn_owner *owners;  /* [128] */
@@ -431,7 +433,8 @@ __device__ __forceinline__ knn_fused_shared knn_fused_carve(
         sh.best = device_best + (size_t)blockIdx.x * k * KNN_FUSED_ROWS;
     }
     sh.list_count = (int *)end;
-    sh.overflow = sh.list_count + KNN_FUSED_ROWS;
+    sh.row_self = sh.list_count + KNN_FUSED_ROWS;
+    sh.overflow = sh.row_self + KNN_FUSED_ROWS;
     sh.owners = (knn_owner *)(sh.overflow + 1);
     return sh;
 }
@@ -808,12 +811,12 @@ __device__ __forceinline__ void knn_fused_row_sq(const knn_fused_shared &sh,
                 ? sh.row_sq[knn_frag_row(fr, mt, h)] : 0.0f;
 }
 
-/* Whether column j is a node, and not block row rl's own (self0: see the
- * kernel). */
+/* Whether column j is a node, and not block row rl's own. */
 __device__ __forceinline__ bool knn_fused_is_node(const knn_select_args &s,
-                                                  int self0, int rl, int j)
+                                                  const knn_fused_shared &sh,
+                                                  int rl, int j)
 {
-    return j < s.n_cols && !(self0 >= 0 && j == self0 + rl);
+    return j < s.n_cols && j != sh.row_self[rl];
 }
 
 /* The block's scores of column block col0, whole, in the tile; NaN where
@@ -822,7 +825,7 @@ template <int KIND>
 __device__ __forceinline__ void knn_fused_tile(
     const knn_select_args &s, const knn_fused_shared &sh,
     const float *col_sq, const float (&acc)[4][4][4],
-    int self0, int col0)
+    int col0)
 {
     knn_frag fr = knn_frag_of();
     float row_sq[4][2];
@@ -837,7 +840,7 @@ __device__ __forceinline__ void knn_fused_tile(
 #pragma unroll
                 for (int h = 0; h < 2; h++) {
                     int rl = knn_frag_row(fr, mt, h);
-                    float v = knn_fused_is_node(s, self0, rl, j)
+                    float v = knn_fused_is_node(s, sh, rl, j)
                         ? knn_score_from<KIND>(acc[mt][nt][2 * h + e],
                                                row_sq[mt][h], col_sq[cl])
                         : __int_as_float(0x7fffffff);
@@ -852,9 +855,9 @@ __device__ __forceinline__ void knn_fused_tile(
 __device__ __forceinline__ void knn_fused_list(const knn_select_args &s,
                                                const knn_fused_shared &sh,
                                                float v, int rl, int cl,
-                                               int self0, int col0, int tag)
+                                               int col0, int tag)
 {
-    if (!knn_fused_is_node(s, self0, rl, col0 + cl)) return;
+    if (!knn_fused_is_node(s, sh, rl, col0 + cl)) return;
     int pos = atomicAdd(&sh.list_count[rl], 1);
     if (pos < sh.list_cap) {
         sh.list_score[pos * KNN_FUSED_ROWS + rl] = v;
@@ -898,7 +901,7 @@ template <int KIND>
 __device__ __forceinline__ void knn_fused_offer_column(
     const knn_fused_args &fa, const float (&acc)[4][4][4],
     const float (&row_sq)[4][2], float csq, float cthr, int nt, int e,
-    int j, int self0, int row0)
+    int j, const knn_fused_shared &sh, int row0)
 {
     knn_frag fr = knn_frag_of();
 #pragma unroll
@@ -908,7 +911,7 @@ __device__ __forceinline__ void knn_fused_offer_column(
             float v = knn_fused_rescore<KIND>(acc, row_sq, csq, mt, nt, h, e);
             int rl = knn_frag_row(fr, mt, h);
             if (v <= cthr && row0 + rl < fa.sel.rows)
-                knn_pairs_offer(fa.walk.pairs, j, v, self0 + rl);
+                knn_pairs_offer(fa.walk.pairs, j, v, sh.row_self[rl]);
         }
 }
 
@@ -926,7 +929,7 @@ template <int KIND, bool OFFERS>
 __device__ __forceinline__ void knn_fused_epilogue(
     const knn_fused_args &fa, const knn_fused_shared &sh,
     const float *col_sq, const float (&acc)[4][4][4],
-    int self0, int row0, int col0, int tag)
+    int row0, int col0, int tag)
 {
     const knn_select_args &s = fa.sel;
     knn_frag fr = knn_frag_of();
@@ -960,7 +963,7 @@ __device__ __forceinline__ void knn_fused_epilogue(
                 }
             if (OFFERS && lowest <= cthr)
                 knn_fused_offer_column<KIND>(fa, acc, row_sq, csq, cthr, nt,
-                                             e, j, self0, row0);
+                                             e, j, sh, row0);
             if (!any) continue;
 #pragma unroll
             for (int mt = 0; mt < 4; mt++)
@@ -970,7 +973,7 @@ __device__ __forceinline__ void knn_fused_epilogue(
                                                       nt, h, e);
                     if (v <= bound[mt][h])
                         knn_fused_list(s, sh, v, knn_frag_row(fr, mt, h), cl,
-                                       self0, col0, tag);
+                                       col0, tag);
                 }
         }
 }
@@ -1013,12 +1016,12 @@ knn_fused_kernel(knn_fused_args a)
         sh.row_unscale[threadIdx.x] = KIND == KNN_SCORE_DIST && owner
             ? a.unscale_rows[row0 + threadIdx.x] : 0.0f;
         sh.list_count[threadIdx.x] = 0;
+        /* Kept in shared memory, not worked out where needed: that took
+         * registers the products and epilogue need. */
+        sh.row_self[threadIdx.x] = owner ? knn_row_self(s, row0 + threadIdx.x)
+                                         : -1;
     }
     if (threadIdx.x == 0) *sh.overflow = 0;
-
-    /* The node of the block's row rl is self0 + rl in a self search (else
-     * self0 < 0). */
-    int self0 = s.self_first >= 0 ? s.self_first + row0 : -1;
 
     for (int col0 = 0, parity = 0, block = 0; col0 < s.n_cols;
          col0 += KNN_FUSED_COLS, parity ^= 1, block++) {
@@ -1034,10 +1037,10 @@ knn_fused_kernel(knn_fused_args a)
                                      col0 + KNN_FUSED_COLS);
 
         if (PAIRS && col0 < a.walk.offer_end)
-            knn_fused_epilogue<KIND, true>(a, sh, col_sq, acc, self0, row0,
+            knn_fused_epilogue<KIND, true>(a, sh, col_sq, acc, row0,
                                            col0, block + 1);
         else
-            knn_fused_epilogue<KIND, false>(a, sh, col_sq, acc, self0, row0,
+            knn_fused_epilogue<KIND, false>(a, sh, col_sq, acc, row0,
                                             col0, block + 1);
         __syncthreads();
         /* Owners and the overflow flag need no barrier after them: the
@@ -1055,7 +1058,7 @@ knn_fused_kernel(knn_fused_args a)
             knn_cp_wait<0>();
             __syncthreads();
             if (owner) knn_owner_list<PAIRS>(a, sh, o, o->listed);
-            knn_fused_tile<KIND>(s, sh, col_sq, acc, self0, col0);
+            knn_fused_tile<KIND>(s, sh, col_sq, acc, col0);
             __syncthreads();
             if (merge) {
                 knn_warp_merge_tile(s, sh, row0);

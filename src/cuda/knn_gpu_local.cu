@@ -7,8 +7,9 @@
  * search. Where neighbours lie close together far from that translation
  * (clusters, cell types, genes at similar levels), the margin lets
  * thousands of candidates through and the search would climb to a slower
- * arithmetic. Where split TF32 is crowded too, local frames before
- * float64 (knn_local_possible): the device's remaining rows are put
+ * arithmetic. Where TF32 is crowded on the fused path (before split
+ * TF32), or split TF32 is crowded (before float64), local frames
+ * (knn_local_possible): the device's remaining rows are put
  * in a spatial order (a k-d split on the coordinate of largest spread,
  * at the widest gap of its middle half, on the host, so consecutive rows
  * lie close together), each tile one subtree of the split, and each
@@ -20,10 +21,13 @@
  * float64 re-rank is the same, and so are the bits. Each tile's results
  * go to their rows' places in the caller's arrays.
  *
- * Local tiles take TF32 products on the panel path whatever arithmetic
- * the course left. Where they are crowded too, local frames do not serve
- * the data: the device's rows are searched again from the first in
- * float64.
+ * Local tiles take TF32 products whatever arithmetic the course left: on
+ * the fused path where the search came from it (a tile is then one wave
+ * of the fused kernel's blocks, and the frame holds its fp16 vectors, and
+ * each row's own node excludes itself), else on the panel path. Where
+ * they are crowded too (knn_dev_next_step), local frames do not serve the
+ * data: the device's rows are searched again from the first in the next
+ * arithmetic (split TF32, then float64).
  */
 #include <stdlib.h>
 #include <string.h>
@@ -149,13 +153,26 @@ static void knn_local_order(knn_gpu_dev *d, int row, size_t n, int *nodes)
                            : req->n_ref + (lf->place[i] - d->q0);
 }
 
-/* The order and the frame's arrays for tiles of d->t.rows rows. */
+/* Rows of a local tile: the plan's, and on the fused path at most one
+ * wave of its blocks, so that a tile stays one subtree of close rows. */
+static int knn_local_rows(const knn_gpu_dev *d)
+{
+    int rows = d->t.rows;
+    if (knn_dev_fused(d) && d->wave_rows > 0 && d->wave_rows < rows)
+        rows = d->wave_rows;
+    return rows;
+}
+
+/* The order and the frame's arrays for tiles of knn_local_rows rows; on
+ * the fused path, the frame's fp16 vectors too. */
 static knn_status knn_local_alloc(knn_gpu_dev *d, int row)
 {
     knn_gpu_local *lf = &d->local;
     const knn_gpu_nodes *nd = &d->nodes;
-    int n = d->q0 + d->nq - row, rows = d->t.rows;
+    int n = d->q0 + d->nq - row, rows = knn_local_rows(d);
+    int fused = knn_dev_fused(d);
     size_t views = (size_t)nd->n_ref + rows;
+    int ldh = (nd->p + 7) / 8 * 8;
     if (n < 1) return KNN_E_INVALID;
     knn_local_free(lf);
     lf->base = row;
@@ -175,6 +192,8 @@ static knn_status knn_local_alloc(knn_gpu_dev *d, int row)
         lf->view.norm = knn_carve<double>(&c, views);
         lf->view.margin2 = knn_carve<double>(&c, views);
         lf->view.norm_max = knn_carve<double>(&c, 1);
+        lf->view.half_unscale = fused ? knn_carve<float>(&c, views) : NULL;
+        lf->view.half = fused ? knn_carve<__half>(&c, views * ldh) : NULL;
         if (pass == 0 && cudaMalloc(&lf->block, c.used) != cudaSuccess) {
             cudaGetLastError();
             lf->block = NULL;
@@ -183,8 +202,8 @@ static knn_status knn_local_alloc(knn_gpu_dev *d, int row)
         c.block = (char *)lf->block;
     }
     lf->view.margin2_fp32 = NULL;
-    lf->view.half = NULL;
-    lf->view.half_unscale = NULL;
+    lf->view.half_block = NULL;
+    lf->view.ldh = ldh;
     lf->view.split = NULL;
     lf->view.fast64 = NULL;
     lf->view.sqnorm64 = NULL;
@@ -246,6 +265,9 @@ knn_status knn_dev_leave_local(knn_gpu_dev *d)
     knn_meet_progress(d->shared, -d->rows_reported);
     d->rows_reported = 0;
     d->local_frames = 0;
+    d->half_products = 0;
+    d->refined = 0;
+    d->candidates = 0.0;
     return knn_dev_leave_fused(d, KNN_RUNG_CLIMB);
 }
 
@@ -260,6 +282,9 @@ knn_status knn_local_frame(knn_gpu_dev *d, const int *d_nodes, int rows,
     KNN_TRY(knn_local_vectors(&d->nodes, d_nodes, rows, &lf->view,
                               lf->centre, KNN_GEMM_TF32, d->message,
                               d->stream));
+    if (lf->view.half)
+        KNN_TRY(knn_half_fill(&lf->view, (size_t)d->nodes.n_ref + rows,
+                              d->message, d->stream));
     *view = &lf->view;
     return KNN_OK;
 }

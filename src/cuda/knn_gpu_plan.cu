@@ -289,9 +289,11 @@ static knn_status knn_dev_choose_path(knn_gpu_dev *d)
     knn_gemm_mode gemm = d->course.gemm;
     knn_course_path(d, KNN_PATH_PANEL);
     d->wave_rows = 0;
-    if (d->course.refine || d->course.local ||
+    /* Local tiles never share a walk (each has its own frame). */
+    int walk_possible = !d->course.local;
+    if (d->course.refine ||
         !knn_fused_choose(d->knobs->select, req->metric, gemm, req->k,
-                          req->p, d->nq, sms, 1))
+                          req->p, d->nq, sms, walk_possible))
         return KNN_OK;
     KNN_TRY(knn_fused_wave_rows(d->score_kind, req->k, sms, &d->wave_rows,
                                 d->message));

@@ -162,7 +162,7 @@ int knn_pairs_choose(knn_select_force force, int self, int k, int n_ref,
 int knn_dev_could_pair(const knn_gpu_dev *d, int rows)
 {
     const knn_request *req = d->req;
-    return !d->course.walk_refused &&
+    return !d->course.walk_refused && !d->course.local &&
            knn_pairs_choose(d->knobs->select, d->self, req->k, req->n_ref,
                             rows);
 }
@@ -178,23 +178,45 @@ int knn_refine_possible(const knn_gpu_dev *d, knn_gemm_mode gemm)
            !d->course.local;
 }
 
-/* Local frames (knn_gpu_local.cu) where a split TF32 tile of a distance
- * metric is crowded, before float64: nodes that lie close together
- * relative to their distance from the data's centre (replicates of a few
- * states, tight cell types) crowd every float32 arithmetic through its
- * margin, which grows with the nodes' norms in the frame; a tile's own
- * frame shrinks those norms to the tile's spread, and its TF32 products
- * on the panel path cost less than float64's. Data that split TF32
- * resolves stays there (local frames cost a frame per tile and the
- * panel). Only once: crowded local tiles send the search on to float64. */
+/* Local frames (knn_gpu_local.cu) for a distance metric whose tiles are
+ * crowded: nodes that lie close together relative to their distance from
+ * the data's centre (cell types, replicates of a few states, genes at
+ * similar levels) crowd every float32 arithmetic through its margin,
+ * which grows with the nodes' norms in the frame; a tile's own frame
+ * shrinks those norms to the tile's spread.
+ *  - From TF32 on the fused path, before split TF32: local tiles stay on
+ *    the fused path (one wave of blocks each), which costs a fraction of
+ *    split TF32's three products on the panel path, each pair in every
+ *    tile alike. Only where the fused kernel pays without a shared walk
+ *    (knn_fused_choose's plain walk).
+ *  - From split TF32, before float64: local tiles take TF32 on the panel
+ *    path, which costs less than float64's products; data that split
+ *    TF32 resolves stays there.
+ * Only once: crowded local tiles send the search on to the next
+ * arithmetic from its first row (knn_dev_leave_local). */
 int knn_local_possible(const knn_gpu_dev *d)
 {
     const knn_request *req = d->req;
-    return knn_uses_product(req->metric) &&
-           !knn_is_correlation(req->metric) && d->course.may_climb &&
-           d->course.gemm == KNN_GEMM_TF32X3 && !d->course.local &&
-           !d->course.local_refused &&
-           d->knobs->select == KNN_SELECT_CHOOSE;
+    if (!knn_uses_product(req->metric) || knn_is_correlation(req->metric) ||
+        !d->course.may_climb || d->course.local || d->course.local_refused ||
+        d->knobs->select != KNN_SELECT_CHOOSE)
+        return 0;
+    if (d->course.gemm == KNN_GEMM_TF32X3) return 1;
+    return d->course.gemm == KNN_GEMM_TF32 && knn_dev_fused(d) &&
+           req->k <= KNN_FUSED_AUTO_MAX_K &&
+           req->p <= KNN_FUSED_AUTO_MAX_FEATURES;
+}
+
+/* Whether the first local tile on the fused path, which tries local
+ * frames before split TF32, leaves too many candidates: past
+ * KNN_LOCAL_PER_K k + KNN_LOCAL_EXTRA a row, its re-rank costs more than
+ * split TF32's products would (cell types whose cells spread as widely
+ * as the types lie apart). Only the first local tile decides: a crowded
+ * later one is exact too, and starting again would waste every tile
+ * done. */
+static int knn_local_too_wide(double found, int rows, int k)
+{
+    return found > (double)rows * (KNN_LOCAL_PER_K * k + KNN_LOCAL_EXTRA);
 }
 
 /* The selection kernel of a panel tile of `rows` rows. Once TF32 has
@@ -249,11 +271,14 @@ static int knn_refine_too_costly(double wide, int rows, int n_ref)
  * cost more than the faster products save. (A fused tile's survivors
  * overflow for other reasons too: the thresholds they passed were looser
  * at first.) A crowded split TF32 or float32 tile has the search climb
- * to float64. A crowded TF32 tile that did not refine has the search
- * refine from then on, where the request left the selection to the
- * engine; a crowded tile that did refine has it climb. Either way the
- * search climbs once its TF32 candidates are so many that refining them
- * costs more than split TF32's products (knn_refine_too_costly). A tile
+ * to float64, or a distance metric's to local frames first
+ * (knn_local_possible). A crowded TF32 tile of a distance metric on the
+ * fused path has the search take local frames; any other crowded TF32
+ * tile that did not refine has the search refine from then on, where the
+ * request left the selection to the engine; a crowded tile that did
+ * refine has it climb. Either way the search climbs once its TF32
+ * candidates are so many that refining them costs more than split TF32's
+ * products (knn_refine_too_costly). A tile
  * that ran before the search last changed course tells nothing of the
  * course it is on now; nor does one gathered from a shared walk, whose
  * tiles were judged as they ran. */
@@ -270,6 +295,10 @@ knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
     int crowded = overflow || knn_rung_too_wide(found, sl->rows, req->k);
     /* A local tile's single rows past their slots are ties, which no
      * frame resolves: their exact counts redo the tile. */
+    if (sl->course.local && knn_slot_fused(sl))
+        return sl->row0 == d->local.base &&
+                       knn_local_too_wide(found, sl->rows, req->k)
+                   ? KNN_RUNG_UNLOCAL : KNN_RUNG_STAY;
     if (sl->course.local)
         return knn_rung_too_wide(found, sl->rows, req->k) ? KNN_RUNG_UNLOCAL
                                                           : KNN_RUNG_STAY;
@@ -282,7 +311,9 @@ knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
         return sl->refined && costly &&
                        knn_rung_too_wide(wide, sl->rows, req->k)
                    ? KNN_RUNG_CLIMB : KNN_RUNG_STAY;
-    return !costly && !sl->refined && !d->course.refine &&
-                   d->knobs->select == KNN_SELECT_CHOOSE
-               ? KNN_RUNG_REFINE : KNN_RUNG_CLIMB;
+    if (knn_local_possible(d)) return KNN_RUNG_LOCAL;
+    if (!costly && !sl->refined && !d->course.refine &&
+        d->knobs->select == KNN_SELECT_CHOOSE)
+        return KNN_RUNG_REFINE;
+    return knn_local_possible(d) ? KNN_RUNG_LOCAL : KNN_RUNG_CLIMB;
 }

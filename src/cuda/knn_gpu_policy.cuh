@@ -53,6 +53,13 @@
  * less than the rescoring. Not measured on its own: inst/bench/rungs.R
  * times the refinement as a whole. */
 #define KNN_REFINE_MIN(k) (2 * (k) + 32)
+/* Local frames tried from TF32 keep the fused path while their first tile
+ * leaves at most 3k + 16 candidates a row (knn_local_too_wide): tight
+ * replicates leave about 2.6k, cell types on PCs 9k and more, where split
+ * TF32 leaves 1.3k (inst/bench/shapes.R). */
+#define KNN_LOCAL_PER_K 3
+#define KNN_LOCAL_EXTRA 16
+
 /* A tile is crowded (refine or climb) past knn_rung_too_wide's 4k + 64
  * candidates a row (src/engine/knn.h, shared with the CPU), measured by
  * inst/bench/rungs.R and inst/bench/shapes.R. */

@@ -517,11 +517,17 @@ knn_status knn_nodes_half(knn_metric metric, knn_gpu_nodes *nodes,
     nodes->half_unscale = dist ? (float *)block : NULL;
     nodes->half = (__half *)(block + unscale_bytes);
     nodes->half_block = block;
-    if (dist) {
+    return knn_half_fill(nodes, n, message, stream);
+}
+
+knn_status knn_half_fill(const knn_gpu_nodes *nodes, size_t n,
+                         char *message, cudaStream_t stream)
+{
+    size_t n_vals = (size_t)nodes->ldh * n;
+    if (nodes->half_unscale) {
         knn_half_scale_kernel<<<knn_blocks(n), KNN_PREP_THREADS, 0,
                                 stream>>>(nodes->fast, nodes->ldf, nodes->p,
-                                          nodes->n_nodes,
-                                          nodes->half_unscale);
+                                          (int)n, nodes->half_unscale);
         KNN_LAUNCH_TRY(message, "knn_half_scale_kernel");
     }
     knn_half_kernel<<<knn_blocks(n_vals), KNN_PREP_THREADS, 0, stream>>>(

@@ -92,12 +92,18 @@ struct knn_row {
     int begin, slots;
 };
 
+/* Row r's own node in a self search, else -1. */
+__device__ __forceinline__ int knn_row_self(const knn_select_args &a, int r)
+{
+    return a.row_self ? a.row_self[r]
+                      : a.self_first >= 0 ? a.self_first + r : -1;
+}
+
 __device__ __forceinline__ knn_row knn_row_of(const knn_select_args &a, int r)
 {
     knn_row w;
     w.vals = a.panel ? a.panel + (size_t)r * a.ld : NULL;
-    w.self = a.row_self ? a.row_self[r]
-                        : a.self_first >= 0 ? a.self_first + r : -1;
+    w.self = knn_row_self(a, r);
     w.sq = a.kind == KNN_SCORE_DIST ? a.row_sqnorm[r] : 0.0f;
     w.margin2 = a.row_margin2[r];
     w.norm = a.row_norm ? a.row_norm[r] : 0.0;
