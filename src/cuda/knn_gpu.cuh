@@ -121,6 +121,12 @@ void knn_context_release(knn_gpu_context *ctx, knn_status status);
 knn_status knn_context_host(knn_gpu_context *ctx, size_t bytes, void **block,
                             char *message);
 
+/* The bytes a search may use on the current device: its free memory
+ * less a reserve and 5% of the total, at most `requested` where that is
+ * positive (options(knngpu.gpu.memory)); knn_gpu_plan.cu. */
+knn_status knn_device_budget(double requested, double *budget,
+                             char *message);
+
 /* n doubles from host src (any memory) to device dst. */
 typedef struct {
     double *dst;

@@ -63,13 +63,13 @@ typedef struct {
 typedef struct knn_pw_gpu knn_pw_gpu;
 
 /* Opens the products of one search on a device: its context, the
- * reference's values there (the query's are sent with each chunk), and
- * two pinned host buffers of block_rows x n_ref floats each (*host,
- * owned by the device's context: valid until knn_gpu_pw_close). Writes
- * the rows of one device product (*chunk_rows) and report->device.
- * Returns KNN_OK; else KNN_E_NOGPU, KNN_E_NOMEM (the reference does not
- * fit the budget) or KNN_E_DEVICE, report->message set and nothing left
- * allocated. */
+ * reference's and the query's values there, and two pinned host buffers
+ * of block_rows x n_ref floats each (*host, owned by the device's
+ * context: valid until knn_gpu_pw_close). Writes the rows of one device
+ * product (*chunk_rows, knn_pw_chunk_rows of the budget) and
+ * report->device. Returns KNN_OK; else KNN_E_NOGPU, KNN_E_INVALID (no
+ * such GPU), KNN_E_NOMEM (the nodes do not fit the budget) or
+ * KNN_E_DEVICE, report->message set and nothing left allocated. */
 knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req, knn_pw_gpu **gpu,
                            float *host[2], int *chunk_rows,
                            knn_report *report);

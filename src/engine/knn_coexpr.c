@@ -1270,12 +1270,13 @@ static knn_status knn_pw_source_open(knn_pw_source *src,
                                report);
     }
     src->chunk = req->memory_bytes > 0
-        ? knn_pw_chunk_rows(req->memory_bytes, req->p, req->n_ref, !self,
-                            block_rows)
+        ? knn_pw_chunk_rows(req->memory_bytes, req->p, req->n_ref,
+                            self ? 0 : n_query, block_rows)
         : block_rows;
     if (src->chunk < 1) {
         knn_pw_no_fit(report->message, sizeof report->message,
-                      req->memory_bytes, req->p, req->n_ref);
+                      req->memory_bytes, req->p, req->n_ref,
+                      self ? 0 : n_query);
         return KNN_E_NOMEM;
     }
     size_t cells = (size_t)block_rows * req->n_ref;

@@ -78,41 +78,30 @@ typedef struct {
 } knn_pairwise_request;
 
 /* Rows per device product of the screen (knn_gpu_pw_open, and the CPU's
- * stand-in, gpu_tiling): the reference's float32 values (p x n_ref) stay
- * in `bytes` of device memory, each row takes its n_ref products and, in
- * a query search, its own p values; 1 KB covers the alignment of the
- * three arrays. At most block_rows; 0 where not one row fits. */
+ * stand-in, gpu_tiling): the float32 values of the reference and of a
+ * query's n_query nodes (0 for a self search) stay in `bytes` of device
+ * memory, and each row of a product takes n_ref floats; 1 KB covers the
+ * alignment of the three arrays. At most block_rows; 0 where not one row
+ * fits. */
 static inline int knn_pw_chunk_rows(double bytes, int p, int n_ref,
-                                    int query, int block_rows)
+                                    int n_query, int block_rows)
 {
-    double left = bytes - 4.0 * p * (double)n_ref - 1024.0;
-    double rows = left / (4.0 * ((double)n_ref + (query ? p : 0)));
+    double left = bytes - 4.0 * p * ((double)n_ref + n_query) - 1024.0;
+    double rows = left / (4.0 * n_ref);
     if (!(rows >= 1.0)) return 0;
     return rows >= block_rows ? block_rows : (int)rows;
 }
 
 /* Why knn_pw_chunk_rows found no row, into message (size bytes). */
 static inline void knn_pw_no_fit(char *message, size_t size, double bytes,
-                                 int p, int n_ref)
+                                 int p, int n_ref, int n_query)
 {
-    snprintf(message, size, "the reference's float32 values (%.1f MB) and "
-             "one row of products do not fit the %.1f MB of GPU memory "
+    snprintf(message, size, "the nodes' float32 values (%.1f MB) and one "
+             "row of products do not fit the %.1f MB of GPU memory "
              "allowed: raise options(knngpu.gpu.memory), free GPU memory, "
              "or use device = \"cpu\"",
-             4.0 * p * (double)n_ref / 1048576.0, bytes / 1048576.0);
+             4.0 * p * ((double)n_ref + n_query) / 1048576.0,
+             bytes / 1048576.0);
 }
-
-/* Finds each query node's k best reference nodes by the pairwise-complete
- * measure: ordered by the reported distance (1 - r, or 1 - |r|), then by
- * the smaller index. A pair with fewer than min_shared shared features,
- * or whose measure is undefined on them (a node constant there), has no
- * key; a query node with fewer than k partners fills its last slots with
- * KNN_NO_NODE. Writes out's index, distance and weight (n_query x k, in
- * out's layout and index base; out->from and out->rank are not written).
- * Returns KNN_OK; KNN_E_NONFINITE for an infinite value, KNN_E_NOMEM, or
- * KNN_E_INTERRUPTED; on the GPU also KNN_E_NOGPU and KNN_E_DEVICE
- * (report->message set, out unspecified, everything freed). */
-knn_status knn_pairwise_search(const knn_pairwise_request *req,
-                               knn_result *out, knn_report *report);
 
 #endif
