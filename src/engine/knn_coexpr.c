@@ -8,9 +8,11 @@
  * the features both nodes have, in feature order: the means (bicor: the
  * medians and deviations, knn_bicor_prep), then the centred products.
  * Pearson, |Pearson| and cosine keys are computed for a row's candidates
- * only (the screen, below). Threads split the query rows (tiles of them
- * for the screen); the caller's thread polls the interrupt between blocks
- * of rows sized to take well under a second.
+ * only (the screen, below), whose float32 products run on the CPU's BLAS
+ * or on a GPU (knn_pw_source). Threads split the query rows (tiles of
+ * them for the screen); the caller's thread polls the interrupt between
+ * blocks of rows sized to take well under a second, and while it waits
+ * for a GPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -509,9 +511,11 @@ static void knn_pw_bicor_row(const knn_pairwise_request *req,
  *
  * Rows go in tiles: one product per tile, steps 1 and 2 row by row, step
  * 3 by blocks of reference positions, every row of the tile in a block
- * before the next, so that the block's values are read from cache. Any
- * tiling and thread count give the same bits: which pairs are keyed may
- * change, the best k by their exact keys cannot. */
+ * before the next, so that the block's values are read from cache. On a
+ * GPU the products of a whole block of tiles come from cuBLAS in strict
+ * float32 (knn_gpu_coexpr.cu), whose error is within ec as the BLAS's
+ * is. Any tiling, thread count and device give the same bits: which
+ * pairs are keyed may change, the best k by their exact keys cannot. */
 
 /* Levels of m at which reference nodes' bounds are tabled. */
 #define KNN_PW_LEVELS 16
@@ -1227,6 +1231,9 @@ static int knn_pw_max_miss(const knn_pw_nodes *nodes, int p)
     return most;
 }
 
+/* The most bytes of products in each of a source's two host buffers. */
+#define KNN_PW_SOURCE_BYTES (256.0 * 1048576.0)
+
 /* Where the screen's products come from when the tiles do not compute
  * their own: a GPU (knn_gpu_pw_*), or, for tests, the CPU in the GPU's
  * blocks and chunks (gpu_tiling). Each block of rows is asked for one
@@ -1418,6 +1425,15 @@ knn_status knn_pairwise_search(const knn_pairwise_request *req,
     int per_thread = visits * unit >= budget ? 1
                    : (int)(budget / (visits * unit));
     int block = per_thread * threads * unit;
+    if (sourced && block > KNN_PW_SOURCE_BYTES / (4.0 * n_ref)) {
+        /* A source's two host buffers (a GPU pins them and keeps them with
+         * its context) stay within KNN_PW_SOURCE_BYTES each; tiles shrink
+         * so that every thread still has one. */
+        block = (int)(KNN_PW_SOURCE_BYTES / (4.0 * n_ref));
+        if (block < threads) block = threads;
+        if (rows > (block + threads - 1) / threads)
+            rows = (block + threads - 1) / threads;
+    }
     if (block > n_query) block = n_query;
     knn_pw_source src;
     memset(&src, 0, sizeof src);

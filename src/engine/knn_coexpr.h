@@ -104,4 +104,17 @@ static inline void knn_pw_no_fit(char *message, size_t size, double bytes,
              bytes / 1048576.0);
 }
 
+/* Finds each query node's k best reference nodes by the pairwise-complete
+ * measure: ordered by the reported distance (1 - r, or 1 - |r|), then by
+ * the smaller index. A pair with fewer than min_shared shared features,
+ * or whose measure is undefined on them (a node constant there), has no
+ * key; a query node with fewer than k partners fills its last slots with
+ * KNN_NO_NODE. Writes out's index, distance and weight (n_query x k, in
+ * out's layout and index base; out->from and out->rank are not written).
+ * Returns KNN_OK; KNN_E_NONFINITE for an infinite value, KNN_E_NOMEM, or
+ * KNN_E_INTERRUPTED; on the GPU also KNN_E_NOGPU, KNN_E_INVALID and
+ * KNN_E_DEVICE (report->message set, out unspecified, everything freed). */
+knn_status knn_pairwise_search(const knn_pairwise_request *req,
+                               knn_result *out, knn_report *report);
+
 #endif
