@@ -173,8 +173,8 @@ for (share in c(0.005, 0.05)) {
                                  device = "cpu", progress = FALSE))
         report(case, "knngpu pearson pairwise-complete (cpu)",
                onCpu$seconds)
-        cat(sprintf("%-34s same neighbours on GPU and CPU: %s; CPU / GPU: "
-                    "%.2f\n", case,
+        cat(sprintf(paste("%-34s same neighbours on GPU and CPU: %s;",
+                          "CPU / GPU: %.2f\n"), case,
                     identical(onCpu$value[1:2], pairwise$value[1:2]),
                     onCpu$seconds / pairwise$seconds))
     }

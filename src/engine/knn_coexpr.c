@@ -1151,9 +1151,10 @@ static int knn_pw_share_alloc(knn_pw_share *s, int k, int most, int n_ref,
     s->ms = malloc(m * sizeof(int));
     s->seeded = calloc((size_t)n_ref, 1);
     s->keep = malloc((size_t)n_ref);
-    if ((own_products && !s->c) || !s->row || !s->heap_d || !s->heap_j || !s->passed || !s->pc ||
-        !s->count || !s->next || !s->seed_s || !s->x || !s->v || !s->top ||
-        !s->seed_at || !s->ms || !s->seeded || !s->keep)
+    if ((own_products && !s->c) || !s->row || !s->heap_d || !s->heap_j ||
+        !s->passed || !s->pc || !s->count || !s->next || !s->seed_s ||
+        !s->x || !s->v || !s->top || !s->seed_at || !s->ms || !s->seeded ||
+        !s->keep)
         return 0;
     for (int i = 0; i <= most; i++) s->ms[i] = i;
     for (int i = 0; i < rows; i++) {

@@ -149,7 +149,8 @@ test_that("pairwise-complete through BPPARAM and KnngpuParam on the GPU", {
 
 test_that("an interrupted pairwise-complete search frees the device", {
     skip_if_not(gpuAvailable(), "no usable GPU")
-    x <- randomMatrix(60000, 60, 88)
+    ## Enough pairs that the CPU's screen outlasts the limit many times.
+    x <- randomMatrix(150000, 60, 88)
     x[sample(length(x), 0.05 * length(x))] <- NA
     search <- function() {
         searchUnderTimeLimit(1, x, k = 10, use = "pairwise.complete.obs",
