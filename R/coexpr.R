@@ -43,7 +43,7 @@
 ## are asked for pairwise and some source holds one, else "everything". The
 ## whole search takes one way, decided here once, so that any split into
 ## blocks gives the same bits.
-.searchUse <- function(use, device, ...) {
+.searchUse <- function(use, ...) {
     if (use$use == "everything") return("everything")
     sources <- Filter(Negate(is.null), list(...))
     missing <- vapply(sources, function(s) anyNA(s$matrix), logical(1))

@@ -266,7 +266,7 @@ knnSearch <- function(x, query = NULL, k = 10, metric = NULL,
     BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM,
                              checkpoint)
     filepath <- .checkFilepath(filepath)
-    way <- .searchUse(use, device[1L], ref, q)
+    way <- .searchUse(use, ref, q)
     res <- if (is.null(BPPARAM) && is.null(filepath)) {
         .runEngine(.readNodes(ref, threads = threads),
                    if (!is.null(q)) .readNodes(q, threads = threads), k,
