@@ -115,8 +115,9 @@ knn_status knn_context_acquire(int device, knn_gpu_context **ctx,
  * next search or destroys it (after its stream is idle). */
 void knn_context_release(knn_gpu_context *ctx, knn_status status);
 
-/* A pinned host block of at least `bytes` for a search's result slots,
- * kept with ctx for later searches (replaced by a larger one when a search
+/* A pinned host block of at least `bytes` for a search's result slots
+ * (or a pairwise-complete search's products, knn_gpu_coexpr.cu), kept
+ * with ctx for later searches (replaced by a larger one when a search
  * needs more). */
 knn_status knn_context_host(knn_gpu_context *ctx, size_t bytes, void **block,
                             char *message);

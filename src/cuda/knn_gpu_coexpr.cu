@@ -102,8 +102,8 @@ static knn_status knn_pw_setup(knn_pw_gpu *gpu, const knn_pw_gpu_request *req,
     /* The products must be true float32 (inputs rounded to 24 bits, sums
      * rounded to float32): the screen's bounds (knn_coexpr.c, cs->ec =
      * gamma_(p+16) in 2^-24) hold for such a product in any summation
-     * order, and not for TF32's 10-bit inputs, whose errors pass the
-     * bound by some 2^13 and would drop true neighbours unseen. The
+     * order, and not for TF32's inputs, rounded 2^13 times as coarsely,
+     * which would drop true neighbours unseen. The
      * pedantic compute type of the GEMM below forbids TF32, BF16 emulation
      * and any other reduced arithmetic whatever the handle's math mode or
      * NVIDIA_TF32_OVERRIDE and CUBLAS_EMULATION_STRATEGY say; the
