@@ -314,8 +314,8 @@ assign(".packageName", "knngpu", envir = .bnEnv)
     ref <- .bnSource(index)
     ## Pairwise-complete where asked for and the points hold missing
     ## values (.searchUse()).
-    way <- .searchUse(list(use = p@use, min.shared = p@min.shared),
-                      p@device, ref, query)
+    way <- .searchUse(list(use = p@use, min.shared = p@min.shared), ref,
+                      query)
     search <- .engineRunner(.bnMetric(index@distance), p@device, threads,
                             if (length(p@devices)) p@devices else NULL,
                             p@precision, way, p@min.shared)

@@ -4,7 +4,9 @@
 ## bicor without missing values is a per-node transform (computed once, in
 ## float64) followed by the engine's exact cosine search, on either device.
 ## A pairwise-complete search, which happens only where the data hold
-## missing values, computes every pair's key in float64 on the CPU.
+## missing values, ranks by float64 keys computed on the CPU; for the
+## Pearson metrics and cosine, the float32 products that screen the pairs
+## first run on the GPU where one is used (the bits are the same).
 
 ## The metrics that take use = "pairwise.complete.obs", in the engine's
 ## order of knn_pairwise_measure.
@@ -40,21 +42,12 @@
 ## sources (.nodeSource(), NULL for none): "pairwise" where missing values
 ## are asked for pairwise and some source holds one, else "everything". The
 ## whole search takes one way, decided here once, so that any split into
-## blocks gives the same bits. A pairwise-complete search runs on the CPU
-## only, which device = "gpu" cannot change: an error says so here, before
-## any block is handed out.
-.searchUse <- function(use, device, ...) {
+## blocks gives the same bits.
+.searchUse <- function(use, ...) {
     if (use$use == "everything") return("everything")
     sources <- Filter(Negate(is.null), list(...))
     missing <- vapply(sources, function(s) anyNA(s$matrix), logical(1))
-    if (any(missing)) {
-        if (identical(device, "gpu")) {
-            stop("use = \"pairwise.complete.obs\" on data with missing ",
-                 "values runs on the CPU only; use device = \"auto\" or ",
-                 "\"cpu\"", call. = FALSE)
-        }
-        return("pairwise")
-    }
+    if (any(missing)) return("pairwise")
     p <- sources[[1L]]$p
     if (p < use$min.shared) {
         stop(sprintf(paste("'min.shared' (%d) is more than the %d features",
@@ -84,23 +77,41 @@
     nodes
 }
 
-## The pairwise-complete search of .runEngine(), on the CPU
-## (.searchUse()), with what the engine reports completed for
-## .reportRun().
+## The backend of a pairwise-complete search on the device resolved
+## (.resolveDevice()): bicor's keys have no products to put on a GPU, so
+## it runs on the CPU, which its precision attribute says
+## (.runPairwise()).
+.pairwiseBackend <- function(backend, metric) {
+    if (metric == "bicor") "cpu" else backend
+}
+
+## The pairwise-complete search of .runEngine() on backend ("gpu": the
+## screen's float32 products on the first of `devices`, the keys on the
+## CPU), with what the engine reports completed for .reportRun().
+## getOption("knngpu.pairwise.gpu.tiling") = TRUE has the CPU compute the
+## products in the GPU's blocks and chunks (knngpu.gpu.memory their
+## budget): the GPU's tiling tested on any machine.
 .runPairwise <- function(ref, query, k, threads, progress, edges,
-                         metric, min.shared) {
+                         metric, min.shared, backend = "cpu",
+                         devices = integer()) {
+    gpu <- backend == "gpu"
+    tiling <- !gpu && isTRUE(getOption("knngpu.pairwise.gpu.tiling"))
+    memory <- if (gpu || tiling) .memoryBudget("gpu") else 0
     res <- .Call(C_knn_pairwise, ref$values, query$values, as.integer(k),
                  match(metric, .pairwiseMetrics) - 1L, min.shared, threads,
-                 progress)
+                 progress, gpu, memory, as.integer(devices), tiling)
     if (identical(res$problem$status, "nonfinite")) {
         for (nodes in list(ref, query)) .stopInfinite(nodes)
     }
     if (!is.null(res$problem)) {
         .stopProblem(res$problem, ref, query, metric)
     }
-    res$info$precision <- paste0(res$info$precision, " (CPU only)")
-    res$info <- c(res$info, seconds_setup = 0, seconds_rerank = 0,
-                  seconds_collect = 0, pairs_once = FALSE)
+    if (metric == "bicor") {
+        res$info$precision <- paste0(res$info$precision,
+                                     " (CPU only: bicor has no products)")
+    }
+    res$info <- c(res$info, seconds_rerank = 0, seconds_collect = 0,
+                  pairs_once = FALSE)
     if (edges) res <- .edgeList(res)
     res
 }

@@ -11,8 +11,9 @@
                        verbose, devices, edges = FALSE, precision = "auto",
                        use = "everything", min.shared = 1L) {
     if (use == "pairwise") {
-        return(.runPairwiseReported(ref, query, k, metric, threads,
-                                    progress, verbose, edges, min.shared))
+        return(.runPairwiseReported(ref, query, k, metric, device, threads,
+                                    progress, verbose, devices, edges,
+                                    min.shared))
     }
     backend <- .resolveDevice(device)
     precision <- .checkRung(precision, backend)
@@ -43,15 +44,18 @@
 
 ## A pairwise-complete search (.runPairwise()) timed and described as
 ## .runEngine() describes its own.
-.runPairwiseReported <- function(ref, query, k, metric, threads, progress,
-                                 verbose, edges, min.shared) {
+.runPairwiseReported <- function(ref, query, k, metric, device, threads,
+                                 progress, verbose, devices, edges,
+                                 min.shared) {
+    backend <- .pairwiseBackend(.resolveDevice(device), metric)
+    devices <- .checkDevices(devices, backend)
     threads <- .checkThreads(threads)
     progress <- .checkFlag(progress, "progress")
     verbose <- .checkFlag(verbose, "verbose")
     start <- .wallSeconds()
     res <- .runPairwise(ref, query, k, threads, progress, edges, metric,
-                        min.shared)
-    .describeRun(res, start, "cpu", metric, k, ref, verbose)
+                        min.shared, backend, devices)
+    .describeRun(res, start, backend, metric, k, ref, verbose)
 }
 
 ## res with its info completed: elapsed seconds since start, backend,

@@ -104,7 +104,7 @@ knnGraph <- function(x, k = 10, metric = NULL, by = c("rows", "columns"),
     if (is.null(snn)) .checkEdgeCount(source$n, k)
     BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM,
                              checkpoint)
-    way <- .searchUse(use, device[1L], source)
+    way <- .searchUse(use, source)
     res <- if (is.null(BPPARAM)) {
         .runEngine(.readNodes(source, threads = threads), NULL, k, metric,
                    device[1L], threads, progress, verbose, devices,

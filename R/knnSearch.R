@@ -194,12 +194,16 @@
 #'   search is the one of \code{"everything"}, on any device. Where they
 #'   do, each pair's correlation is computed in float64 over the features
 #'   both nodes have (for bicor, the medians and deviations too, as
-#'   \code{WGCNA::bicor(use = "p")} does), on the CPU (for the Pearson
-#'   metrics and cosine, only for the candidates that one float64 matrix
-#'   product with a proven error bound leaves): \code{device =
-#'   "auto"} runs there and says so in the \code{precision} attribute
-#'   (which ends "(CPU only)") and with \code{verbose};
-#'   \code{device = "gpu"} is an error. Ties go to the smaller index as
+#'   \code{WGCNA::bicor(use = "p")} does), on the CPU. For the Pearson
+#'   metrics and cosine, only the candidates that float32 matrix products
+#'   with a proven error bound leave are computed so; on a GPU
+#'   (\code{device = "gpu"}, or \code{"auto"} where one is used) those
+#'   products run there, on the first of \code{devices}, within
+#'   \code{getOption("knngpu.gpu.memory")}, and the \code{precision}
+#'   attribute says "fp32 products on the GPU + fp64 pairwise-complete
+#'   re-rank on the CPU": the result is the same on every device. bicor
+#'   has no such products and runs on the CPU on any device (its
+#'   \code{precision} says "CPU only"). Ties go to the smaller index as
 #'   always. A pair that shares fewer than \code{min.shared} features, or
 #'   on whose shared features a node is constant, is no pair of
 #'   neighbours: a node with fewer than \code{k} partners has \code{NA}
@@ -262,7 +266,7 @@ knnSearch <- function(x, query = NULL, k = 10, metric = NULL,
     BPPARAM <- .checkBPPARAM(if (missing(BPPARAM)) NULL else BPPARAM,
                              checkpoint)
     filepath <- .checkFilepath(filepath)
-    way <- .searchUse(use, device[1L], ref, q)
+    way <- .searchUse(use, ref, q)
     res <- if (is.null(BPPARAM) && is.null(filepath)) {
         .runEngine(.readNodes(ref, threads = threads),
                    if (!is.null(q)) .readNodes(q, threads = threads), k,

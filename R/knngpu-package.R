@@ -52,7 +52,9 @@
 #'     value of the nodes) within it, or leaves the search to the scan.}
 #'   \item{\code{knngpu.gpu.memory}}{Bytes of device memory a GPU search
 #'     may use for its nodes and tiles (default: what the GPU has free);
-#'     nodes past half of it stream through the device in blocks.}
+#'     nodes past half of it stream through the device in blocks. A
+#'     pairwise-complete search keeps its nodes' float32 values there
+#'     and computes its products in chunks of the rows the rest holds.}
 #'   \item{\code{knngpu.algorithm}}{\code{"auto"}, \code{"products"},
 #'     \code{"tree"} or \code{"clusters"}: how the CPU searches (the bits
 #'     are the same).}

@@ -30,13 +30,17 @@ SEXP C_knn_bicor_nodes(SEXP x, SEXP threads, SEXP max_bad)
 }
 
 /* ref, query: p x n double matrices, NA where missing (query may be NULL
- * for a self search); measure: knn_pairwise_measure's code. Returns
+ * for a self search); measure: knn_pairwise_measure's code; gpu: the
+ * screen's products on a GPU (the first of `devices`, an integer vector,
+ * or the first GPU; `memory` bytes of it, 0: what is free); gpu_tiling:
+ * for tests, the products in the GPU's chunks on the CPU. Returns
  * list(index, distance, weight, info) of n x k matrices (1-based, NA
  * where a node has fewer than k partners), or list(problem = list(status,
  * message, condition)) as C_knn_search does for an interrupt or infinite
  * values. */
 SEXP C_knn_pairwise(SEXP ref, SEXP query, SEXP k, SEXP measure,
-                    SEXP min_shared, SEXP threads, SEXP progress)
+                    SEXP min_shared, SEXP threads, SEXP progress, SEXP gpu,
+                    SEXP memory, SEXP devices, SEXP gpu_tiling)
 {
     int nprot = 0;
     knn_pairwise_request req;
@@ -52,6 +56,13 @@ SEXP C_knn_pairwise(SEXP ref, SEXP query, SEXP k, SEXP measure,
     req.k = asInteger(k);
     req.min_shared = asInteger(min_shared);
     req.threads = asInteger(threads);
+    req.backend = asInteger(gpu) ? KNN_BACKEND_GPU : KNN_BACKEND_CPU;
+    req.memory_bytes = asReal(memory);
+    req.n_devices = LENGTH(devices) < KNN_MAX_DEVICES ? LENGTH(devices)
+                                                      : KNN_MAX_DEVICES;
+    for (int i = 0; i < req.n_devices; i++)
+        req.devices[i] = INTEGER(devices)[i];
+    req.gpu_tiling = asInteger(gpu_tiling);
     int nq = isNull(query) ? req.n_ref : req.n_query;
 
     knn_r_session session;
@@ -98,10 +109,10 @@ SEXP C_knn_pairwise(SEXP ref, SEXP query, SEXP k, SEXP measure,
     }
     const char *inames[] = {"device", "precision", "seconds_prepare",
                             "seconds_search", "candidates", "row_tile",
-                            "col_tile"};
-    SEXP info = PROTECT(allocVector(VECSXP, 7)); nprot++;
-    SEXP in = PROTECT(allocVector(STRSXP, 7)); nprot++;
-    for (int i = 0; i < 7; i++) SET_STRING_ELT(in, i, mkChar(inames[i]));
+                            "col_tile", "seconds_setup"};
+    SEXP info = PROTECT(allocVector(VECSXP, 8)); nprot++;
+    SEXP in = PROTECT(allocVector(STRSXP, 8)); nprot++;
+    for (int i = 0; i < 8; i++) SET_STRING_ELT(in, i, mkChar(inames[i]));
     setAttrib(info, R_NamesSymbol, in);
     SET_VECTOR_ELT(info, 0, mkString(report.device));
     SET_VECTOR_ELT(info, 1, mkString(report.precision));
@@ -110,6 +121,7 @@ SEXP C_knn_pairwise(SEXP ref, SEXP query, SEXP k, SEXP measure,
     SET_VECTOR_ELT(info, 4, ScalarReal(report.candidates));
     SET_VECTOR_ELT(info, 5, ScalarInteger(report.row_tile));
     SET_VECTOR_ELT(info, 6, ScalarInteger(report.col_tile));
+    SET_VECTOR_ELT(info, 7, ScalarReal(report.seconds_setup));
     SET_VECTOR_ELT(res, 3, info);
     UNPROTECT(nprot);
     return res;

@@ -4,7 +4,7 @@
 # parity harness (tools/gpu-harness.c: knn_gpu_search against a plain
 # float64 reference), and compute-sanitizer memcheck and racecheck on a
 # small knnGraph (panel, split TF32, float64, local frames and fused
-# paths; copies searched once) and on the
+# paths; copies searched once; pairwise-complete products) and on the
 # harness's walk shared by two devices (after the harness step). Logs and
 # summary.txt go to $OUT (default /tmp/knngpu-check).
 #
@@ -127,6 +127,17 @@ sanitize() {
             options(knngpu.gpu.memory = 1.8e7)
             g <- knnGraph(x, k = 100, metric = "euclidean", device = "gpu",
                           progress = FALSE)
+            ## pairwise-complete: the screen products in chunks of 9 rows,
+            ## then a query search in one chunk
+            h <- x
+            h[sample(length(h), 1500)] <- NA
+            options(knngpu.gpu.memory = 4 * (20 * 1500 + 9 * 1500) + 1024)
+            g <- knnGraph(h, k = 10, use = "pairwise.complete.obs",
+                          device = "gpu", progress = FALSE)
+            options(knngpu.gpu.memory = NULL)
+            s <- knnSearch(h, query = h[1:100, ], k = 10,
+                           use = "pairwise.complete.obs", device = "gpu",
+                           progress = FALSE)
             cat("sanitized run done\n")' &&
         { [ ! -x "$harness_build/gpu-harness" ] ||
           compute-sanitizer --tool "$tool" --error-exitcode 9 \

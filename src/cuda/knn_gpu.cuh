@@ -115,11 +115,18 @@ knn_status knn_context_acquire(int device, knn_gpu_context **ctx,
  * next search or destroys it (after its stream is idle). */
 void knn_context_release(knn_gpu_context *ctx, knn_status status);
 
-/* A pinned host block of at least `bytes` for a search's result slots,
- * kept with ctx for later searches (replaced by a larger one when a search
+/* A pinned host block of at least `bytes` for a search's result slots
+ * (or a pairwise-complete search's products, knn_gpu_coexpr.cu), kept
+ * with ctx for later searches (replaced by a larger one when a search
  * needs more). */
 knn_status knn_context_host(knn_gpu_context *ctx, size_t bytes, void **block,
                             char *message);
+
+/* The bytes a search may use on the current device: its free memory
+ * less a reserve and 5% of the total, at most `requested` where that is
+ * positive (options(knngpu.gpu.memory)); knn_gpu_plan.cu. */
+knn_status knn_device_budget(double requested, double *budget,
+                             char *message);
 
 /* n doubles from host src (any memory) to device dst. */
 typedef struct {

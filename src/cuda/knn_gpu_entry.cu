@@ -8,7 +8,8 @@
 #include "knn_gpu.cuh"
 
 static const knn_gpu_backend knn_cuda_table = {
-    knn_gpu_search, knn_gpu_query, knn_gpu_release
+    knn_gpu_search, knn_gpu_query, knn_gpu_release,
+    knn_gpu_pw_open, knn_gpu_pw_start, knn_gpu_pw_wait, knn_gpu_pw_close
 };
 
 extern "C" __attribute__((visibility("default")))

@@ -18,7 +18,6 @@
 #include <string.h>
 #include "knn_gpu_tiles.cuh"
 
-#define KNN_RESERVE_BYTES (512.0 * 1048576.0)
 /* Pinned result slots a device's context keeps (knn_host_slots): enough
  * for a shared walk's tiles (one wave of a 132-SM device, 33792 rows) up
  * to k = 128, 173 MB, which a search would otherwise pin anew each time
@@ -330,11 +329,8 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
     knn_pairs_free(&d->pairs);
     int surv_slots = knn_dev_fused(d)
         ? knn_fused_survivor_slots(k, req->n_ref, avail) : 0;
-    size_t free_b = 0, total_b = 0;
-    KNN_CUDA_TRY(d->message, cudaMemGetInfo(&free_b, &total_b));
-    double budget = (double)free_b - KNN_RESERVE_BYTES - 0.05 * total_b;
-    if (req->memory_bytes > 0 && req->memory_bytes < budget)
-        budget = req->memory_bytes;
+    double budget = 0.0;
+    KNN_TRY(knn_device_budget(req->memory_bytes, &budget, d->message));
     double per_row = knn_row_bytes(knn_dev_panel_ld(d), slots, surv_slots,
                                    k);
     /* A shared walk's per-node arrays come out of the same budget. A
@@ -388,8 +384,8 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
         if (r == 1) {
             snprintf(d->message, sizeof d->message,
                      "GPU %d: not enough free memory for one row tile "
-                     "(%.0f MB per row, %.0f MB free)", d->device,
-                     per_row / 1048576.0, free_b / 1048576.0);
+                     "(%.0f MB per row, %.0f MB usable)", d->device,
+                     per_row / 1048576.0, budget / 1048576.0);
             return KNN_E_NOMEM;
         }
         r /= 2;
@@ -408,5 +404,19 @@ knn_status knn_dev_idle(knn_gpu_dev *d)
 {
     KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
     KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->copy_stream));
+    return KNN_OK;
+}
+
+/* What the driver, cuBLAS's workspaces and other processes keep beyond a
+ * search's own arrays. */
+#define KNN_RESERVE_BYTES (512.0 * 1048576.0)
+
+knn_status knn_device_budget(double requested, double *budget,
+                             char *message)
+{
+    size_t free_b = 0, total_b = 0;
+    KNN_CUDA_TRY(message, cudaMemGetInfo(&free_b, &total_b));
+    *budget = (double)free_b - KNN_RESERVE_BYTES - 0.05 * total_b;
+    if (requested > 0 && requested < *budget) *budget = requested;
     return KNN_OK;
 }

@@ -8,9 +8,11 @@
  * the features both nodes have, in feature order: the means (bicor: the
  * medians and deviations, knn_bicor_prep), then the centred products.
  * Pearson, |Pearson| and cosine keys are computed for a row's candidates
- * only (the screen, below). Threads split the query rows (tiles of them
- * for the screen); the caller's thread polls the interrupt between blocks
- * of rows sized to take well under a second.
+ * only (the screen, below), whose float32 products run on the CPU's BLAS
+ * or on a GPU (knn_pw_source). Threads split the query rows (tiles of
+ * them for the screen); the caller's thread polls the interrupt between
+ * blocks of rows sized to take well under a second, and while it waits
+ * for a GPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -509,9 +511,11 @@ static void knn_pw_bicor_row(const knn_pairwise_request *req,
  *
  * Rows go in tiles: one product per tile, steps 1 and 2 row by row, step
  * 3 by blocks of reference positions, every row of the tile in a block
- * before the next, so that the block's values are read from cache. Any
- * tiling and thread count give the same bits: which pairs are keyed may
- * change, the best k by their exact keys cannot. */
+ * before the next, so that the block's values are read from cache. On a
+ * GPU the products of a whole block of tiles come from cuBLAS in strict
+ * float32 (knn_gpu_coexpr.cu), whose error is within ec as the BLAS's
+ * is. Any tiling, thread count and device give the same bits: which
+ * pairs are keyed may change, the best k by their exact keys cannot. */
 
 /* Levels of m at which reference nodes' bounds are tabled. */
 #define KNN_PW_LEVELS 16
@@ -1126,11 +1130,12 @@ static void knn_pw_share_free(knn_pw_share *s)
     memset(s, 0, sizeof *s);
 }
 
+/* own_products: the share computes its tiles' products itself (s->c). */
 static int knn_pw_share_alloc(knn_pw_share *s, int k, int most, int n_ref,
-                              int rows)
+                              int rows, int own_products)
 {
     size_t m = (size_t)most + 1, cells = (size_t)rows * n_ref;
-    s->c = malloc(cells * sizeof(float));
+    s->c = own_products ? malloc(cells * sizeof(float)) : NULL;
     s->row = calloc((size_t)rows, sizeof *s->row);
     s->heap_d = malloc((size_t)rows * k * sizeof(double));
     s->heap_j = malloc((size_t)rows * k * sizeof(int));
@@ -1146,9 +1151,10 @@ static int knn_pw_share_alloc(knn_pw_share *s, int k, int most, int n_ref,
     s->ms = malloc(m * sizeof(int));
     s->seeded = calloc((size_t)n_ref, 1);
     s->keep = malloc((size_t)n_ref);
-    if (!s->c || !s->row || !s->heap_d || !s->heap_j || !s->passed || !s->pc ||
-        !s->count || !s->next || !s->seed_s || !s->x || !s->v || !s->top ||
-        !s->seed_at || !s->ms || !s->seeded || !s->keep)
+    if ((own_products && !s->c) || !s->row || !s->heap_d || !s->heap_j ||
+        !s->passed || !s->pc || !s->count || !s->next || !s->seed_s ||
+        !s->x || !s->v || !s->top || !s->seed_at || !s->ms || !s->seeded ||
+        !s->keep)
         return 0;
     for (int i = 0; i <= most; i++) s->ms[i] = i;
     for (int i = 0; i < rows; i++) {
@@ -1159,25 +1165,30 @@ static int knn_pw_share_alloc(knn_pw_share *s, int k, int most, int n_ref,
 }
 
 /* One tile of query positions [first, last) through the screen: their
- * products with every reference position; steps 1 and 2 row by row;
- * step 3 block by block of reference positions, every row in each;
- * then each row's best k. */
+ * products with every reference position (`products`, rows x n_ref,
+ * where another computed them; NULL: the tile's own, into s->c); steps 1
+ * and 2 row by row; step 3 block by block of reference positions, every
+ * row in each; then each row's best k. */
 static void knn_pw_screen_tile(const knn_pairwise_request *req,
                                const knn_pw_consts *cs,
                                const knn_pw_nodes *q,
                                const knn_pw_screen *qs,
                                const knn_pw_nodes *r,
                                const knn_pw_screen *rs, int first, int last,
-                               int self, knn_pw_share *s, double *keyed,
+                               int self, const float *products,
+                               knn_pw_share *s, double *keyed,
                                knn_result *out, int n_query)
 {
     int p = req->p, n_ref = r->n, rows = last - first;
     int block = knn_pw_block(p);
-    knn_sgemm_tn(n_ref, rows, p, rs->a32, qs->a32 + (size_t)first * p,
-                 s->c);
+    if (!products) {
+        knn_sgemm_tn(n_ref, rows, p, rs->a32, qs->a32 + (size_t)first * p,
+                     s->c);
+        products = s->c;
+    }
     for (int i = 0; i < rows; i++) {
         int qi = qs->order ? qs->order[first + i] : first + i;
-        const float *c = s->c + (size_t)i * n_ref;
+        const float *c = products + (size_t)i * n_ref;
         knn_pw_thread *t = &s->row[i];
         int seeds = knn_pw_seeds(req, cs, q, qi, self ? first + i : -1, r,
                                  rs, c, t, s, keyed);
@@ -1219,6 +1230,114 @@ static int knn_pw_max_miss(const knn_pw_nodes *nodes, int p)
         if (p - nodes->present[j] > most) most = p - nodes->present[j];
     }
     return most;
+}
+
+/* The most bytes of products in each of a source's two host buffers. */
+#define KNN_PW_SOURCE_BYTES (256.0 * 1048576.0)
+
+/* Where the screen's products come from when the tiles do not compute
+ * their own: a GPU (knn_gpu_pw_*), or, for tests, the CPU in the GPU's
+ * blocks and chunks (gpu_tiling). Each block of rows is asked for one
+ * block ahead, into the other of two host buffers, so that the GPU
+ * computes the next block's products while the CPU screens this one. */
+typedef struct {
+    knn_pw_gpu *gpu;      /* NULL: the CPU computes them */
+    float *host[2];       /* block_rows x n_ref each */
+    float *own;           /* the CPU's: both buffers in one allocation */
+    const float *ref32;   /* p x n_ref, by position */
+    const float *query32; /* p x n_query; NULL: the rows are positions of
+                             the reference */
+    int p, n_ref, chunk;  /* chunk: rows per product */
+} knn_pw_source;
+
+static knn_status knn_pw_source_open(knn_pw_source *src,
+                                     const knn_pairwise_request *req,
+                                     const knn_pw_screen *rs,
+                                     const knn_pw_screen *qs, int self,
+                                     int n_query, int block_rows,
+                                     knn_report *report)
+{
+    memset(src, 0, sizeof *src);
+    src->p = req->p;
+    src->n_ref = req->n_ref;
+    src->ref32 = rs->a32;
+    src->query32 = self ? NULL : qs->a32;
+    if (req->backend == KNN_BACKEND_GPU) {
+        knn_pw_gpu_request g;
+        memset(&g, 0, sizeof g);
+        g.p = req->p;
+        g.ref = src->ref32;
+        g.n_ref = req->n_ref;
+        g.query = src->query32;
+        g.n_query = self ? 0 : n_query;
+        g.block_rows = block_rows;
+        g.memory_bytes = req->memory_bytes;
+        g.n_devices = req->n_devices;
+        memcpy(g.devices, req->devices, sizeof g.devices);
+        return knn_gpu_pw_open(&g, &src->gpu, src->host, &src->chunk,
+                               report);
+    }
+    src->chunk = req->memory_bytes > 0
+        ? knn_pw_chunk_rows(req->memory_bytes, req->p, req->n_ref,
+                            self ? 0 : n_query, block_rows)
+        : block_rows;
+    if (src->chunk < 1) {
+        knn_pw_no_fit(report->message, sizeof report->message,
+                      req->memory_bytes, req->p, req->n_ref,
+                      self ? 0 : n_query);
+        return KNN_E_NOMEM;
+    }
+    size_t cells = (size_t)block_rows * req->n_ref;
+    src->own = malloc(2 * cells * sizeof(float));
+    if (!src->own) return knn_pw_fail(report, KNN_E_NOMEM, "out of memory");
+    src->host[0] = src->own;
+    src->host[1] = src->own + cells;
+    return KNN_OK;
+}
+
+/* Asks for the products of rows [first, first + rows) into host buffer
+ * `buffer`: queued on the GPU, or computed here chunk by chunk. */
+static knn_status knn_pw_source_start(knn_pw_source *src, int first,
+                                      int rows, int buffer,
+                                      knn_report *report)
+{
+    if (src->gpu)
+        return knn_gpu_pw_start(src->gpu, first, rows, buffer,
+                                report->message);
+    const float *q = src->query32 ? src->query32 : src->ref32;
+    for (int at = 0; at < rows; at += src->chunk) {
+        int n = rows - at < src->chunk ? rows - at : src->chunk;
+        knn_sgemm_tn(src->n_ref, n, src->p, src->ref32,
+                     q + (size_t)(first + at) * src->p,
+                     src->host[buffer] + (size_t)at * src->n_ref);
+    }
+    return KNN_OK;
+}
+
+/* Waits for the products asked for last, asking the interrupt callback
+ * every 100 ms meanwhile, so that a long wait never holds Ctrl-C. */
+static knn_status knn_pw_source_wait(knn_pw_source *src,
+                                     const knn_pairwise_request *req,
+                                     knn_report *report)
+{
+    while (src->gpu) {
+        int done = 0;
+        knn_status st = knn_gpu_pw_wait(src->gpu, 100, &done,
+                                        report->message);
+        if (st != KNN_OK || done) return st;
+        if (req->cb.interrupted && req->cb.interrupted(req->cb.ctx))
+            return knn_pw_fail(report, KNN_E_INTERRUPTED,
+                               "interrupted by the user");
+    }
+    return KNN_OK;
+}
+
+/* Frees the source on every path (a GPU's once its device is idle). */
+static void knn_pw_source_close(knn_pw_source *src, knn_status st)
+{
+    knn_gpu_pw_close(src->gpu, st);
+    free(src->own);
+    memset(src, 0, sizeof *src);
 }
 
 knn_status knn_pairwise_search(const knn_pairwise_request *req,
@@ -1274,8 +1393,14 @@ knn_status knn_pairwise_search(const knn_pairwise_request *req,
     double *found = calloc((size_t)threads, sizeof(double));
     if (st == KNN_OK && (!scratch || !ts || !shares || !found))
         st = KNN_E_NOMEM;
+    /* The products come from a source (knn_pw_source) on the GPU, or on
+     * the CPU where a test asks for the GPU's tiling; else each tile
+     * computes its own. */
+    int sourced = !bicor &&
+                  (req->backend == KNN_BACKEND_GPU || req->gpu_tiling);
     for (int i = 0; st == KNN_OK && !bicor && i < threads; i++) {
-        if (!knn_pw_share_alloc(&shares[i], req->k, most, n_ref, rows))
+        if (!knn_pw_share_alloc(&shares[i], req->k, most, n_ref, rows,
+                                !sourced))
             st = KNN_E_NOMEM;
     }
     if (st != KNN_OK) knn_pw_fail(report, st, "out of memory");
@@ -1301,11 +1426,45 @@ knn_status knn_pairwise_search(const knn_pairwise_request *req,
     int per_thread = visits * unit >= budget ? 1
                    : (int)(budget / (visits * unit));
     int block = per_thread * threads * unit;
+    if (sourced && block > KNN_PW_SOURCE_BYTES / (4.0 * n_ref)) {
+        /* A source's two host buffers (a GPU pins them and keeps them with
+         * its context) stay within KNN_PW_SOURCE_BYTES each; tiles shrink
+         * so that every thread still has one. */
+        block = (int)(KNN_PW_SOURCE_BYTES / (4.0 * n_ref));
+        if (block < threads) block = threads;
+        if (rows > (block + threads - 1) / threads)
+            rows = (block + threads - 1) / threads;
+    }
+    if (block > n_query) block = n_query;
+    knn_pw_source src;
+    memset(&src, 0, sizeof src);
+    double opened = knn_seconds();
+    if (st == KNN_OK && sourced) {
+        st = knn_pw_source_open(&src, req, &ref_sc, qs, self, n_query,
+                                block, report);
+        if (st == KNN_OK)
+            st = knn_pw_source_start(&src, 0, block, 0, report);
+    }
+    report->seconds_setup = knn_seconds() - opened;
     /* One engine thread leaves the BLAS its own threads for the products,
-     * as the search does (knn_cpu.c). */
-    int blas_before = bicor || threads == 1 ? 0 : knn_blas_hold_one_thread();
-    for (int first = 0; st == KNN_OK && first < n_query; first += block) {
+     * as the search does (knn_cpu.c); products from a source take it from
+     * the calling thread, outside the engine's threads. */
+    int blas_before = sourced || bicor || threads == 1
+                    ? 0 : knn_blas_hold_one_thread();
+    for (int first = 0, turn = 0; st == KNN_OK && first < n_query;
+         first += block, turn++) {
         int last = first + block < n_query ? first + block : n_query;
+        const float *products = NULL;
+        if (sourced) {
+            st = knn_pw_source_wait(&src, req, report);
+            products = src.host[turn % 2];
+            if (st == KNN_OK && last < n_query) {
+                int next = last + block < n_query ? block : n_query - last;
+                st = knn_pw_source_start(&src, last, next,
+                                         (turn + 1) % 2, report);
+            }
+            if (st != KNN_OK) break;
+        }
         if (bicor) {
             #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
             for (int qi = first; qi < last; qi++) {
@@ -1321,8 +1480,9 @@ knn_status knn_pairwise_search(const knn_pairwise_request *req,
                 int a = first + tile * rows;
                 int b = a + rows < last ? a + rows : last;
                 knn_pw_screen_tile(req, &cs, q, qs, &ref, &ref_sc, a, b,
-                                   self, &shares[id], &found[id], out,
-                                   n_query);
+                                   self, products ? products +
+                                       (size_t)(a - first) * n_ref : NULL,
+                                   &shares[id], &found[id], out, n_query);
             }
         }
         if (req->cb.interrupted && req->cb.interrupted(req->cb.ctx)) {
@@ -1333,17 +1493,27 @@ knn_status knn_pairwise_search(const knn_pairwise_request *req,
         }
     }
     knn_blas_release(blas_before);
+    int on_gpu = src.gpu != NULL;
+    int chunk = src.chunk;
+    knn_pw_source_close(&src, st);
     report->seconds_search = knn_seconds() - started -
-                             report->seconds_prepare;
-    snprintf(report->device, sizeof report->device, "cpu (%d threads)",
-             threads);
+                             report->seconds_prepare - report->seconds_setup;
+    /* What ran where: a GPU's name (knn_gpu_pw_open wrote it) joins the
+     * CPU's threads, which screen and key every pair. */
+    char gpu_name[sizeof report->device];
+    snprintf(gpu_name, sizeof gpu_name, "%s", on_gpu ? report->device : "");
+    snprintf(report->device, sizeof report->device, "%.80s%scpu (%d "
+             "threads)", gpu_name, on_gpu ? " + " : "", threads);
     snprintf(report->precision, sizeof report->precision, "%s",
              bicor ? "fp64 pairwise-complete"
-                   : "fp32 products + fp64 pairwise-complete re-rank");
+             : on_gpu ? "fp32 products on the GPU + fp64 pairwise-complete "
+                        "re-rank on the CPU"
+                      : "fp32 products + fp64 pairwise-complete re-rank");
     double candidates = 0.0;
     for (int i = 0; found && i < threads; i++) candidates += found[i];
     report->candidates = bicor ? n_ref - self : candidates / n_query;
-    report->row_tile = block;
+    /* Rows per product on a source, else per block between polls. */
+    report->row_tile = sourced ? chunk : block;
     report->col_tile = n_ref;
     for (int i = 0; shares && i < threads; i++) {
         knn_pw_share_free(&shares[i]);

@@ -20,7 +20,8 @@
  * stay ties). For Pearson, |Pearson| and cosine, candidates come first
  * from one float32 matrix product per tile of rows with proven bounds
  * (knn_coexpr.c), and only they get keys; bicor computes every pair's
- * key.
+ * key. The products may run on a GPU (knn_gpu_pw_open, knn_backend.h):
+ * the bounds hold for any float32 product, so the bits are the same.
  *
  * Layout as in knn.h: p x n, column-major, node-contiguous.
  */
@@ -28,6 +29,7 @@
 #define KNN_COEXPR_H
 
 #include <limits.h>
+#include <stdio.h>
 #include "knn.h"
 
 /* The index of a result slot with no neighbour (a node with fewer than k
@@ -64,8 +66,43 @@ typedef struct {
     int n_query;
     int min_shared;       /* a pair sharing fewer features has no key */
     int threads;          /* <= 0: the OpenMP default */
+    knn_backend backend;  /* GPU: the screen's products on a GPU (bicor
+                             has none: its keys run on the CPU alone) */
+    double memory_bytes;  /* GPU: device memory for them; <= 0: free */
+    int n_devices;        /* GPU: the first of devices; 0: the first */
+    int devices[KNN_MAX_DEVICES];
+    int gpu_tiling;       /* CPU, for tests: the products in the GPU's
+                             blocks and chunks (knn_pw_chunk_rows of
+                             memory_bytes), computed by the CPU */
     knn_callbacks cb;
 } knn_pairwise_request;
+
+/* Rows per device product of the screen (knn_gpu_pw_open, and the CPU's
+ * stand-in, gpu_tiling): the float32 values of the reference and of a
+ * query's n_query nodes (0 for a self search) stay in `bytes` of device
+ * memory, and each row of a product takes n_ref floats; 1 KB covers the
+ * alignment of the three arrays. At most block_rows; 0 where not one row
+ * fits. */
+static inline int knn_pw_chunk_rows(double bytes, int p, int n_ref,
+                                    int n_query, int block_rows)
+{
+    double left = bytes - 4.0 * p * ((double)n_ref + n_query) - 1024.0;
+    double rows = left / (4.0 * n_ref);
+    if (!(rows >= 1.0)) return 0;
+    return rows >= block_rows ? block_rows : (int)rows;
+}
+
+/* Why knn_pw_chunk_rows found no row, into message (size bytes). */
+static inline void knn_pw_no_fit(char *message, size_t size, double bytes,
+                                 int p, int n_ref, int n_query)
+{
+    snprintf(message, size, "the nodes' float32 values (%.1f MB) and one "
+             "row of products do not fit the %.1f MB of GPU memory "
+             "allowed: raise options(knngpu.gpu.memory), free GPU memory, "
+             "or use device = \"cpu\"",
+             4.0 * p * ((double)n_ref + n_query) / 1048576.0,
+             bytes / 1048576.0);
+}
 
 /* Finds each query node's k best reference nodes by the pairwise-complete
  * measure: ordered by the reported distance (1 - r, or 1 - |r|), then by
@@ -75,7 +112,8 @@ typedef struct {
  * KNN_NO_NODE. Writes out's index, distance and weight (n_query x k, in
  * out's layout and index base; out->from and out->rank are not written).
  * Returns KNN_OK; KNN_E_NONFINITE for an infinite value, KNN_E_NOMEM, or
- * KNN_E_INTERRUPTED (report->message set, out unspecified). */
+ * KNN_E_INTERRUPTED; on the GPU also KNN_E_NOGPU, KNN_E_INVALID and
+ * KNN_E_DEVICE (report->message set, out unspecified, everything freed). */
 knn_status knn_pairwise_search(const knn_pairwise_request *req,
                                knn_result *out, knn_report *report);
 

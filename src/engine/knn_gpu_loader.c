@@ -93,3 +93,34 @@ void knn_gpu_release(void)
 {
     if (knn_cuda) knn_cuda->release();
 }
+
+knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req, knn_pw_gpu **gpu,
+                           float *host[2], int *chunk_rows,
+                           knn_report *report)
+{
+    *gpu = NULL;
+    const knn_gpu_backend *cuda = knn_cuda_backend_get();
+    if (cuda) return cuda->pw_open(req, gpu, host, chunk_rows, report);
+    snprintf(report->message, sizeof report->message, "%s",
+             knn_cuda_missing);
+    return KNN_E_NOGPU;
+}
+
+/* The calls below follow a successful knn_gpu_pw_open: the backend is
+ * open. */
+knn_status knn_gpu_pw_start(knn_pw_gpu *gpu, int first, int rows,
+                            int buffer, char *message)
+{
+    return knn_cuda->pw_start(gpu, first, rows, buffer, message);
+}
+
+knn_status knn_gpu_pw_wait(knn_pw_gpu *gpu, int ms, int *done,
+                           char *message)
+{
+    return knn_cuda->pw_wait(gpu, ms, done, message);
+}
+
+void knn_gpu_pw_close(knn_pw_gpu *gpu, knn_status status)
+{
+    if (gpu) knn_cuda->pw_close(gpu, status);
+}

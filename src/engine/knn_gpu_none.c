@@ -35,6 +35,47 @@ void knn_gpu_release(void)
 {
 }
 
+knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req, knn_pw_gpu **gpu,
+                           float *host[2], int *chunk_rows,
+                           knn_report *report)
+{
+    (void)req;
+    (void)host;
+    (void)chunk_rows;
+    *gpu = NULL;
+    snprintf(report->message, sizeof report->message, "%s",
+             KNN_NO_CUDA_REASON);
+    return KNN_E_NOGPU;
+}
+
+/* Never reached: knn_gpu_pw_open opens nothing here. */
+knn_status knn_gpu_pw_start(knn_pw_gpu *gpu, int first, int rows,
+                            int buffer, char *message)
+{
+    (void)gpu;
+    (void)first;
+    (void)rows;
+    (void)buffer;
+    snprintf(message, 512, "%s", KNN_NO_CUDA_REASON);
+    return KNN_E_NOGPU;
+}
+
+knn_status knn_gpu_pw_wait(knn_pw_gpu *gpu, int ms, int *done,
+                           char *message)
+{
+    (void)gpu;
+    (void)ms;
+    *done = 0;
+    snprintf(message, 512, "%s", KNN_NO_CUDA_REASON);
+    return KNN_E_NOGPU;
+}
+
+void knn_gpu_pw_close(knn_pw_gpu *gpu, knn_status status)
+{
+    (void)gpu;
+    (void)status;
+}
+
 void knn_gpu_set_library(const char *path)
 {
     (void)path;

@@ -119,3 +119,15 @@ graphOverVectorLimit <- function(x, ...) {
     tryCatch(knnGraph(x, k = k, by = "columns", progress = FALSE, ...),
              error = identity)
 }
+
+## The ALL microarray set's most variable probe sets, genes in rows, with
+## a share of values made missing at random.
+allWithMissing <- function(genes, share, seed) {
+    env <- new.env()
+    utils::data("ALL", package = "ALL", envir = env)
+    expr <- Biobase::exprs(env$ALL)
+    expr <- expr[order(-apply(expr, 1, stats::var))[seq_len(genes)], ]
+    set.seed(seed)
+    expr[sample(length(expr), round(share * length(expr)))] <- NA
+    expr
+}
