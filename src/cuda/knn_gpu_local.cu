@@ -29,6 +29,7 @@
  * data: the device's rows are searched again from the first in the next
  * arithmetic (split TF32, then float64).
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <algorithm>
@@ -38,9 +39,14 @@
 
 /* Subtrees above this many rows split in parallel; none below this many
  * rows splits further, however parted (a tile of fewer rows would use
- * the products' arithmetic poorly). */
+ * the products' arithmetic poorly; on the fused path, a quarter of a
+ * wave of its blocks). */
 #define KNN_LOCAL_TASK_ROWS 65536
 #define KNN_LOCAL_MIN_TILE 128
+#define KNN_LOCAL_MIN_WAVES 0.25
+/* A gap this many times the widest that the middle half's spacing gives
+ * by chance parts groups (knn_gap_parts). */
+#define KNN_LOCAL_GAP_FACTOR 4.0
 /* Rows sampled to choose a split's coordinate. */
 #define KNN_LOCAL_SAMPLE 256
 
@@ -85,24 +91,33 @@ static int knn_split_at(const std::vector<std::pair<double, int>> &keyed,
 }
 
 /* Whether a gap sets two groups apart: wider than either side's spread
- * along the axis. */
+ * along the axis, or far wider than chance leaves between neighbouring
+ * keys of one group: the m = n / 2 spacings of the middle half are about
+ * exponential, the widest about ln m times their mean, and a gap
+ * KNN_LOCAL_GAP_FACTOR times that lies between groups (many groups along
+ * the axis, where each side spans several). */
 static int knn_gap_parts(const std::vector<std::pair<double, int>> &keyed,
                          int n, int at, double gap)
 {
-    return gap > keyed[at - 1].first - keyed[0].first &&
-           gap > keyed[n - 1].first - keyed[at].first;
+    if (gap > keyed[at - 1].first - keyed[0].first &&
+        gap > keyed[n - 1].first - keyed[at].first)
+        return 1;
+    double m = n / 2.0;
+    double middle = keyed[n - n / 4 - 1].first - keyed[n / 4].first;
+    return gap > KNN_LOCAL_GAP_FACTOR * (middle / m) * log(m);
 }
 
 /* Orders rows[0..n) (nodes of x) so that every subtree of a k-d split
  * is a stretch, and marks in cut[] (by position from `first`) where each
  * subtree that becomes a tile starts: at most `tile` rows, and no gap
- * parting groups within it (down to KNN_LOCAL_MIN_TILE rows), so a tile
+ * parting groups within it (down to `min_tile` rows), so a tile
  * never spans two groups the split can set apart. Each split is on the
  * axis of largest spread, at knn_split_at. */
 static void knn_kd_order(const double *x, int p, int *rows, int n,
-                         int tile, int first, unsigned char *cut)
+                         int tile, int min_tile, int first,
+                         unsigned char *cut)
 {
-    if (n <= KNN_LOCAL_MIN_TILE) {
+    if (n <= min_tile) {
         cut[first] = 1;
         return;
     }
@@ -121,9 +136,10 @@ static void knn_kd_order(const double *x, int p, int *rows, int n,
     keyed.clear();
     keyed.shrink_to_fit();
     #pragma omp task if (n > KNN_LOCAL_TASK_ROWS)
-    knn_kd_order(x, p, rows, half, tile, first, cut);
+    knn_kd_order(x, p, rows, half, tile, min_tile, first, cut);
     #pragma omp task if (n > KNN_LOCAL_TASK_ROWS)
-    knn_kd_order(x, p, rows + half, n - half, tile, first + half, cut);
+    knn_kd_order(x, p, rows + half, n - half, tile, min_tile, first + half,
+                 cut);
     #pragma omp taskwait
 }
 
@@ -145,9 +161,13 @@ static void knn_local_order(knn_gpu_dev *d, int row, size_t n, int *nodes)
     const double *x = d->self ? req->ref : req->query;
     for (size_t i = 0; i < n; i++) lf->place[i] = row + (int)i;
     memset(lf->cut, 0, n);
+    int min_tile = KNN_LOCAL_MIN_TILE;
+    if (knn_dev_fused(d) && d->wave_rows * KNN_LOCAL_MIN_WAVES > min_tile)
+        min_tile = (int)(d->wave_rows * KNN_LOCAL_MIN_WAVES);
     #pragma omp parallel num_threads(d->copy_threads)
     #pragma omp single
-    knn_kd_order(x, req->p, lf->place, (int)n, lf->rows, 0, lf->cut);
+    knn_kd_order(x, req->p, lf->place, (int)n, lf->rows, min_tile, 0,
+                 lf->cut);
     for (size_t i = 0; i < n; i++)
         nodes[i] = d->self ? lf->place[i]
                            : req->n_ref + (lf->place[i] - d->q0);

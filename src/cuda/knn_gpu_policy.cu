@@ -315,5 +315,5 @@ knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
     if (!costly && !sl->refined && !d->course.refine &&
         d->knobs->select == KNN_SELECT_CHOOSE)
         return KNN_RUNG_REFINE;
-    return knn_local_possible(d) ? KNN_RUNG_LOCAL : KNN_RUNG_CLIMB;
+    return KNN_RUNG_CLIMB;
 }

@@ -565,31 +565,33 @@ test_that("local frames: query searches, and crowded local tiles go on", {
 
 test_that("local frames on the fused path, before split TF32", {
     skip_if_not(gpuAvailable(), "no usable GPU")
-    ## Cell types: 24 tight clusters (noise 1e-3 around profiles of norm
-    ## 5) in 24000 rows, enough for the fused kernel. TF32 in the global
-    ## frame is crowded; local tiles on the fused path resolve them, with
-    ## no split TF32 and no float64, for a graph and a query search, over
+    ## Cell types: 4 tight clusters (noise 1e-3 around profiles of norm
+    ## 5) of 10000 rows each, as large as the fused path's local tiles
+    ## (a quarter of a wave of its blocks and up). TF32 in the global frame
+    ## is crowded; local tiles on the fused path resolve them, with no
+    ## split TF32 and no float64, for a graph and a query search, over
     ## several tiles in flight.
     set.seed(52)
-    centres <- matrix(rnorm(24 * 30), 24)
-    x <- centres[sample(24, 24000, TRUE), ] +
-        matrix(rnorm(24000 * 30, sd = 1e-3), 24000)
+    centres <- matrix(rnorm(4 * 30), 4)
+    x <- centres[rep(1:4, each = 10000), ] +
+        matrix(rnorm(40000 * 30, sd = 1e-3), 40000)
+    x <- x[sample(nrow(x)), ]
     got <- expectGpuIdentical(x, 15, "euclidean", label = "fused local")
     expect_match(attr(got$gpu, "precision"), "tf32 tiles in local frames")
     expect_false(grepl("tf32x3|fp64 GEMM", attr(got$gpu, "precision")))
-    expect_lt(attr(got$gpu, "timings")$candidates, 40)
-    q <- x[seq(1, 24000, by = 4), ] + 1e-4
+    expect_lt(attr(got$gpu, "timings")$candidates, 60)
+    q <- x[seq(1, 40000, by = 8), ] + 1e-4
     got <- withOptions(list(knngpu.gpu.memory = 2e8),
                        expectGpuIdentical(x, 10, "sqeuclidean", query = q,
                                           label = "fused local query"))
     expect_match(attr(got$gpu, "precision"), "tf32 tiles in local frames")
     ## Half the rows one cluster far tighter (noise 1e-8) than the
-    ## others: local tiles that hold it are crowded too, and the search
-    ## takes its rows again from the first in split TF32, then float64;
-    ## the same bits on every course.
+    ## others: local tiles that hold it may be crowded too, and the search
+    ## then takes its rows again from the first in split TF32, then
+    ## float64; the same bits on every course.
     y <- x
-    y[1:12000, ] <- matrix(centres[1, ], 12000, 30, byrow = TRUE) +
-        matrix(rnorm(12000 * 30, sd = 1e-8), 12000)
+    y[1:20000, ] <- matrix(centres[1, ], 20000, 30, byrow = TRUE) +
+        matrix(rnorm(20000 * 30, sd = 1e-8), 20000)
     got <- expectGpuIdentical(y, 15, "euclidean", label = "crowded fused")
     expect_match(attr(got$gpu, "precision"), "fp64 GEMM|local frames")
 })
