@@ -12,6 +12,11 @@
 /* Values below which the input checks stay on one thread. */
 #define KNN_PARALLEL_CHECK_MIN 131072.0
 
+/* Nodes ahead whose first values the degenerate check asks for: it reads
+ * a line or two of each node, too far apart for the hardware to guess,
+ * so one miss at a time would bind it to memory latency. */
+#define KNN_CHECK_AHEAD 16
+
 /* Transposes in square blocks so both sides stay in cache, bands of
  * nodes on several threads: a large matrix (1.2 GB of log-counts) is
  * bound by memory bandwidth and by faulting in the fresh pages of `out`,
@@ -112,8 +117,11 @@ static int knn_any_degenerate(knn_metric metric, const double *x, int p,
     (void)nt; /* read only by the pragma, absent without OpenMP */
     #pragma omp parallel for num_threads(nt) schedule(static) \
         reduction(||: any)
-    for (int j = 0; j < n; j++)
+    for (int j = 0; j < n; j++) {
+        if (j + KNN_CHECK_AHEAD < n)
+            __builtin_prefetch(x + (size_t)(j + KNN_CHECK_AHEAD) * p);
         any = any || knn_is_degenerate(metric, x + (size_t)j * p, p);
+    }
     return any;
 }
 
