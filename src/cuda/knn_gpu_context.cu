@@ -281,7 +281,14 @@ size_t knn_device_parked(int device)
     return knn_blocks[device].parked_bytes;
 }
 
-/* What device b keeps parked after a successful search. */
+static size_t knn_device_total(int device)
+{
+    std::lock_guard<std::mutex> g(knn_blocks_lock);
+    return knn_blocks[device].total;
+}
+
+/* What device b keeps parked after a successful search (none until its
+ * size is known). */
 static size_t knn_keep_bytes(const knn_device_blocks *b)
 {
     size_t share = b->total / KNN_KEEP_FRACTION;
@@ -292,13 +299,12 @@ void knn_device_settle(int device, int succeeded)
 {
     if (device < 0 || device >= KNN_MAX_DEVICES) return;
     knn_device_blocks *b = &knn_blocks[device];
-    if (succeeded && b->total == 0) {
-        size_t free_b = 0, total_b = 0;
+    size_t free_b = 0, total_b = 0;
+    if (succeeded && knn_device_total(device) == 0) {
         int current = -1;
         cudaGetDevice(&current);
         if (current != device) cudaSetDevice(device);
-        if (cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
-            b->total = total_b;
+        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) total_b = 0;
         if (current != device && current >= 0) cudaSetDevice(current);
         cudaGetLastError();
     }
@@ -306,6 +312,7 @@ void knn_device_settle(int device, int succeeded)
     int n = 0;
     {
         std::lock_guard<std::mutex> g(knn_blocks_lock);
+        if (total_b > 0) b->total = total_b;
         if (!succeeded) {
             for (int i = b->n_parked - 1; i >= 0; i--) {
                 if (!b->parked[i].fresh) continue;
