@@ -85,25 +85,6 @@ int knn_nonfinite_nodes(const double *x, int p, int n, int *bad, int max_bad,
     return found;
 }
 
-/* A node a metric cannot use: constant (correlations), all zero (cosine).
- * Both tests stop at the first value that clears the node, which on real
- * data is among its first few. A row of NaN compares unequal to anything,
- * a row of Inf is constant to these tests, so a node that looks degenerate
- * is one only if it is finite: the finiteness check costs nothing on the
- * nodes that pass. */
-static int knn_is_degenerate(knn_metric metric, const double *x, int p)
-{
-    if (!knn_is_correlation(metric)) return 0;
-    if (metric == KNN_COSINE) {
-        for (int f = 0; f < p; f++)
-            if (x[f] != 0.0) return 0;
-    } else {
-        for (int f = 1; f < p; f++)
-            if (x[f] != x[0]) return 0;
-    }
-    return knn_all_finite(x, p);
-}
-
 /* Whether any node is degenerate, on several threads as
  * knn_all_nodes_finite: the check runs on every search, and a node
  * whose first values are all zero reads on. */
@@ -120,7 +101,7 @@ static int knn_any_degenerate(knn_metric metric, const double *x, int p,
     for (int j = 0; j < n; j++) {
         if (j + KNN_CHECK_AHEAD < n)
             __builtin_prefetch(x + (size_t)(j + KNN_CHECK_AHEAD) * p);
-        any = any || knn_is_degenerate(metric, x + (size_t)j * p, p);
+        any = any || knn_node_degenerate(metric, x + (size_t)j * p, p);
     }
     return any;
 }
@@ -131,7 +112,7 @@ int knn_degenerate_nodes(knn_metric metric, const double *x, int p, int n,
     if (!knn_any_degenerate(metric, x, p, n, threads)) return 0;
     int found = 0;
     for (int j = 0; j < n; j++) {
-        if (!knn_is_degenerate(metric, x + (size_t)j * p, p)) continue;
+        if (!knn_node_degenerate(metric, x + (size_t)j * p, p)) continue;
         if (found < max_rows) rows[found] = j;
         found++;
     }
