@@ -3,16 +3,30 @@
 ## reduced dimensions) to the engine's layout, a features x nodes double
 ## matrix (src/engine/knn.h).
 
-## The matrix inside the supported containers, with samples in columns;
-## with use.dimred, the reduced dimensions of a SingleCellExperiment's
-## cells, cells in rows, named by the cells. Sparse (Matrix) and
-## DelayedArray matrices stay as they are: .readNodes() reads them in
-## blocks.
-.extractMatrix <- function(x, assay, arg, use.dimred = NULL) {
-    if (!is.null(use.dimred)) return(.reducedDims(x, use.dimred, arg))
-    ## A plain matrix, the usual case, skips the S4 class lookups.
-    if (is.matrix(x) && !isS4(x)) return(x)
+## Which container x is: "SummarizedExperiment" (a SingleCellExperiment
+## too), "ExpressionSet", or NA for anything else (matrices, data frames,
+## sparse and DelayedArray matrices). Only S4 objects can be either, so a
+## plain matrix or data frame costs no class lookup: methods::is() is a
+## search's largest fixed cost in R. Asked once per argument
+## (.nodeSource()).
+.containerKind <- function(x) {
+    if (!isS4(x)) return(NA_character_)
     if (methods::is(x, "SummarizedExperiment")) {
+        return("SummarizedExperiment")
+    }
+    if (methods::is(x, "ExpressionSet")) return("ExpressionSet")
+    NA_character_
+}
+
+## The matrix inside the supported containers (container: .containerKind()
+## of x), with samples in columns; with use.dimred, the reduced dimensions
+## of a SingleCellExperiment's cells, cells in rows, named by the cells.
+## Sparse (Matrix) and DelayedArray matrices stay as they are:
+## .readNodes() reads them in blocks.
+.extractMatrix <- function(x, assay, arg, use.dimred, container) {
+    if (!is.null(use.dimred)) return(.reducedDims(x, use.dimred, arg))
+    if (is.matrix(x) && !isS4(x)) return(x)
+    if (identical(container, "SummarizedExperiment")) {
         if (!requireNamespace("SummarizedExperiment", quietly = TRUE)) {
             stop(sprintf("'%s' is a SummarizedExperiment but the package ",
                          arg), "SummarizedExperiment is not installed",
@@ -21,7 +35,7 @@
         return(SummarizedExperiment::assay(x, .chooseAssay(x, assay),
                                            withDimnames = TRUE))
     }
-    if (methods::is(x, "ExpressionSet")) {
+    if (identical(container, "ExpressionSet")) {
         if (!requireNamespace("Biobase", quietly = TRUE)) {
             stop(sprintf("'%s' is an ExpressionSet but Biobase is not ", arg),
                  "installed", call. = FALSE)
@@ -116,7 +130,8 @@
         stop("'by' must be \"rows\" with 'use.dimred': the cells are the ",
              "rows of reducedDim()", call. = FALSE)
     }
-    m <- .extractMatrix(x, assay, arg, use.dimred)
+    container <- .containerKind(x)
+    m <- .extractMatrix(x, assay, arg, use.dimred, container)
     kind <- .matrixKind(m, arg)
     if (is.na(kind)) {
         stop(sprintf(paste("'%s' must be a numeric matrix, a data.frame of",
@@ -135,15 +150,14 @@
         stop(sprintf("'%s' has zero features: its %s are empty", arg, what),
              call. = FALSE)
     }
-    container <- methods::is(x, "SummarizedExperiment") ||
-        methods::is(x, "ExpressionSet")
-    if (hint && by == "rows" && !container) {
+    if (hint && by == "rows" && is.na(container)) {
         .orientationHint(m, arg)
     }
     list(matrix = m, kind = kind, by = by, labels = .nodeLabels(m, by, arg),
-         annotation = .nodeAnnotation(x, by, use.dimred, shape[1L]),
+         annotation = .nodeAnnotation(x, by, use.dimred, shape[1L],
+                                      container),
          what = what, arg = arg, n = shape[1L], p = shape[2L],
-         input = .nodeInput(x, assay, use.dimred))
+         input = .nodeInput(x, assay, use.dimred, container))
 }
 
 ## The nodes' own annotation as a data.frame with one row per node, for
@@ -151,13 +165,15 @@
 ## SummarizedExperiment (colData for the cells of use.dimred),
 ## fData() or pData() of an ExpressionSet; only columns of plain values
 ## (igraph's vertex attributes), renamed where they would take the name
-## of the node column ("name"). NULL where there is none.
-.nodeAnnotation <- function(x, by, use.dimred, n) {
+## of the node column ("name"). NULL where there is none. container:
+## .containerKind() of x.
+.nodeAnnotation <- function(x, by, use.dimred, n, container) {
+    if (is.na(container)) return(NULL)
     rows <- by == "rows" && is.null(use.dimred)
-    table <- if (methods::is(x, "SummarizedExperiment")) {
+    table <- if (container == "SummarizedExperiment") {
         if (rows) SummarizedExperiment::rowData(x)
         else SummarizedExperiment::colData(x)
-    } else if (methods::is(x, "ExpressionSet")) {
+    } else {
         if (rows) Biobase::fData(x) else Biobase::pData(x)
     }
     if (is.null(table) || ncol(table) == 0L) return(NULL)

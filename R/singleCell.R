@@ -19,10 +19,10 @@
 
 ## What of x was searched, for the result's attributes: list(reducedDim =
 ## its name or number) or list(assay = its name, else number); empty for
-## anything but a SummarizedExperiment.
-.nodeInput <- function(x, assay, use.dimred) {
+## anything but a SummarizedExperiment (container: .containerKind() of x).
+.nodeInput <- function(x, assay, use.dimred, container) {
     if (!is.null(use.dimred)) return(list(reducedDim = use.dimred))
-    if (!methods::is(x, "SummarizedExperiment")) return(list())
+    if (!identical(container, "SummarizedExperiment")) return(list())
     assay <- .chooseAssay(x, assay)
     named <- SummarizedExperiment::assayNames(x)
     if (is.numeric(assay) && length(named) >= assay && nzchar(named[assay])) {

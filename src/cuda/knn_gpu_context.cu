@@ -21,6 +21,19 @@
  * by thread i % workers; workers divides the slot count, so a slot is
  * always refilled by the thread that filled it last, which waits for the
  * slot's event (its previous transfer) first.
+ *
+ * Device memory: a search's large arrays (its nodes and their prepared
+ * vectors, the tiles' panel and slots) would each cost a cudaMalloc and a
+ * cudaFree, which synchronise the device and take the longer the larger
+ * the array: together more than a small search's products. A block that a
+ * search gives back is parked instead, and a later search that asks for
+ * exactly its size (one of the same shapes) takes it again. Blocks stay
+ * plain cudaMalloc memory, which other devices read as before. What a
+ * successful search leaves parked is bounded (knn_keep_bytes; the oldest
+ * blocks go first); a failed or interrupted search frees the blocks it
+ * allocated and parks only those it took from the parking, so device
+ * memory is again what it was before it; a cudaMalloc that fails frees
+ * every parked block and tries once more; knn_gpu_release frees them all.
  */
 #include <stdint.h>
 #include <stdlib.h>
@@ -121,15 +134,224 @@ void knn_context_release(knn_gpu_context *c, knn_status status)
     if (!keep) knn_context_destroy(c);
 }
 
+/* ---- device memory kept between searches -------------------------------- */
+
+/* The most a device keeps parked after a search: enough for the panel,
+ * nodes and slots of a search of a few thousand queries against 100k
+ * references, and never more than a sixteenth of the device. */
+#define KNN_KEEP_BYTES_MAX ((size_t)1 << 30)
+#define KNN_KEEP_FRACTION 16
+/* Blocks a device tracks, parked or lent; a search holds about ten. Past
+ * them, blocks are plain cudaMalloc memory freed as before. */
+#define KNN_BLOCKS_MAX 64
+
+typedef struct {
+    void *ptr;
+    size_t bytes;
+    int fresh; /* allocated by a search that has not yet ended */
+} knn_block;
+
+typedef struct {
+    knn_block parked[KNN_BLOCKS_MAX]; /* oldest first */
+    int n_parked;
+    size_t parked_bytes;
+    knn_block lent[KNN_BLOCKS_MAX];
+    int n_lent;
+    size_t total; /* the device's memory, once known */
+} knn_device_blocks;
+
+static std::mutex knn_blocks_lock;
+static knn_device_blocks knn_blocks[KNN_MAX_DEVICES];
+
+static void knn_block_remove(knn_block *list, int *n, int i)
+{
+    memmove(list + i, list + i + 1, (size_t)(*n - i - 1) * sizeof *list);
+    (*n)--;
+}
+
+/* Frees blocks of `device` (made current for it, then restored). */
+static void knn_blocks_free(int device, void **ptrs, int n)
+{
+    if (n == 0) return;
+    int current = -1;
+    cudaGetDevice(&current);
+    if (current != device) cudaSetDevice(device);
+    for (int i = 0; i < n; i++) cudaFree(ptrs[i]);
+    if (current != device && current >= 0) cudaSetDevice(current);
+    cudaGetLastError();
+}
+
+/* Takes every parked block of device b out into ptrs (capacity
+ * KNN_BLOCKS_MAX) under the lock; returns how many. */
+static int knn_unpark_all(knn_device_blocks *b, void **ptrs)
+{
+    int n = 0;
+    for (int i = 0; i < b->n_parked; i++) ptrs[n++] = b->parked[i].ptr;
+    b->n_parked = 0;
+    b->parked_bytes = 0;
+    return n;
+}
+
+cudaError_t knn_device_alloc(void **ptr, size_t bytes)
+{
+    int device = -1;
+    if (cudaGetDevice(&device) != cudaSuccess || device < 0 ||
+        device >= KNN_MAX_DEVICES) {
+        cudaGetLastError();
+        return cudaMalloc(ptr, bytes);
+    }
+    knn_device_blocks *b = &knn_blocks[device];
+    {
+        std::lock_guard<std::mutex> g(knn_blocks_lock);
+        for (int i = b->n_parked - 1; i >= 0; i--) {
+            if (b->parked[i].bytes != bytes || b->n_lent == KNN_BLOCKS_MAX)
+                continue;
+            *ptr = b->parked[i].ptr;
+            b->lent[b->n_lent++] = b->parked[i];
+            b->parked_bytes -= bytes;
+            knn_block_remove(b->parked, &b->n_parked, i);
+            return cudaSuccess;
+        }
+    }
+    cudaError_t e = cudaMalloc(ptr, bytes);
+    if (e == cudaErrorMemoryAllocation) {
+        cudaGetLastError();
+        void *ptrs[KNN_BLOCKS_MAX];
+        int n;
+        {
+            std::lock_guard<std::mutex> g(knn_blocks_lock);
+            n = knn_unpark_all(b, ptrs);
+        }
+        if (n == 0) return e;
+        knn_blocks_free(device, ptrs, n);
+        e = cudaMalloc(ptr, bytes);
+    }
+    if (e != cudaSuccess) return e;
+    std::lock_guard<std::mutex> g(knn_blocks_lock);
+    if (b->n_lent < KNN_BLOCKS_MAX)
+        b->lent[b->n_lent++] = {*ptr, bytes, 1};
+    return cudaSuccess;
+}
+
+void knn_device_free(void *ptr)
+{
+    if (ptr == NULL) return;
+    int device = -1;
+    knn_block block = {NULL, 0, 0};
+    {
+        std::lock_guard<std::mutex> g(knn_blocks_lock);
+        for (int d = 0; d < KNN_MAX_DEVICES && device < 0; d++) {
+            knn_device_blocks *b = &knn_blocks[d];
+            for (int i = 0; i < b->n_lent; i++) {
+                if (b->lent[i].ptr != ptr) continue;
+                block = b->lent[i];
+                knn_block_remove(b->lent, &b->n_lent, i);
+                device = d;
+                break;
+            }
+        }
+    }
+    if (device < 0) {
+        cudaFree(ptr);
+        return;
+    }
+    /* Parked only once no work queued on the device reads it, as cudaFree
+     * would have waited for. */
+    int current = -1;
+    cudaGetDevice(&current);
+    if (current != device) cudaSetDevice(device);
+    cudaError_t e = cudaDeviceSynchronize();
+    if (current != device && current >= 0) cudaSetDevice(current);
+    knn_device_blocks *b = &knn_blocks[device];
+    if (e == cudaSuccess) {
+        std::lock_guard<std::mutex> g(knn_blocks_lock);
+        if (b->n_parked < KNN_BLOCKS_MAX) {
+            b->parked[b->n_parked++] = block;
+            b->parked_bytes += block.bytes;
+            return;
+        }
+    }
+    cudaGetLastError();
+    knn_blocks_free(device, &ptr, 1);
+}
+
+size_t knn_device_parked(int device)
+{
+    std::lock_guard<std::mutex> g(knn_blocks_lock);
+    return knn_blocks[device].parked_bytes;
+}
+
+static size_t knn_device_total(int device)
+{
+    std::lock_guard<std::mutex> g(knn_blocks_lock);
+    return knn_blocks[device].total;
+}
+
+/* What device b keeps parked after a successful search (none until its
+ * size is known). */
+static size_t knn_keep_bytes(const knn_device_blocks *b)
+{
+    size_t share = b->total / KNN_KEEP_FRACTION;
+    return share < KNN_KEEP_BYTES_MAX ? share : KNN_KEEP_BYTES_MAX;
+}
+
+void knn_device_settle(int device, int succeeded)
+{
+    if (device < 0 || device >= KNN_MAX_DEVICES) return;
+    knn_device_blocks *b = &knn_blocks[device];
+    size_t free_b = 0, total_b = 0;
+    if (succeeded && knn_device_total(device) == 0) {
+        int current = -1;
+        cudaGetDevice(&current);
+        if (current != device) cudaSetDevice(device);
+        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) total_b = 0;
+        if (current != device && current >= 0) cudaSetDevice(current);
+        cudaGetLastError();
+    }
+    void *ptrs[KNN_BLOCKS_MAX];
+    int n = 0;
+    {
+        std::lock_guard<std::mutex> g(knn_blocks_lock);
+        if (total_b > 0) b->total = total_b;
+        if (!succeeded) {
+            for (int i = b->n_parked - 1; i >= 0; i--) {
+                if (!b->parked[i].fresh) continue;
+                ptrs[n++] = b->parked[i].ptr;
+                b->parked_bytes -= b->parked[i].bytes;
+                knn_block_remove(b->parked, &b->n_parked, i);
+            }
+        } else {
+            for (int i = 0; i < b->n_parked; i++) b->parked[i].fresh = 0;
+            while (b->n_parked > 0 && b->parked_bytes > knn_keep_bytes(b)) {
+                ptrs[n++] = b->parked[0].ptr;
+                b->parked_bytes -= b->parked[0].bytes;
+                knn_block_remove(b->parked, &b->n_parked, 0);
+            }
+        }
+    }
+    knn_blocks_free(device, ptrs, n);
+}
+
 extern "C" void knn_gpu_release(void)
 {
     /* A forked child inherits the pointers but must not touch CUDA. */
     if (!knn_gpu_owns_process()) return;
-    std::lock_guard<std::mutex> g(knn_context_lock);
+    {
+        std::lock_guard<std::mutex> g(knn_context_lock);
+        for (int d = 0; d < KNN_MAX_DEVICES; d++) {
+            if (knn_kept[d] == NULL || knn_kept_busy[d]) continue;
+            knn_context_destroy(knn_kept[d]);
+            knn_kept[d] = NULL;
+        }
+    }
     for (int d = 0; d < KNN_MAX_DEVICES; d++) {
-        if (knn_kept[d] == NULL || knn_kept_busy[d]) continue;
-        knn_context_destroy(knn_kept[d]);
-        knn_kept[d] = NULL;
+        void *ptrs[KNN_BLOCKS_MAX];
+        int n;
+        {
+            std::lock_guard<std::mutex> g(knn_blocks_lock);
+            n = knn_unpark_all(&knn_blocks[d], ptrs);
+        }
+        knn_blocks_free(d, ptrs, n);
     }
 }
 

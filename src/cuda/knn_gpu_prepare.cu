@@ -46,15 +46,20 @@ __global__ static void knn_rank_kernel(const double *x, int p, size_t n_vals,
     ranks[t] = knn_rank2(x + node * (size_t)p, p, f);
 }
 
-/* One thread per node: canonical form in place, fast vector, kappa. */
+/* One thread per node: whether the metric can use it (*degenerate set
+ * where not: the engine's test, knn_node_degenerate, on the values
+ * before they are overwritten), canonical form in place, fast vector,
+ * kappa. */
 __global__ static void knn_canon_kernel(knn_metric m, double *u, int p, int n,
                                         double *sum, double *css, float *fast,
-                                        int ldf, double *kappa_max)
+                                        int ldf, double *kappa_max,
+                                        int *degenerate)
 {
     int g = blockIdx.x * blockDim.x + threadIdx.x;
     if (g >= n) return;
     double *ug = u + (size_t)g * p;
     float *fg = fast + (size_t)g * ldf;
+    if (knn_node_degenerate(m, ug, p)) *degenerate = 1;
     double s, c;
     knn_canon_corr(m, ug, p, ug, &s, &c);
     sum[g] = s;
@@ -293,13 +298,14 @@ __global__ static void knn_fp64_kernel(knn_metric m, const double *x, int p,
 
 static knn_status knn_alloc(void **ptr, size_t bytes, char *message)
 {
-    KNN_CUDA_TRY(message, cudaMalloc(ptr, bytes > 0 ? bytes : 1));
+    KNN_CUDA_TRY(message, knn_device_alloc(ptr, bytes > 0 ? bytes : 1));
     return KNN_OK;
 }
 
 /* Scratch of the preparation, carved from the nodes' block. */
 typedef struct {
     double *scalar;     /* a reduction's result */
+    int *degenerate;    /* correlations: a node the metric cannot use */
     double *mean_parts; /* KNN_MEAN_PARTS x p partial column sums */
     double *terms;      /* 2: knn_translation_term sums, mean and origin */
 } knn_prep_scratch;
@@ -314,6 +320,7 @@ static void knn_nodes_carve(knn_metric m, knn_gpu_nodes *nd,
     if (knn_is_correlation(m)) {
         nd->sum = knn_carve<double>(c, n);
         nd->css = knn_carve<double>(c, n);
+        sc->degenerate = knn_carve<int>(c, 1);
     }
     if (!knn_uses_product(m)) return;
     nd->margin2_fp32 = knn_carve<double>(c, n);
@@ -343,9 +350,12 @@ static knn_status knn_prepare_corr(knn_metric m, double *x, knn_gpu_nodes *nd,
     }
     KNN_CUDA_TRY(message,
                  cudaMemsetAsync(sc->scalar, 0, sizeof(double), stream));
+    KNN_CUDA_TRY(message,
+                 cudaMemsetAsync(sc->degenerate, 0, sizeof(int), stream));
     knn_canon_kernel<<<knn_blocks(nd->n_nodes), KNN_PREP_THREADS, 0,
                        stream>>>(m, nd->exact, nd->p, nd->n_nodes, nd->sum,
-                                 nd->css, nd->fast, nd->ldf, sc->scalar);
+                                 nd->css, nd->fast, nd->ldf, sc->scalar,
+                                 sc->degenerate);
     KNN_LAUNCH_TRY(message, "knn_canon_kernel");
     nd->kappa_max = sc->scalar;
     return KNN_OK;
@@ -508,8 +518,9 @@ knn_status knn_nodes_half(knn_metric metric, knn_gpu_nodes *nodes,
     /* The unscales first: 16-byte aligned halves follow them. */
     size_t unscale_bytes = dist ? (n * sizeof(float) + 15) / 16 * 16 : 0;
     char *block = NULL;
-    if (cudaMalloc((void **)&block, unscale_bytes + n_vals * sizeof(__half))
-        != cudaSuccess) {
+    if (knn_device_alloc((void **)&block,
+                         unscale_bytes + n_vals * sizeof(__half)) !=
+        cudaSuccess) {
         cudaGetLastError();
         return knn_gpu_fail(message, KNN_E_NOMEM, "fp16 vectors",
                             "out of GPU memory", __FILE__, __LINE__);
@@ -594,7 +605,7 @@ knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
     nodes->ldf = (p + 3) / 4 * 4;
     nodes->n_ref = n_ref;
     nodes->n_nodes = n_nodes;
-    knn_prep_scratch sc = {NULL, NULL};
+    knn_prep_scratch sc = {NULL, NULL, NULL, NULL};
     knn_carver c = {NULL, 0};
     knn_nodes_carve(metric, nodes, &sc, &c);
     KNN_TRY(knn_alloc(&nodes->block, c.used, message));
@@ -622,17 +633,27 @@ knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
         if (gemm == KNN_GEMM_FP64)
             KNN_TRY(knn_nodes_fp64(metric, nodes, message, stream));
     }
+    int degenerate = 0;
+    if (sc.degenerate != NULL)
+        KNN_CUDA_TRY(message, cudaMemcpyAsync(&degenerate, sc.degenerate,
+                                              sizeof degenerate,
+                                              cudaMemcpyDeviceToHost,
+                                              stream));
     KNN_CUDA_TRY(message, cudaStreamSynchronize(stream));
+    if (degenerate)
+        return knn_gpu_fail(message, KNN_E_DEGENERATE, "preparation",
+                            "a node is constant (or all zero, for cosine)",
+                            __FILE__, __LINE__);
     return KNN_OK;
 }
 
 void knn_nodes_free(knn_gpu_nodes *nodes)
 {
-    cudaFree(nodes->exact);
-    cudaFree(nodes->block);
-    cudaFree(nodes->half_block);
-    cudaFree(nodes->split);
-    cudaFree(nodes->block64);
+    knn_device_free(nodes->exact);
+    knn_device_free(nodes->block);
+    knn_device_free(nodes->half_block);
+    knn_device_free(nodes->split);
+    knn_device_free(nodes->block64);
     nodes->half_block = NULL;
     nodes->half = NULL;
     nodes->half_unscale = NULL;

@@ -242,7 +242,8 @@ typedef struct {
  * finite give KNN_E_NONFINITE: checked here for the CPU backend, by the GPU
  * backend as it uploads them. Nodes the metric cannot use give
  * KNN_E_DEGENERATE (a node holding non-finite values is never called
- * degenerate). The caller names the offending nodes with
+ * degenerate): checked here for the CPU backend, by the GPU backend as it
+ * prepares them. The caller names the offending nodes with
  * knn_nonfinite_nodes and knn_degenerate_nodes, on that path only. */
 knn_status knn_search(const knn_request *req, const knn_knobs *knobs,
                       knn_backend backend, knn_result *out,

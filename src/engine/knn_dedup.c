@@ -39,6 +39,15 @@
 #define KNN_DEDUP_SAMPLE_COPIES 8
 #define KNN_DEDUP_KEEP 0.9
 
+/* Leading features of a node that the sample's first look hashes: 64
+ * bytes, a cache line. */
+#define KNN_DEDUP_PREFIX 8
+
+/* How many sampled nodes ahead the first look asks for its line: the
+ * nodes lie far apart, and a miss at a time would leave the sample bound
+ * by memory latency. */
+#define KNN_DEDUP_AHEAD 16
+
 /* A hash of a node's bits, in four independent streams (so the
  * multiplications overlap). */
 static uint64_t knn_node_hash(const double *x, int p)
@@ -116,17 +125,55 @@ static int knn_table_copy_of(knn_table *t, const double *x, int p, int j,
     }
 }
 
-/* Copies among KNN_DEDUP_SAMPLE evenly spaced nodes (all, when fewer). */
+/* Copies among KNN_DEDUP_SAMPLE evenly spaced nodes (all, when fewer).
+ * Copies share their first features, so a first look hashes only those
+ * (about one cache line of each node) and counts how many sampled nodes
+ * share each; only the nodes that share theirs with another are hashed
+ * whole and entered, in sample order, so the count is the one of hashing
+ * every sampled node whole. On most data no prefix repeats and the sample
+ * reads a line of each node instead of all of it: the whole-node hash is
+ * what makes the check cost as much as a search of a few thousand nodes.
+ * Where prefixes repeat (sparse nodes that start with zeros), those nodes
+ * cost what they did before. */
 static int knn_sample_copies(const double *x, int p, int n)
 {
     int s = n < KNN_DEDUP_SAMPLE ? n : KNN_DEDUP_SAMPLE, copies = 0;
-    knn_table t;
-    if (!knn_table_alloc(&t, (size_t)s)) return 0;
+    int head = p < KNN_DEDUP_PREFIX ? p : KNN_DEDUP_PREFIX;
+    size_t size = 16;
+    while (size < 2 * (size_t)s) size <<= 1;
+    uint64_t *key = malloc(size * sizeof(uint64_t));
+    int *count = calloc(size, sizeof(int));
+    int *slot = malloc((size_t)s * sizeof(int));
+    if (!key || !count || !slot) {
+        free(key);
+        free(count);
+        free(slot);
+        return 0;
+    }
+    int shared = 0;
     for (int i = 0; i < s; i++) {
+        int j = (int)((int64_t)i * n / s);
+        if (i + KNN_DEDUP_AHEAD < s)
+            __builtin_prefetch(x + (size_t)((int64_t)(i + KNN_DEDUP_AHEAD) *
+                                            n / s) * p);
+        uint64_t h = knn_node_hash(x + (size_t)j * p, head);
+        size_t e = h & (size - 1);
+        while (count[e] && key[e] != h) e = (e + 1) & (size - 1);
+        key[e] = h;
+        shared += ++count[e] == 2;
+        slot[i] = (int)e;
+    }
+    knn_table t = {NULL, NULL, 0};
+    for (int i = 0; shared && i < s; i++) {
+        if (count[slot[i]] < 2) continue;
+        if (!t.slot && !knn_table_alloc(&t, (size_t)s)) break;
         int j = (int)((int64_t)i * n / s);
         copies += knn_table_copy_of(&t, x, p, j,
                                     knn_node_hash(x + (size_t)j * p, p)) >= 0;
     }
+    free(key);
+    free(count);
+    free(slot);
     knn_table_free(&t);
     return copies;
 }

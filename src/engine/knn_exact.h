@@ -192,6 +192,31 @@ KNN_HD static inline double knn_rank2(const double *x, int p, int f)
     return 2.0 * less + equal + 1.0;
 }
 
+/* Whether a node (p values) is one the metric cannot use: constant for
+ * the centred correlations, all zero for cosine; never for the distance
+ * metrics, nor where a value is NA, NaN or Inf (knn_nonfinite_nodes'
+ * to report). Both tests stop at the first value that clears the node,
+ * which on real data is among its first few; a row of NaN compares
+ * unequal to anything, a row of Inf is constant to them, so a node that
+ * looks degenerate is one only if it is finite, which costs nothing on
+ * the nodes that pass. A node's knn_rank2 values are constant exactly
+ * where its values are, so Spearman's ranks answer as the values do. */
+KNN_HD static inline int knn_node_degenerate(knn_metric m, const double *x,
+                                             int p)
+{
+    if (!knn_is_correlation(m)) return 0;
+    if (m == KNN_COSINE) {
+        for (int f = 0; f < p; f++)
+            if (x[f] != 0.0) return 0;
+    } else {
+        for (int f = 1; f < p; f++)
+            if (x[f] != x[0]) return 0;
+    }
+    for (int f = 0; f < p; f++)
+        if (!isfinite(x[f])) return 0;
+    return 1;
+}
+
 /* Canonical form of one node for a correlation metric: writes u (p values)
  * and its sum and css (p * sum(u^2) - sum^2; for cosine sum(u^2)). x holds
  * the node's values (for Spearman, its knn_rank2 values). A degenerate node

@@ -12,6 +12,11 @@
 /* Values below which the input checks stay on one thread. */
 #define KNN_PARALLEL_CHECK_MIN 131072.0
 
+/* Nodes ahead whose first values the degenerate check asks for: it reads
+ * a line or two of each node, too far apart for the hardware to guess,
+ * so one miss at a time would bind it to memory latency. */
+#define KNN_CHECK_AHEAD 16
+
 /* Transposes in square blocks so both sides stay in cache, bands of
  * nodes on several threads: a large matrix (1.2 GB of log-counts) is
  * bound by memory bandwidth and by faulting in the fresh pages of `out`,
@@ -80,25 +85,6 @@ int knn_nonfinite_nodes(const double *x, int p, int n, int *bad, int max_bad,
     return found;
 }
 
-/* A node a metric cannot use: constant (correlations), all zero (cosine).
- * Both tests stop at the first value that clears the node, which on real
- * data is among its first few. A row of NaN compares unequal to anything,
- * a row of Inf is constant to these tests, so a node that looks degenerate
- * is one only if it is finite: the finiteness check costs nothing on the
- * nodes that pass. */
-static int knn_is_degenerate(knn_metric metric, const double *x, int p)
-{
-    if (!knn_is_correlation(metric)) return 0;
-    if (metric == KNN_COSINE) {
-        for (int f = 0; f < p; f++)
-            if (x[f] != 0.0) return 0;
-    } else {
-        for (int f = 1; f < p; f++)
-            if (x[f] != x[0]) return 0;
-    }
-    return knn_all_finite(x, p);
-}
-
 /* Whether any node is degenerate, on several threads as
  * knn_all_nodes_finite: the check runs on every search, and a node
  * whose first values are all zero reads on. */
@@ -112,8 +98,11 @@ static int knn_any_degenerate(knn_metric metric, const double *x, int p,
     (void)nt; /* read only by the pragma, absent without OpenMP */
     #pragma omp parallel for num_threads(nt) schedule(static) \
         reduction(||: any)
-    for (int j = 0; j < n; j++)
-        any = any || knn_is_degenerate(metric, x + (size_t)j * p, p);
+    for (int j = 0; j < n; j++) {
+        if (j + KNN_CHECK_AHEAD < n)
+            __builtin_prefetch(x + (size_t)(j + KNN_CHECK_AHEAD) * p);
+        any = any || knn_node_degenerate(metric, x + (size_t)j * p, p);
+    }
     return any;
 }
 
@@ -123,7 +112,7 @@ int knn_degenerate_nodes(knn_metric metric, const double *x, int p, int n,
     if (!knn_any_degenerate(metric, x, p, n, threads)) return 0;
     int found = 0;
     for (int j = 0; j < n; j++) {
-        if (!knn_is_degenerate(metric, x + (size_t)j * p, p)) continue;
+        if (!knn_node_degenerate(metric, x + (size_t)j * p, p)) continue;
         if (found < max_rows) rows[found] = j;
         found++;
     }

@@ -70,14 +70,16 @@ knn_status knn_search(const knn_request *req, const knn_knobs *knobs,
         return knn_invalid(report, "clusters serve the Euclidean, squared "
                                    "Euclidean, Pearson, Spearman and cosine "
                                    "metrics only");
-    /* The GPU backend finds non-finite values while it uploads them; a
-     * non-finite node is never degenerate, so either order finds both. */
+    /* The GPU backend finds non-finite values while it uploads them and
+     * degenerate nodes while it prepares them (knn_gpu_prepare.cu), as it
+     * reads every value anyway; a non-finite node is never degenerate, so
+     * either order finds both. */
     if (backend == KNN_BACKEND_CPU && knn_has_nonfinite(req)) {
         snprintf(report->message, sizeof report->message,
                  "a value is NA, NaN or Inf");
         return KNN_E_NONFINITE;
     }
-    if (knn_has_degenerate(req)) {
+    if (backend == KNN_BACKEND_CPU && knn_has_degenerate(req)) {
         snprintf(report->message, sizeof report->message,
                  "a node is constant (or all zero, for cosine)");
         return KNN_E_DEGENERATE;

@@ -101,6 +101,21 @@ test_that("data without copies and data with a few take the plain search", {
     expect_no_match(attr(got$auto, "precision"), "copies searched once")
 })
 
+test_that("the sample finds copies among nodes that share leading values", {
+    ## Sparse-like nodes: the first features are zero in every node, so
+    ## only the whole node tells copies apart (the sample's first look
+    ## hashes the leading features only).
+    zeros <- matrix(0, 3000, 10)
+    copied <- cbind(zeros, replicateMatrix(3000, 6, 40, 5))
+    got <- searchWays(copied, k = 5, metric = "euclidean")
+    expectSameBits(got, "shared leading values, copies")
+    expect_match(attr(got$auto, "precision"), "copies searched once")
+    distinct <- cbind(zeros, randomMatrix(3000, 6, 7))
+    got <- searchWays(distinct, k = 5, metric = "euclidean")
+    expectSameBits(got, "shared leading values, no copies")
+    expect_no_match(attr(got$auto, "precision"), "copies searched once")
+})
+
 test_that("the duplicates option is checked", {
     expect_error(withOptions(list(knngpu.duplicates = "sometimes"),
                              knnSearch(randomMatrix(20, 3, 6), k = 2)),

@@ -419,6 +419,35 @@ test_that("bad nodes get the CPU's messages on the GPU", {
                  "NA, NaN or Inf values in rows: 11$")
 })
 
+test_that("nodes a correlation cannot use are found on the GPU", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## The GPU backend finds them as it prepares the nodes (the engine's
+    ## scan on the host is the CPU backend's only): constant reference and
+    ## query nodes for each correlation, all-zero ones for cosine, also
+    ## where copies are searched once, and a search right after.
+    x <- randomMatrix(300, 8, 32)
+    for (metric in c("pearson", "spearman", "abspearson", "cosine")) {
+        kind <- if (metric == "cosine") "all-zero" else "constant"
+        y <- x
+        y[c(5, 12), ] <- if (metric == "cosine") 0 else 3
+        expect_error(knnSearch(y, k = 3, metric = metric, device = "gpu",
+                               progress = FALSE),
+                     sprintf("'x' has 2 %s rows.*: 5, 12;", kind))
+        q <- x[1:20, ]
+        q[7, ] <- if (metric == "cosine") 0 else -1
+        expect_error(knnSearch(x, q, k = 3, metric = metric, device = "gpu",
+                               progress = FALSE),
+                     sprintf("'query' has 1 %s rows.*: 7;", kind))
+    }
+    copies <- x[rep(1:10, 30), ]
+    copies[17, ] <- 2
+    expect_error(withOptions(list(knngpu.duplicates = "once"),
+                             knnSearch(copies, k = 3, metric = "pearson",
+                                       device = "gpu", progress = FALSE)),
+                 "'x' has 1 constant rows.*: 17;")
+    expectGpuIdentical(x, 3, "pearson", label = "after refused nodes")
+})
+
 test_that("the CUDA backend is opened on first GPU use, not at load", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     maps <- readLines("/proc/self/maps")

@@ -11,17 +11,19 @@ cuvsPath <- "KNNGPU_CUVS_LD_LIBRARY_PATH"
 cuvsAvailable <- function() peerImports("cuvs.neighbors", cuvsPath)
 
 ## cuVS's self graph of the first n rows of `file` (d columns): mode
-## "exact" (brute force) or "nnd" (NN-descent). With `exact` (an n x k
-## 1-based index matrix) the recall of the answer against it.
-## list(index = n x k 1-based matrix, seconds = cuVS's median time from
-## the float32 host array to host indices, recall = NA without `exact`).
+## "exact" (brute force) or "nnd" (NN-descent); with nq > 0 (brute force
+## only), the search of the nq rows after them among the n instead. With
+## `exact` (an n x k 1-based index matrix) the recall of the answer
+## against it. list(index = (n or nq) x k 1-based matrix, seconds = cuVS's
+## median time from the float32 host array to host indices, recall = NA
+## without `exact`).
 cuvsSearch <- function(file, n, d, k, metric, mode = "exact",
-                       exact = NULL) {
+                       exact = NULL, nq = 0L) {
     result <- tempfile()
     reference <- tempfile()
     on.exit(unlink(c(result, reference)))
-    args <- c(file, sprintf("%d", as.integer(c(n, d, k))), metric, "0",
-              result, mode)
+    args <- c(file, sprintf("%d", as.integer(c(n + nq, d, k))), metric,
+              sprintf("%d", as.integer(nq)), result, mode)
     if (!is.null(exact)) {
         writeBin(as.vector(t(exact - 1L)), reference, size = 4L)
         args <- c(args, reference)
@@ -34,8 +36,8 @@ cuvsSearch <- function(file, n, d, k, metric, mode = "exact",
     seconds <- as.numeric(sub("^cuvs[-a-z]* total ([0-9.]+) .*$", "\\1",
                               last))
     recall <- grep("^recall ", line, value = TRUE)
-    index <- matrix(readBin(result, "integer", n * k), ncol = k,
-                    byrow = TRUE) + 1L
+    index <- matrix(readBin(result, "integer", (if (nq > 0) nq else n) * k),
+                    ncol = k, byrow = TRUE) + 1L
     list(index = index, seconds = seconds,
          recall = if (length(recall)) as.numeric(sub("^recall ", "",
                                                      recall[1L])) else NA)
