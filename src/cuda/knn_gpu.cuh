@@ -115,23 +115,6 @@ knn_status knn_context_acquire(int device, knn_gpu_context **ctx,
  * next search or destroys it (after its stream is idle). */
 void knn_context_release(knn_gpu_context *ctx, knn_status status);
 
-/* Device memory for a search's array on the current device: a parked
- * block of exactly `bytes` (knn_gpu_context.cu), else cudaMalloc's, after
- * freeing the parked blocks where cudaMalloc fails. Returns cudaMalloc's
- * error; *ptr is then unspecified. */
-cudaError_t knn_device_alloc(void **ptr, size_t bytes);
-/* Gives back a block of knn_device_alloc, parked once the device is idle
- * (its work waited for, as cudaFree does), or anything else cudaFree
- * takes, freed. NULL does nothing. */
-void knn_device_free(void *ptr);
-/* Bytes parked on the device: free for a search's plan. */
-size_t knn_device_parked(int device);
-/* A search on the device has ended (every block it had given back): where
- * it succeeded, its blocks stay parked within the device's bound (the
- * oldest freed first); where it did not, the blocks it allocated are
- * freed and device memory is what it was before the search. */
-void knn_device_settle(int device, int succeeded);
-
 /* A pinned host block of at least `bytes` for a search's result slots
  * (or a pairwise-complete search's products, knn_gpu_coexpr.cu), kept
  * with ctx for later searches (replaced by a larger one when a search
@@ -139,12 +122,11 @@ void knn_device_settle(int device, int succeeded);
 knn_status knn_context_host(knn_gpu_context *ctx, size_t bytes, void **block,
                             char *message);
 
-/* The bytes a search may use on the current device: its free memory and
- * `parked` (blocks of knn_device_alloc the search may take back) less a
- * reserve and 5% of the total, at most `requested` where that is
+/* The bytes a search may use on the current device: its free memory
+ * less a reserve and 5% of the total, at most `requested` where that is
  * positive (options(knngpu.gpu.memory)); knn_gpu_plan.cu. */
-knn_status knn_device_budget(double requested, size_t parked,
-                             double *budget, char *message);
+knn_status knn_device_budget(double requested, double *budget,
+                             char *message);
 
 /* n doubles from host src (any memory) to device dst. */
 typedef struct {

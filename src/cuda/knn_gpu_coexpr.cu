@@ -114,9 +114,7 @@ static knn_status knn_pw_setup(knn_pw_gpu *gpu, const knn_pw_gpu_request *req,
                                                    cudaEventDisableTiming));
     int n_query = req->query ? req->n_query : 0;
     double budget = 0.0;
-    /* Its arrays are its own (cudaMalloc), not parked blocks: those do
-     * not count as free here. */
-    KNN_TRY(knn_device_budget(req->memory_bytes, 0, &budget, message));
+    KNN_TRY(knn_device_budget(req->memory_bytes, &budget, message));
     gpu->chunk = knn_pw_chunk_rows(budget, req->p, req->n_ref, n_query,
                                    req->block_rows);
     if (gpu->chunk < 1) {

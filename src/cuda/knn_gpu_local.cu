@@ -44,6 +44,7 @@
 #define KNN_LOCAL_TASK_ROWS 65536
 #define KNN_LOCAL_MIN_TILE 128
 #define KNN_LOCAL_MIN_WAVES 0.25
+#define KNN_LOCAL_MIN_SPLITS 8
 /* A gap this many times the widest that the middle half's spacing gives
  * by chance parts groups (knn_gap_parts). */
 #define KNN_LOCAL_GAP_FACTOR 4.0
@@ -161,9 +162,12 @@ static void knn_local_order(knn_gpu_dev *d, int row, size_t n, int *nodes)
     const double *x = d->self ? req->ref : req->query;
     for (size_t i = 0; i < n; i++) lf->place[i] = row + (int)i;
     memset(lf->cut, 0, n);
+    /* Rows fewer than a few such tiles split further all the same: their
+     * search is small, and one frame for all of them would serve none. */
     int min_tile = KNN_LOCAL_MIN_TILE;
-    if (knn_dev_fused(d) && d->wave_rows * KNN_LOCAL_MIN_WAVES > min_tile)
-        min_tile = (int)(d->wave_rows * KNN_LOCAL_MIN_WAVES);
+    double fused_min = fmin(d->wave_rows * KNN_LOCAL_MIN_WAVES,
+                            (double)n / KNN_LOCAL_MIN_SPLITS);
+    if (knn_dev_fused(d) && fused_min > min_tile) min_tile = (int)fused_min;
     #pragma omp parallel num_threads(d->copy_threads)
     #pragma omp single
     knn_kd_order(x, req->p, lf->place, (int)n, lf->rows, min_tile, 0,

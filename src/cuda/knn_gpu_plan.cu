@@ -9,8 +9,7 @@
  * by its pairs instead (KNN_FUSED_PAIRS_MAX), and its rows get the fused
  * kernel's survivor slots. Both need the candidate slots, the re-rank's
  * sort arrays, R x k results on the device and two pinned result slots
- * on the host. R comes from cudaMemGetInfo (with the blocks that earlier
- * searches left parked, knn_device_alloc) and the request's budget; when
+ * on the host. R comes from cudaMemGetInfo and the request's budget; when
  * an allocation fails, R is halved and tried again.
  */
 #include <math.h>
@@ -98,7 +97,7 @@ static double knn_row_bytes(size_t ld, int slots, int surv_slots, int k)
 
 void knn_slots_free(knn_gpu_tiles *t)
 {
-    knn_device_free(t->slots_block);
+    cudaFree(t->slots_block);
     t->slots_block = NULL;
     knn_carver none = {NULL, 0};
     knn_slots_carve(t, 0, &none);
@@ -109,7 +108,7 @@ void knn_tiles_free(knn_gpu_tiles *t)
 {
     knn_slots_free(t);
     knn_survivors_free(t);
-    knn_device_free(t->device_block);
+    cudaFree(t->device_block);
     if (t->host_own == KNN_HOST_PINNED) cudaFreeHost(t->host_block);
     else if (t->host_own == KNN_HOST_PLAIN) free(t->host_block);
     for (int s = 0; s < 2; s++) {
@@ -124,7 +123,7 @@ void knn_tiles_free(knn_gpu_tiles *t)
 
 void knn_survivors_free(knn_gpu_tiles *t)
 {
-    knn_device_free(t->surv_block);
+    cudaFree(t->surv_block);
     t->surv_block = NULL;
     t->survivor = NULL;
     t->surv_alloc = 0;
@@ -134,8 +133,7 @@ knn_status knn_survivors_alloc(knn_gpu_dev *d, int64_t n)
 {
     knn_gpu_tiles *t = &d->t;
     KNN_CUDA_TRY(d->message,
-                 knn_device_alloc(&t->surv_block,
-                                  (size_t)n * sizeof(uint64_t)));
+                 cudaMalloc(&t->surv_block, (size_t)n * sizeof(uint64_t)));
     t->survivor = (uint64_t *)t->surv_block;
     t->surv_alloc = n;
     return KNN_OK;
@@ -150,7 +148,7 @@ knn_status knn_slots_alloc(knn_gpu_dev *d, int64_t n_slots,
     if (min_temp > t->sort_temp_bytes) t->sort_temp_bytes = min_temp;
     knn_carver c = {NULL, 0};
     knn_slots_carve(t, (size_t)n_slots, &c);
-    KNN_CUDA_TRY(d->message, knn_device_alloc(&t->slots_block, c.used));
+    KNN_CUDA_TRY(d->message, cudaMalloc(&t->slots_block, c.used));
     c.block = (char *)t->slots_block;
     c.used = 0;
     knn_slots_carve(t, (size_t)n_slots, &c);
@@ -216,7 +214,7 @@ static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots,
     t->surv_slots = surv_slots;
     knn_carver dev = {NULL, 0}, host = {NULL, 0};
     knn_tiles_carve(t, ld, k, &dev, &host);
-    KNN_CUDA_TRY(d->message, knn_device_alloc(&t->device_block, dev.used));
+    KNN_CUDA_TRY(d->message, cudaMalloc(&t->device_block, dev.used));
     KNN_TRY(knn_host_slots(d, host.used));
     dev.block = (char *)t->device_block;
     host.block = (char *)t->host_block;
@@ -331,12 +329,8 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
     knn_pairs_free(&d->pairs);
     int surv_slots = knn_dev_fused(d)
         ? knn_fused_survivor_slots(k, req->n_ref, avail) : 0;
-    /* Blocks parked by earlier searches are free to this one: it takes
-     * them, or they are freed when it needs the room. */
     double budget = 0.0;
-    KNN_TRY(knn_device_budget(req->memory_bytes,
-                              knn_device_parked(d->device), &budget,
-                              d->message));
+    KNN_TRY(knn_device_budget(req->memory_bytes, &budget, d->message));
     double per_row = knn_row_bytes(knn_dev_panel_ld(d), slots, surv_slots,
                                    k);
     /* A shared walk's per-node arrays come out of the same budget. A
@@ -417,13 +411,12 @@ knn_status knn_dev_idle(knn_gpu_dev *d)
  * search's own arrays. */
 #define KNN_RESERVE_BYTES (512.0 * 1048576.0)
 
-knn_status knn_device_budget(double requested, size_t parked,
-                             double *budget, char *message)
+knn_status knn_device_budget(double requested, double *budget,
+                             char *message)
 {
     size_t free_b = 0, total_b = 0;
     KNN_CUDA_TRY(message, cudaMemGetInfo(&free_b, &total_b));
-    *budget = (double)free_b + (double)parked - KNN_RESERVE_BYTES -
-              0.05 * total_b;
+    *budget = (double)free_b - KNN_RESERVE_BYTES - 0.05 * total_b;
     if (requested > 0 && requested < *budget) *budget = requested;
     return KNN_OK;
 }

@@ -298,7 +298,7 @@ __global__ static void knn_fp64_kernel(knn_metric m, const double *x, int p,
 
 static knn_status knn_alloc(void **ptr, size_t bytes, char *message)
 {
-    KNN_CUDA_TRY(message, knn_device_alloc(ptr, bytes > 0 ? bytes : 1));
+    KNN_CUDA_TRY(message, cudaMalloc(ptr, bytes > 0 ? bytes : 1));
     return KNN_OK;
 }
 
@@ -518,9 +518,8 @@ knn_status knn_nodes_half(knn_metric metric, knn_gpu_nodes *nodes,
     /* The unscales first: 16-byte aligned halves follow them. */
     size_t unscale_bytes = dist ? (n * sizeof(float) + 15) / 16 * 16 : 0;
     char *block = NULL;
-    if (knn_device_alloc((void **)&block,
-                         unscale_bytes + n_vals * sizeof(__half)) !=
-        cudaSuccess) {
+    if (cudaMalloc((void **)&block, unscale_bytes + n_vals * sizeof(__half))
+        != cudaSuccess) {
         cudaGetLastError();
         return knn_gpu_fail(message, KNN_E_NOMEM, "fp16 vectors",
                             "out of GPU memory", __FILE__, __LINE__);
@@ -649,11 +648,11 @@ knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
 
 void knn_nodes_free(knn_gpu_nodes *nodes)
 {
-    knn_device_free(nodes->exact);
-    knn_device_free(nodes->block);
-    knn_device_free(nodes->half_block);
-    knn_device_free(nodes->split);
-    knn_device_free(nodes->block64);
+    cudaFree(nodes->exact);
+    cudaFree(nodes->block);
+    cudaFree(nodes->half_block);
+    cudaFree(nodes->split);
+    cudaFree(nodes->block64);
     nodes->half_block = NULL;
     nodes->half = NULL;
     nodes->half_unscale = NULL;

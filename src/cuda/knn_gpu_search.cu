@@ -13,10 +13,9 @@
  * 100 ms it asks the interrupt callback and reports progress (callbacks
  * run on the caller's thread alone), and on an interrupt or a device's
  * failure it raises the stop flag that the device threads read between
- * tiles. Each device thread gives back everything it allocated before it
- * ends, and the blocks it allocated are freed after an interrupt or an
- * error (knn_device_settle), so device memory is as before then too; a
- * search that succeeds leaves some parked for the next.
+ * tiles. Each device thread frees everything it allocated before it
+ * ends, so device memory is as before after an interrupt or an error
+ * too.
  */
 #include <stdio.h>
 #include <string.h>
@@ -461,6 +460,5 @@ extern "C" knn_status knn_gpu_search(const knn_request *req,
                  "unexpected failure in the GPU backend");
         st = KNN_E_DEVICE;
     }
-    for (int id : ids) knn_device_settle(id, st == KNN_OK);
     return st;
 }

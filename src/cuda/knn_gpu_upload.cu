@@ -119,8 +119,7 @@ static knn_status knn_upload_nodes(knn_gpu_dev *d, double **x)
     int shared = d->walkers > 1 && knn_dev_reads_peers(d);
     if (shared) knn_upload_slice(d, d->walker, &first, &end);
     KNN_CUDA_TRY(d->message,
-                 knn_device_alloc((void **)x,
-                                  p * d->n_nodes * sizeof(double)));
+                 cudaMalloc((void **)x, p * d->n_nodes * sizeof(double)));
     knn_upload_part parts[2] = {
         {*x + p * first, req->ref + p * first, p * (end - first)},
         {*x + p * req->n_ref,
@@ -160,7 +159,7 @@ knn_status knn_dev_prepare(knn_gpu_dev *d)
                                d->n_nodes, d->query_max_abs, d->course.gemm,
                                &d->nodes,
                                d->message, d->stream);
-    if (x != d->nodes.exact) knn_device_free(x);
+    if (x != d->nodes.exact) cudaFree(x);
     d->seconds_prepare = knn_seconds() - t0;
     return st;
 }
