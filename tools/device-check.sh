@@ -3,10 +3,10 @@
 # CUDA, runs the whole test suite (the GPU tests run, not skip), the C-level
 # parity harness (tools/gpu-harness.c: knn_gpu_search against a plain
 # float64 reference), and compute-sanitizer memcheck and racecheck on a
-# small knnGraph (panel, split TF32, float64, local frames and fused
-# paths; copies searched once; pairwise-complete products) and on the
-# harness's walk shared by two devices (after the harness step). Logs and
-# summary.txt go to $OUT (default /tmp/knngpu-check).
+# small knnGraph (panel, split TF32, float64, local frames on the panel
+# and fused paths; copies searched once; pairwise-complete products) and
+# on the harness's walk shared by two devices (after the harness step).
+# Logs and summary.txt go to $OUT (default /tmp/knngpu-check).
 #
 # Through the device tool, from this machine (R does not exist there):
 #   cd /work/main && ../shared/device/pack-r ALL Biobase BiocGenerics
@@ -111,6 +111,15 @@ sanitize() {
                            device = "gpu", progress = FALSE)
             g <- knnGraph(x[rep(1:30, 50), ], k = 10, device = "gpu",
                           progress = FALSE)
+            ## local frames on the fused path (four cell types of 1200
+            ## rows), a graph and a query search
+            ct <- matrix(rnorm(4 * 20), 4)[rep(1:4, 1200), ] +
+                rnorm(4800 * 20, sd = 1e-3)
+            g <- knnGraph(ct, k = 10, metric = "euclidean", device = "gpu",
+                          progress = FALSE)
+            s <- knnSearch(ct, query = ct + 1e-5, k = 10,
+                           metric = "euclidean", device = "gpu",
+                           progress = FALSE)
             Sys.setenv(KNNGPU_SELECT = "fused")
             for (m in c("pearson", "euclidean"))
                 g <- knnGraph(x, k = 20, metric = m, device = "gpu",
