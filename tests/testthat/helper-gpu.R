@@ -26,6 +26,18 @@ gpuFreeBytes <- function() {
     .Call(knngpu:::C_knn_gpu_info)$devices$memory_free[1L]
 }
 
+## Runs search(), a searchUnderTimeLimit() call, twice: the first loads
+## what CUDA keeps resident (kernels), and the second must stop within a
+## second of its limit and leave GPU 0's free memory as it found it.
+expectInterruptFreesDevice <- function(search) {
+    search()
+    before <- gpuFreeBytes()
+    got <- search()
+    expect_match(got$err, "interrupted|time limit")
+    expect_lt(got$took, 2.5)
+    expect_identical(gpuFreeBytes(), before)
+}
+
 ## Runs `code` (R source text) in a fresh Rscript with a search that it
 ## starts after writing its pid, sends it SIGINT `after` seconds later (and
 ## after `ready()`, when given, has returned TRUE) and returns what the
