@@ -334,12 +334,17 @@ size_t knn_fused_best_floats(int k, int rows);
 /* A fused tile's scratch in device memory: survivor, row r's survivor
  * slots [offsets[r], offsets[r + 1]); needed, out, per row, the survivor
  * slots it needed (more than it had: run the tile again with that many);
- * best, knn_fused_best_floats() of them. */
+ * best, knn_fused_best_floats() of them; bound (or NULL), out, per row,
+ * the threshold its candidates passed, and where `seeded`, in too: the
+ * rows' thresholds start there (a run again of the same rows on the same
+ * course, see knn_fused_kernel). */
 typedef struct {
     uint64_t *survivor;
     const int *offsets;
     int *needed;
     float *best;
+    float *bound;
+    int seeded;
 } knn_fused_scratch;
 /* Candidates of a row tile as knn_select_candidates gives them (sel's
  * panel unused), from the nodes' fp16 vectors (nodes->half, which

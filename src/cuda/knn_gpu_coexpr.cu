@@ -25,9 +25,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <chrono>
+#include <new>
 #include <thread>
 #include "knn_coexpr.h"
-#include "knn_gpu.cuh"
+#include "knn_gpu_tiles.cuh"
 
 struct knn_pw_gpu {
     int device;
@@ -42,41 +43,24 @@ struct knn_pw_gpu {
     cudaEvent_t done;        /* recorded after a block's last transfer */
 };
 
-/* The GPU of the search: the first of req->devices, else the first
- * visible one of compute capability KNN_MIN_MAJOR or newer. */
-static knn_status knn_pw_pick(const knn_pw_gpu_request *req, int *device,
-                              knn_report *rep)
+/* The GPU of the search, the first of req->devices, else the first usable
+ * one, and its name in the report. */
+static knn_status knn_pw_device(const knn_pw_gpu_request *req, int *device,
+                                knn_report *rep)
 {
-    int count = 0;
-    if (cudaGetDeviceCount(&count) != cudaSuccess || count == 0) {
-        cudaGetLastError();
+    try {
+        std::vector<int> ids;
+        KNN_TRY(knn_usable_devices(req->devices,
+                                   req->n_devices > 0 ? 1 : 0, ids, rep));
+        ids.resize(1);
+        knn_device_names(ids, rep);
+        *device = ids[0];
+        return KNN_OK;
+    } catch (const std::bad_alloc &) {
         snprintf(rep->message, sizeof rep->message,
-                 "no usable GPU: no CUDA device is visible");
-        return KNN_E_NOGPU;
+                 "out of host memory in the GPU backend");
+        return KNN_E_NOMEM;
     }
-    int tries = req->n_devices > 0 ? 1 : count;
-    for (int i = 0; i < tries; i++) {
-        int d = req->n_devices > 0 ? req->devices[0] : i;
-        if (d < 0 || d >= count) {
-            snprintf(rep->message, sizeof rep->message,
-                     "GPU %d does not exist (%d visible, numbered from 0)",
-                     d, count);
-            return KNN_E_INVALID;
-        }
-        int major = 0;
-        if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor,
-                                   d) == cudaSuccess &&
-            major >= KNN_MIN_MAJOR) {
-            *device = d;
-            return KNN_OK;
-        }
-    }
-    cudaGetLastError();
-    snprintf(rep->message, sizeof rep->message,
-             "no usable GPU: %s compute capability 8.0 or newer",
-             req->n_devices > 0 ? "the GPU in 'devices' has no"
-                                : "none of the devices has");
-    return KNN_E_NOGPU;
 }
 
 /* Frees what gpu holds once its stream is idle: the pinned buffers and
@@ -163,7 +147,7 @@ extern "C" knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req,
         KNN_OK)
         return KNN_E_NOGPU;
     int device = 0;
-    KNN_TRY(knn_pw_pick(req, &device, report));
+    KNN_TRY(knn_pw_device(req, &device, report));
     cudaError_t e = cudaSetDevice(device);
     if (e != cudaSuccess)
         return knn_gpu_fail_cuda(report->message, e, "cudaSetDevice",
@@ -180,13 +164,6 @@ extern "C" knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req,
         knn_pw_free(gpu, st);
         return st;
     }
-    cudaDeviceProp prop;
-    const char *name = "GPU";
-    if (cudaGetDeviceProperties(&prop, device) == cudaSuccess)
-        name = prop.name;
-    cudaGetLastError();
-    snprintf(report->device, sizeof report->device, "%.100s (GPU %d)", name,
-             device);
     host[0] = gpu->host[0];
     host[1] = gpu->host[1];
     *chunk_rows = gpu->chunk;

@@ -770,6 +770,7 @@ __device__ void knn_owner_finish(const knn_fused_args &a,
         }
     }
     a.scratch.needed[r] = o->survivors;
+    if (a.scratch.bound) a.scratch.bound[r] = __double2float_rd(bound);
     knn_row_done(s, r, w, kept);
     if (PAIRS) knn_owner_to_node(a, sh, o, node, kept, bound);
 }
@@ -980,6 +981,20 @@ __device__ __forceinline__ void knn_fused_epilogue(
 
 /* ---- the kernel -------------------------------------------------------- */
 
+/* Where row r's threshold starts: at infinity, or on a run again of the
+ * same rows on the same course (products of the same vectors, so the same
+ * scores), at the bound the row's candidates passed in the run before.
+ * That bound is the row's final one on this run too, and at most every
+ * threshold the row takes before it, so the rows' k smallest and final
+ * bounds are unchanged, every candidate still passes, and the survivors
+ * are exactly the candidates: no looser early threshold lets others
+ * through, and no column block overflows the lists for want of one. */
+__device__ __forceinline__ float knn_fused_seed(const knn_fused_scratch &s,
+                                                int r)
+{
+    return s.seeded ? s.bound[r] : INFINITY;
+}
+
 template <int KIND, bool PAIRS>
 __global__ void __launch_bounds__(KNN_FUSED_THREADS, 2)
 knn_fused_kernel(knn_fused_args a)
@@ -1004,13 +1019,14 @@ knn_fused_kernel(knn_fused_args a)
         o->stale = 0;
         o->survivors = 0;
         o->listed = 0;
-        o->bound = INFINITY;
+        o->bound = knn_fused_seed(a.scratch, r);
     }
     if (threadIdx.x < KNN_FUSED_ROWS) {
         /* A row past the tile has a NaN threshold, under which no score
          * is, so its list stays empty. */
-        sh.threshold[threadIdx.x] = owner ? INFINITY
-                                          : __int_as_float(0x7fffffff);
+        sh.threshold[threadIdx.x] = owner
+            ? knn_fused_seed(a.scratch, row0 + threadIdx.x)
+            : __int_as_float(0x7fffffff);
         sh.row_sq[threadIdx.x] = KIND == KNN_SCORE_DIST && owner
             ? s.row_sqnorm[row0 + threadIdx.x] : 0.0f;
         sh.row_unscale[threadIdx.x] = KIND == KNN_SCORE_DIST && owner

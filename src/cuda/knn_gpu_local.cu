@@ -33,7 +33,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <algorithm>
-#include <utility>
 #include <vector>
 #include "knn_gpu_tiles.cuh"
 
@@ -48,8 +47,10 @@
 /* A gap this many times the widest that the middle half's spacing gives
  * by chance parts groups (knn_gap_parts). */
 #define KNN_LOCAL_GAP_FACTOR 4.0
-/* Rows sampled to choose a split's coordinate. */
+/* Rows sampled to choose a split's coordinate, and keys sampled to place
+ * the split on it. */
 #define KNN_LOCAL_SAMPLE 256
+#define KNN_LOCAL_SPLIT_SAMPLE 4096
 
 /* The coordinate of largest variance over an even sample of rows[0..n). */
 static int knn_spread_axis(const double *x, int p, const int *rows, int n)
@@ -72,17 +73,16 @@ static int knn_spread_axis(const double *x, int p, const int *rows, int n)
     return axis;
 }
 
-/* Where a stretch of `n` sorted keys splits: at the widest gap between
- * neighbouring keys in its middle half (between groups, where the nodes
- * form groups), the median where none is wider than zero. *gap: that
- * gap's width. */
-static int knn_split_at(const std::vector<std::pair<double, int>> &keyed,
-                        int n, double *gap)
+/* Where `n` sorted keys split: at the widest gap between neighbouring
+ * keys in their middle half (between groups, where the nodes form
+ * groups), the median where none is wider than zero. *gap: that gap's
+ * width. */
+static int knn_split_at(const std::vector<double> &keys, int n, double *gap)
 {
     int at = n / 2;
     *gap = 0.0;
     for (int i = n / 4; i < n - n / 4; i++) {
-        double g = keyed[i].first - keyed[i - 1].first;
+        double g = keys[i] - keys[i - 1];
         if (g > *gap) {
             *gap = g;
             at = i;
@@ -96,16 +96,55 @@ static int knn_split_at(const std::vector<std::pair<double, int>> &keyed,
  * keys of one group: the m = n / 2 spacings of the middle half are about
  * exponential, the widest about ln m times their mean, and a gap
  * KNN_LOCAL_GAP_FACTOR times that lies between groups (many groups along
- * the axis, where each side spans several). */
-static int knn_gap_parts(const std::vector<std::pair<double, int>> &keyed,
-                         int n, int at, double gap)
+ * the axis, where each side spans several). The keys may be a sample: a
+ * gap between groups shows in it at least as wide, and chance's widest
+ * scales with the sample's spacing. */
+static int knn_gap_parts(const std::vector<double> &keys, int n, int at,
+                         double gap)
 {
-    if (gap > keyed[at - 1].first - keyed[0].first &&
-        gap > keyed[n - 1].first - keyed[at].first)
+    if (gap > keys[at - 1] - keys[0] && gap > keys[n - 1] - keys[at])
         return 1;
     double m = n / 2.0;
-    double middle = keyed[n - n / 4 - 1].first - keyed[n / 4].first;
+    double middle = keys[n - n / 4 - 1] - keys[n / 4];
     return gap > KNN_LOCAL_GAP_FACTOR * (middle / m) * log(m);
+}
+
+/* The key of row `node` on `axis`. */
+static inline double knn_key(const double *x, int p, int node, int axis)
+{
+    return x[(size_t)node * p + axis];
+}
+
+/* The sorted keys of an even sample of rows[0..n) on `axis`. */
+static std::vector<double> knn_key_sample(const double *x, int p,
+                                          const int *rows, int n, int axis)
+{
+    int s = n < KNN_LOCAL_SPLIT_SAMPLE ? n : KNN_LOCAL_SPLIT_SAMPLE;
+    std::vector<double> keys((size_t)s);
+    for (int i = 0; i < s; i++)
+        keys[i] = knn_key(x, p, rows[(long long)i * n / s], axis);
+    std::sort(keys.begin(), keys.end());
+    return keys;
+}
+
+/* Parts rows[0..n) into the rows whose key on `axis` lies below `value`
+ * and the rest, each in its order before (node order at the top, so the
+ * rows' values are read in order at every depth); returns the first
+ * part's size. Where every key falls on one side (ties at the value),
+ * the rows part at the median of their keys instead. */
+static int knn_part_rows(const double *x, int p, int *rows, int n, int axis,
+                         double value)
+{
+    int *mid = std::stable_partition(rows, rows + n, [&](int node) {
+        return knn_key(x, p, node, axis) < value;
+    });
+    int half = (int)(mid - rows);
+    if (half > 0 && half < n) return half;
+    half = n / 2;
+    std::nth_element(rows, rows + half, rows + n, [&](int a, int b) {
+        return knn_key(x, p, a, axis) < knn_key(x, p, b, axis);
+    });
+    return half;
 }
 
 /* Orders rows[0..n) (nodes of x) so that every subtree of a k-d split
@@ -113,7 +152,8 @@ static int knn_gap_parts(const std::vector<std::pair<double, int>> &keyed,
  * subtree that becomes a tile starts: at most `tile` rows, and no gap
  * parting groups within it (down to `min_tile` rows), so a tile
  * never spans two groups the split can set apart. Each split is on the
- * axis of largest spread, at knn_split_at. */
+ * axis of largest spread, at knn_split_at of a sample of its keys (any
+ * order is exact; the sample makes each split linear in its rows). */
 static void knn_kd_order(const double *x, int p, int *rows, int n,
                          int tile, int min_tile, int first,
                          unsigned char *cut)
@@ -123,19 +163,18 @@ static void knn_kd_order(const double *x, int p, int *rows, int n,
         return;
     }
     int axis = knn_spread_axis(x, p, rows, n);
-    std::vector<std::pair<double, int>> keyed((size_t)n);
-    for (int i = 0; i < n; i++)
-        keyed[i] = std::make_pair(x[(size_t)rows[i] * p + axis], rows[i]);
-    std::sort(keyed.begin(), keyed.end());
+    std::vector<double> keys = knn_key_sample(x, p, rows, n, axis);
+    int s = (int)keys.size();
     double gap = 0.0;
-    int half = knn_split_at(keyed, n, &gap);
-    if (n <= tile && !knn_gap_parts(keyed, n, half, gap)) {
+    int at = knn_split_at(keys, s, &gap);
+    if (n <= tile && !knn_gap_parts(keys, s, at, gap)) {
         cut[first] = 1;
         return;
     }
-    for (int i = 0; i < n; i++) rows[i] = keyed[i].second;
-    keyed.clear();
-    keyed.shrink_to_fit();
+    double value = gap > 0.0 ? keys[at - 1] + gap / 2.0 : keys[at];
+    keys.clear();
+    keys.shrink_to_fit();
+    int half = knn_part_rows(x, p, rows, n, axis, value);
     #pragma omp task if (n > KNN_LOCAL_TASK_ROWS)
     knn_kd_order(x, p, rows, half, tile, min_tile, first, cut);
     #pragma omp task if (n > KNN_LOCAL_TASK_ROWS)

@@ -144,23 +144,37 @@ static knn_status knn_tile_candidates_fp64(knn_gpu_dev *d,
 }
 
 /* The fused kernel's scratch in the tile's arrays, with these survivor
- * slots. */
+ * slots and the rows' bounds (knn_fused_scratch). */
 knn_fused_scratch knn_fused_scratch_of(const knn_gpu_tiles *t,
-                                              const int *surv_offsets)
+                                       const int *surv_offsets,
+                                       float *bound, int seeded)
 {
     knn_fused_scratch s = {t->survivor, surv_offsets, t->survivors,
-                           t->fused_best};
+                           t->fused_best, bound, seeded};
     return s;
 }
 
-/* A tile's candidates: a shared walk's lists, the fused kernel, or
- * products into the panel (of nd's nodes: the device's, or a local
- * frame's view) and a selection kernel. */
+/* Where a tile's rows keep their candidates (rows + 1 offsets, n_slots in
+ * all) and, on the fused path, their survivors; `seeded`: a run again
+ * with each row's exact slots, whose thresholds start at the bounds of
+ * the run before (knn_fused_seed). */
+typedef struct {
+    const int *offsets;
+    int64_t n_slots;
+    const int *surv_offsets;
+    int seeded;
+} knn_tile_slots;
+
+/* A tile's candidates: a shared walk's lists, the fused kernel (its
+ * rows' bounds in the slot's d_bound), or products into the panel (of
+ * nd's nodes: the device's, or a local frame's view) and a selection
+ * kernel. */
 static knn_status knn_tile_candidates(knn_gpu_dev *d,
                                       const knn_gpu_nodes *nd,
                                       knn_gemm_mode gemm,
                                       const knn_select_args *sa, int node0,
-                                      const int *surv_offsets)
+                                      const knn_tile_slots *ts,
+                                      const knn_gpu_slot *sl)
 {
     const knn_request *req = d->req;
     knn_gpu_tiles *t = &d->t;
@@ -168,7 +182,8 @@ static knn_status knn_tile_candidates(knn_gpu_dev *d,
         return knn_pairs_gather(&d->pairs, sa, node0, d->message, d->stream);
     if (sa->panel64) return knn_tile_candidates_fp64(d, sa, node0);
     if (knn_dev_fused(d)) {
-        knn_fused_scratch scratch = knn_fused_scratch_of(t, surv_offsets);
+        knn_fused_scratch scratch = knn_fused_scratch_of(
+            t, ts->surv_offsets, sl->d_bound, ts->seeded);
         return knn_fused_candidates(sa, nd, node0, &scratch, NULL,
                                     d->message, d->stream);
     }
@@ -263,18 +278,10 @@ static knn_status knn_tile_transfer(knn_gpu_dev *d, knn_gpu_slot *sl)
     return KNN_OK;
 }
 
-/* Where a tile's rows keep their candidates (rows + 1 offsets, n_slots in
- * all) and, on the fused path, their survivors. */
-typedef struct {
-    const int *offsets;
-    int64_t n_slots;
-    const int *surv_offsets;
-} knn_tile_slots;
-
 static knn_tile_slots knn_slots_uniform(const knn_gpu_tiles *t, int rows)
 {
     knn_tile_slots ts = {t->offsets_uniform, (int64_t)rows * t->slots,
-                         t->surv_offsets_uniform};
+                         t->surv_offsets_uniform, 0};
     return ts;
 }
 
@@ -314,8 +321,7 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
     knn_select_args sa = knn_select_args_on(d, nd, row0, rows_node0, rows,
                                             ts->offsets, gemm);
     if (sl->d_nodes && d->self) sa.row_self = sl->d_nodes;
-    KNN_TRY(knn_tile_candidates(d, nd, gemm, &sa, rows_node0,
-                                ts->surv_offsets));
+    KNN_TRY(knn_tile_candidates(d, nd, gemm, &sa, rows_node0, ts, sl));
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->selected, d->stream));
     KNN_TRY(knn_tile_rerank(d, sl, node0, ts->offsets, ts->n_slots));
     return knn_tile_transfer(d, sl);
@@ -512,8 +518,10 @@ typedef enum {
  * first run found more than its uniform slots held): its candidates and,
  * on the fused path, its survivors, into *ts. A row whose survivors
  * overflowed kept candidates among the stored ones only; it gets as many
- * candidate slots as survivors. cand and surv keep the counts asked for,
- * which the run must give again (knn_slots_check). */
+ * candidate slots as survivors. On the fused path the run again is
+ * seeded with the rows' bounds, so its survivors are its candidates and
+ * need no more slots. cand and surv keep the counts asked for, which the
+ * run must give again (knn_slots_check). */
 static knn_status knn_slots_exact(knn_gpu_dev *d, const knn_gpu_slot *sl,
                                   knn_tile_slots *ts, std::vector<int> &cand,
                                   std::vector<int> &surv)
@@ -526,7 +534,7 @@ static knn_status knn_slots_exact(knn_gpu_dev *d, const knn_gpu_slot *sl,
         cand[r] = knn_row_surv_over(t, sl, r)
             ? (sl->survivors[r] < avail ? sl->survivors[r] : avail)
             : sl->count[r];
-        if (knn_slot_fused(sl)) surv[r] = sl->survivors[r];
+        if (knn_slot_fused(sl)) surv[r] = cand[r];
     }
     int64_t total = knn_offsets_exact(cand, t->h_offsets);
     int64_t total_surv = knn_slot_fused(sl)
@@ -555,17 +563,21 @@ static knn_status knn_slots_exact(knn_gpu_dev *d, const knn_gpu_slot *sl,
     ts->offsets = t->offsets_exact;
     ts->n_slots = total;
     ts->surv_offsets = t->surv_offsets_exact;
+    ts->seeded = knn_slot_fused(sl);
     return KNN_OK;
 }
 
-/* A tile run with exact slots gives every row the counts it asked for. */
+/* A tile run with exact slots gives every row the counts it asked for:
+ * at most as many candidates and, seeded, exactly its candidates as
+ * survivors. */
 static knn_status knn_slots_check(knn_gpu_dev *d, const knn_gpu_slot *sl,
                                   const std::vector<int> &cand,
                                   const std::vector<int> &surv)
 {
     for (int r = 0; r < sl->rows; r++) {
         if (sl->count[r] > cand[r] ||
-            (knn_slot_fused(sl) && sl->survivors[r] != surv[r]))
+            (knn_slot_fused(sl) && (sl->survivors[r] > surv[r] ||
+                                    sl->survivors[r] != sl->count[r])))
             return knn_gpu_fail(d->message, KNN_E_DEVICE, "candidate redo",
                                 "a row's candidate count changed between "
                                 "two runs of the same tile", __FILE__,

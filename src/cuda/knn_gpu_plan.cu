@@ -59,6 +59,7 @@ static void knn_tiles_carve(knn_gpu_tiles *t, size_t ld, int k,
         sl->d_index = knn_carve<int>(dev, rk);
         sl->d_distance = knn_carve<double>(dev, rk);
         sl->d_weight = knn_carve<double>(dev, rk);
+        sl->d_bound = knn_carve<float>(dev, t->surv_slots > 0 ? r : 0);
         sl->index = knn_carve<int>(host, rk);
         sl->distance = knn_carve<double>(host, rk);
         sl->weight = knn_carve<double>(host, rk);

@@ -160,6 +160,9 @@ typedef struct {
      * tile's work. */
     int *d_index;
     double *d_distance, *d_weight;
+    /* Fused: the bound each row's candidates passed (device), the seeds
+     * of a run again with exact slots (knn_fused_seed). */
+    float *d_bound;
     /* start, selected: on the stream; ranked: the re-rank and the counts'
      * transfer done (the stream); done: the results' transfer done (the
      * copy stream, after `ranked`). */
@@ -338,6 +341,13 @@ void knn_course_set(knn_gpu_dev *d, knn_course next);
  * of `visible` GPUs a request that left them to the engine uses. */
 int knn_work_is_small(const knn_request *req);
 size_t knn_devices_wanted(const knn_request *req, size_t visible);
+/* The devices a search may use (knn_gpu_search.cu), into ids: every one
+ * of the n_devices listed, each of which must exist and have compute
+ * capability KNN_MIN_MAJOR or newer; with none listed, every visible one
+ * that has. What the report names them (rep->device). */
+knn_status knn_usable_devices(const int *devices, int n_devices,
+                              std::vector<int> &ids, knn_report *rep);
+void knn_device_names(const std::vector<int> &ids, knn_report *rep);
 /* The course with one thing changed: the path; TF32 candidates refined
  * from now on; no shared walk any more. */
 void knn_course_path(knn_gpu_dev *d, knn_gpu_path path);
@@ -371,7 +381,8 @@ knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
                                      int node0, int rows,
                                      const int *offsets, knn_gemm_mode gemm);
 knn_fused_scratch knn_fused_scratch_of(const knn_gpu_tiles *t,
-                                       const int *surv_offsets);
+                                       const int *surv_offsets,
+                                       float *bound, int seeded);
 knn_status knn_copy_back(knn_gpu_dev *d, void *dst, const void *src,
                          size_t bytes);
 void knn_slot_begin(const knn_gpu_dev *d, knn_gpu_slot *sl, int row0,

@@ -103,8 +103,8 @@ static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
         d, first, first, mine, t->offsets_uniform, d->course.gemm);
     sa.n_cols = row0 + rows;
     knn_pairs_walk walk = {d->pairs, row0};
-    knn_fused_scratch scratch = knn_fused_scratch_of(t,
-                                                     t->surv_offsets_uniform);
+    knn_fused_scratch scratch = knn_fused_scratch_of(
+        t, t->surv_offsets_uniform, NULL, 0);
     if (mine > 0)
         KNN_TRY(knn_fused_candidates(&sa, nd, first, &scratch, &walk,
                                      d->message, d->stream));

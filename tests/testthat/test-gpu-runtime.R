@@ -617,6 +617,22 @@ test_that("local frames on the fused path, before split TF32", {
     expect_match(attr(got$gpu, "precision"), "fp64 GEMM|local frames")
 })
 
+test_that("fused tiles run again for their slots keep the bits", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## Cell types on falling PC scales: local tiles that hold parts of two
+    ## types leave some rows thousands of candidates, past their uniform
+    ## slots, and the tile runs again with each row's exact slots, its
+    ## thresholds starting at the bounds of the first run. Its candidates,
+    ## and so the bits, are the first run's, for a graph and a query
+    ## search.
+    x <- shapeData("cellpcs", 60000, seed = 44)
+    got <- expectGpuIdentical(x, 15, "euclidean", label = "local redo")
+    expect_match(attr(got$gpu, "precision"), "tf32 tiles in local frames")
+    q <- x[seq(1, 60000, by = 6), ] + 1e-3
+    expectGpuIdentical(x, 15, "euclidean", query = q,
+                       label = "local redo query")
+})
+
 test_that("TF32 candidates are rescored in float32 before the re-rank", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     ## Log-counts: many near-ties crowd each row's k-th score, so TF32's
