@@ -130,21 +130,50 @@ static std::vector<double> knn_key_sample(const double *x, int p,
 /* Parts rows[0..n) into the rows whose key on `axis` lies below `value`
  * and the rest, each in its order before (node order at the top, so the
  * rows' values are read in order at every depth); returns the first
- * part's size. Where every key falls on one side (ties at the value),
- * the rows part at the median of their keys instead. */
+ * part's size. */
 static int knn_part_rows(const double *x, int p, int *rows, int n, int axis,
                          double value)
 {
     int *mid = std::stable_partition(rows, rows + n, [&](int node) {
         return knn_key(x, p, node, axis) < value;
     });
-    int half = (int)(mid - rows);
-    if (half > 0 && half < n) return half;
-    half = n / 2;
-    std::nth_element(rows, rows + half, rows + n, [&](int a, int b) {
-        return knn_key(x, p, a, axis) < knn_key(x, p, b, axis);
-    });
-    return half;
+    return (int)(mid - rows);
+}
+
+/* Parts rows[0..n) into the `left` rows of smallest key on `axis` (ties
+ * at the boundary in their order) and the rest, each in its order
+ * before. */
+static void knn_part_rows_count(const double *x, int p, int *rows, int n,
+                                int axis, int left)
+{
+    std::vector<double> keys((size_t)n);
+    for (int i = 0; i < n; i++) keys[i] = knn_key(x, p, rows[i], axis);
+    std::vector<double> order(keys);
+    std::nth_element(order.begin(), order.begin() + (left - 1), order.end());
+    double last = order[left - 1];
+    int ties = left;
+    for (int i = 0; i < n; i++) ties -= keys[i] < last;
+    std::vector<int> right;
+    right.reserve((size_t)(n - left));
+    int kept = 0;
+    for (int i = 0; i < n; i++) {
+        if (keys[i] < last || (keys[i] == last && ties-- > 0))
+            rows[kept++] = rows[i];
+        else
+            right.push_back(rows[i]);
+    }
+    std::copy(right.begin(), right.end(), rows + left);
+}
+
+/* Rows to the left of a split of n > tile rows that no gap parts: whole
+ * tiles, ceil(n / tile) of them as equal as can be, half of them on
+ * each side. The fused kernel takes as long for part of a wave as for a
+ * whole one, so tiles split only down to the median would take half as
+ * long again. */
+static int knn_tile_split(int n, int tile)
+{
+    long long m = ((long long)n + tile - 1) / tile;
+    return (int)(m / 2 * n / m);
 }
 
 /* Orders rows[0..n) (nodes of x) so that every subtree of a k-d split
@@ -152,8 +181,9 @@ static int knn_part_rows(const double *x, int p, int *rows, int n, int axis,
  * subtree that becomes a tile starts: at most `tile` rows, and no gap
  * parting groups within it (down to `min_tile` rows), so a tile
  * never spans two groups the split can set apart. Each split is on the
- * axis of largest spread, at knn_split_at of a sample of its keys (any
- * order is exact; the sample makes each split linear in its rows). */
+ * axis of largest spread, at a gap parting groups (knn_split_at of a
+ * sample of its keys, which keeps each split linear in its rows), else
+ * between whole tiles (knn_tile_split); any order is exact. */
 static void knn_kd_order(const double *x, int p, int *rows, int n,
                          int tile, int min_tile, int first,
                          unsigned char *cut)
@@ -167,14 +197,20 @@ static void knn_kd_order(const double *x, int p, int *rows, int n,
     int s = (int)keys.size();
     double gap = 0.0;
     int at = knn_split_at(keys, s, &gap);
-    if (n <= tile && !knn_gap_parts(keys, s, at, gap)) {
+    int parts = knn_gap_parts(keys, s, at, gap);
+    if (n <= tile && !parts) {
         cut[first] = 1;
         return;
     }
-    double value = gap > 0.0 ? keys[at - 1] + gap / 2.0 : keys[at];
+    double value = keys[at - 1] + gap / 2.0;
     keys.clear();
     keys.shrink_to_fit();
-    int half = knn_part_rows(x, p, rows, n, axis, value);
+    int half = parts ? knn_part_rows(x, p, rows, n, axis, value) : 0;
+    /* A gap's midpoint rounded onto a key may leave a side empty. */
+    if (half == 0 || half == n) {
+        half = n > tile ? knn_tile_split(n, tile) : n / 2;
+        knn_part_rows_count(x, p, rows, n, axis, half);
+    }
     #pragma omp task if (n > KNN_LOCAL_TASK_ROWS)
     knn_kd_order(x, p, rows, half, tile, min_tile, first, cut);
     #pragma omp task if (n > KNN_LOCAL_TASK_ROWS)
