@@ -209,14 +209,17 @@ int knn_local_possible(const knn_gpu_dev *d)
 
 /* Whether the first local tile on the fused path, which tries local
  * frames before split TF32, leaves too many candidates: past
- * KNN_LOCAL_PER_K k + KNN_LOCAL_EXTRA a row, its re-rank costs more than
- * split TF32's products would (cell types whose cells spread as widely
- * as the types lie apart). Only the first local tile decides: a crowded
- * later one is exact too, and starting again would waste every tile
- * done. */
-static int knn_local_too_wide(double found, int rows, int k)
+ * KNN_LOCAL_PER_K k + KNN_LOCAL_EXTRA a row, or past one a row per
+ * KNN_LOCAL_NODES_PER_CANDIDATE of the n_ref nodes where that is more,
+ * its re-rank costs more than split TF32's products would (cell types
+ * whose cells spread as widely as the types lie apart). Only the first
+ * local tile decides: a crowded later one is exact too, and starting
+ * again would waste every tile done. */
+static int knn_local_too_wide(double found, int rows, int k, int n_ref)
 {
-    return found > (double)rows * (KNN_LOCAL_PER_K * k + KNN_LOCAL_EXTRA);
+    double per_row = fmax(KNN_LOCAL_PER_K * k + KNN_LOCAL_EXTRA,
+                          n_ref / KNN_LOCAL_NODES_PER_CANDIDATE);
+    return found > rows * per_row;
 }
 
 /* The selection kernel of a panel tile of `rows` rows. Once TF32 has
@@ -297,7 +300,8 @@ knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
      * frame resolves: their exact counts redo the tile. */
     if (sl->course.local && knn_slot_fused(sl))
         return sl->row0 == d->local.base &&
-                       knn_local_too_wide(found, sl->rows, req->k)
+                       knn_local_too_wide(found, sl->rows, req->k,
+                                          req->n_ref)
                    ? KNN_RUNG_UNLOCAL : KNN_RUNG_STAY;
     if (sl->course.local)
         return knn_rung_too_wide(found, sl->rows, req->k) ? KNN_RUNG_UNLOCAL

@@ -54,11 +54,16 @@
  * times the refinement as a whole. */
 #define KNN_REFINE_MIN(k) (2 * (k) + 32)
 /* Local frames tried from TF32 keep the fused path while their first tile
- * leaves at most 3k + 16 candidates a row (knn_local_too_wide): tight
+ * leaves at most 3k + 16 candidates a row, or one a row per this many
+ * reference nodes where that is more (knn_local_too_wide): tight
  * replicates leave about 2.6k, cell types on PCs 9k and more, where split
- * TF32 leaves 1.3k (inst/bench/shapes.R). */
+ * TF32 leaves 1.3k (inst/bench/shapes.R). The re-rank of a local tile's
+ * extra candidates costs per candidate, split TF32's products per
+ * reference node; cell types on PCs (300,000 and 1,000,000 nodes) take as
+ * long either way at about one candidate a row per 1700 nodes. */
 #define KNN_LOCAL_PER_K 3
 #define KNN_LOCAL_EXTRA 16
+#define KNN_LOCAL_NODES_PER_CANDIDATE 2048.0
 
 /* A tile is crowded (refine or climb) past knn_rung_too_wide's 4k + 64
  * candidates a row (src/engine/knn.h, shared with the CPU), measured by
