@@ -515,69 +515,53 @@ typedef enum {
 } knn_again;
 
 /* Each row's exact slots for a tile done again for KNN_AGAIN_SLOTS (the
- * first run found more than its uniform slots held): its candidates and,
- * on the fused path, its survivors, into *ts. A row whose survivors
- * overflowed kept candidates among the stored ones only; it gets as many
- * candidate slots as survivors. On the fused path the run again is
- * seeded with the rows' bounds, so its survivors are its candidates and
- * need no more slots. cand and surv keep the counts asked for, which the
- * run must give again (knn_slots_check). */
+ * first run found more than its uniform slots held), into *ts. A row
+ * whose survivors overflowed kept candidates among the stored ones only;
+ * it gets as many candidate slots as survivors. On the fused path the run
+ * again is seeded with the rows' bounds, so its survivors are its
+ * candidates and take the same slots. cand keeps the counts asked for,
+ * which the run must give again (knn_slots_check). */
 static knn_status knn_slots_exact(knn_gpu_dev *d, const knn_gpu_slot *sl,
-                                  knn_tile_slots *ts, std::vector<int> &cand,
-                                  std::vector<int> &surv)
+                                  knn_tile_slots *ts, std::vector<int> &cand)
 {
     knn_gpu_tiles *t = &d->t;
-    int avail = d->req->n_ref;
+    int avail = d->req->n_ref, fused = knn_slot_fused(sl);
     cand.resize(sl->rows);
-    surv.resize(knn_slot_fused(sl) ? sl->rows : 0);
-    for (int r = 0; r < sl->rows; r++) {
+    for (int r = 0; r < sl->rows; r++)
         cand[r] = knn_row_surv_over(t, sl, r)
             ? (sl->survivors[r] < avail ? sl->survivors[r] : avail)
             : sl->count[r];
-        if (knn_slot_fused(sl)) surv[r] = cand[r];
-    }
     int64_t total = knn_offsets_exact(cand, t->h_offsets);
-    int64_t total_surv = knn_slot_fused(sl)
-        ? knn_offsets_exact(surv, t->h_surv_offsets) : 0;
-    if (total < 0 || total_surv < 0) {
+    if (total < 0) {
         snprintf(d->message, sizeof d->message,
                  "a row tile has more tied candidates than one pass can "
                  "sort; lower options(knngpu.gpu.memory)");
         return KNN_E_NOMEM;
     }
     knn_status st = knn_slots_fit(d, total, sl->rows);
-    if (st == KNN_OK && knn_slot_fused(sl))
-        st = knn_survivors_fit(d, total_surv);
+    if (st == KNN_OK && fused) st = knn_survivors_fit(d, total);
     if (st != KNN_OK)
-        return knn_redo_nomem(d, st, (long long)(total + total_surv));
-    size_t offsets_bytes = (size_t)(sl->rows + 1) * sizeof(int);
+        return knn_redo_nomem(d, st, (long long)total * (fused ? 2 : 1));
     KNN_CUDA_TRY(d->message,
                  cudaMemcpyAsync(t->offsets_exact, t->h_offsets,
-                                 offsets_bytes, cudaMemcpyHostToDevice,
-                                 d->stream));
-    if (knn_slot_fused(sl))
-        KNN_CUDA_TRY(d->message,
-                     cudaMemcpyAsync(t->surv_offsets_exact, t->h_surv_offsets,
-                                     offsets_bytes, cudaMemcpyHostToDevice,
-                                     d->stream));
+                                 (size_t)(sl->rows + 1) * sizeof(int),
+                                 cudaMemcpyHostToDevice, d->stream));
     ts->offsets = t->offsets_exact;
     ts->n_slots = total;
-    ts->surv_offsets = t->surv_offsets_exact;
-    ts->seeded = knn_slot_fused(sl);
+    ts->surv_offsets = t->offsets_exact;
+    ts->seeded = fused;
     return KNN_OK;
 }
 
-/* A tile run with exact slots gives every row the counts it asked for:
- * at most as many candidates and, seeded, exactly its candidates as
+/* A tile run with exact slots gives every row at most the candidates it
+ * asked for and, seeded on the fused path, exactly its candidates as
  * survivors. */
 static knn_status knn_slots_check(knn_gpu_dev *d, const knn_gpu_slot *sl,
-                                  const std::vector<int> &cand,
-                                  const std::vector<int> &surv)
+                                  const std::vector<int> &cand)
 {
     for (int r = 0; r < sl->rows; r++) {
         if (sl->count[r] > cand[r] ||
-            (knn_slot_fused(sl) && (sl->survivors[r] > surv[r] ||
-                                    sl->survivors[r] != sl->count[r])))
+            (knn_slot_fused(sl) && sl->survivors[r] != sl->count[r]))
             return knn_gpu_fail(d->message, KNN_E_DEVICE, "candidate redo",
                                 "a row's candidate count changed between "
                                 "two runs of the same tile", __FILE__,
@@ -596,12 +580,11 @@ static knn_status knn_tile_again(knn_gpu_dev *d, int s, knn_again why)
     double t0 = knn_seconds();
     KNN_TRY(knn_dev_idle(d));
     knn_tile_slots ts = knn_slots_uniform(t, sl->rows);
-    std::vector<int> cand, surv;
-    if (why == KNN_AGAIN_SLOTS)
-        KNN_TRY(knn_slots_exact(d, sl, &ts, cand, surv));
+    std::vector<int> cand;
+    if (why == KNN_AGAIN_SLOTS) KNN_TRY(knn_slots_exact(d, sl, &ts, cand));
     KNN_TRY(knn_tile_enqueue(d, sl->row0, sl->rows, &ts, s));
     KNN_CUDA_TRY(d->message, cudaEventSynchronize(sl->done));
-    if (why == KNN_AGAIN_SLOTS) KNN_TRY(knn_slots_check(d, sl, cand, surv));
+    if (why == KNN_AGAIN_SLOTS) KNN_TRY(knn_slots_check(d, sl, cand));
     double *seconds = why == KNN_AGAIN_SLOTS ? &d->seconds_rerank
                                              : &d->seconds_search;
     *seconds += knn_seconds() - t0;

@@ -50,7 +50,6 @@ static void knn_tiles_carve(knn_gpu_tiles *t, size_t ld, int k,
     t->fused_best = knn_carve<float>(
         dev, t->surv_slots > 0 ? knn_fused_best_floats(k, t->rows) : 0);
     t->surv_offsets_uniform = knn_carve<int>(dev, r + 1);
-    t->surv_offsets_exact = knn_carve<int>(dev, r + 1);
     t->h_surv_offsets = knn_carve<int>(host, r + 1);
     t->h_offsets = knn_carve<int>(host, r + 1);
     t->h_pairs_lost = knn_carve<int>(host, 1);

@@ -194,11 +194,11 @@ typedef struct {
     int *sort_end;          /* knn_rerank_args.sort_end */
     int *wide;              /* knn_select_args.wide */
     int64_t n_slots_alloc;
-    /* The fused path's survivors (knn_gpu_fused.cu): their slots, uniform
-     * or a redo's exact ones, the buffer (re-sized by a redo) and the
-     * slots each row needed. */
+    /* The fused path's survivors (knn_gpu_fused.cu): their uniform slots
+     * (a redo's take its candidates' offsets), the buffer (re-sized by a
+     * redo) and the slots each row needed. */
     int surv_slots;
-    int *surv_offsets_uniform, *surv_offsets_exact, *h_surv_offsets;
+    int *surv_offsets_uniform, *h_surv_offsets;
     void *surv_block;
     uint64_t *survivor;
     int64_t surv_alloc;
