@@ -18,6 +18,7 @@
  * row's exact count, so no candidate is dropped), or the course changed
  * after it was queued and it overflowed under the old one.
  */
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -155,13 +156,15 @@ knn_fused_scratch knn_fused_scratch_of(const knn_gpu_tiles *t,
 }
 
 /* Where a tile's rows keep their candidates (rows + 1 offsets, n_slots in
- * all) and, on the fused path, their survivors; `seeded`: a run again
- * with each row's exact slots, whose thresholds start at the bounds of
- * the run before (knn_fused_seed). */
+ * all) and, on the fused path, their survivors; the uniform slots of a
+ * row (INT_MAX: each row's exact counts); `seeded`: a run again with each
+ * row's exact slots, whose thresholds start at the bounds of the run
+ * before (knn_fused_seed). */
 typedef struct {
     const int *offsets;
     int64_t n_slots;
     const int *surv_offsets;
+    int slots, surv_slots;
     int seeded;
 } knn_tile_slots;
 
@@ -281,17 +284,21 @@ static knn_status knn_tile_transfer(knn_gpu_dev *d, knn_gpu_slot *sl)
 static knn_tile_slots knn_slots_uniform(const knn_gpu_tiles *t, int rows)
 {
     knn_tile_slots ts = {t->offsets_uniform, (int64_t)rows * t->slots,
-                         t->surv_offsets_uniform, 0};
+                         t->surv_offsets_uniform, t->slots, t->surv_slots,
+                         0};
     return ts;
 }
 
 /* What slot sl's tile of rows [row0, row0 + rows) runs on: the course
- * the search is on as it is queued (knn_dev_next_step reads it back). */
+ * the search is on as it is queued (knn_dev_next_step reads it back),
+ * and the uniform slots (knn_tile_enqueue sets those it was given). */
 void knn_slot_begin(const knn_gpu_dev *d, knn_gpu_slot *sl, int row0,
                            int rows)
 {
     sl->row0 = row0;
     sl->rows = rows;
+    sl->slots = d->t.slots;
+    sl->surv_slots = d->t.surv_slots;
     sl->course = d->course;
     sl->refined = knn_tile_refined(d, rows, d->course.gemm);
     int ordered = d->course.local && row0 >= d->local.base;
@@ -307,6 +314,8 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
     knn_gpu_slot *sl = &d->t.slot[s];
     int node0 = d->self ? row0 : d->req->n_ref + (row0 - d->q0);
     knn_slot_begin(d, sl, row0, rows);
+    sl->slots = ts->slots;
+    sl->surv_slots = ts->surv_slots;
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
     /* A tile of the spatial order takes its own frame: its rows follow
      * the ref nodes in the frame's view. */
@@ -332,7 +341,7 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
 static int knn_row_surv_over(const knn_gpu_tiles *t, const knn_gpu_slot *sl,
                              int r)
 {
-    return knn_slot_fused(sl) && sl->survivors[r] > t->surv_slots;
+    return knn_slot_fused(sl) && sl->survivors[r] > sl->surv_slots;
 }
 
 /* Exact offsets from per-row counts into the pinned array h (rows + 1);
@@ -484,6 +493,15 @@ double knn_slot_found(const knn_gpu_slot *sl)
     return found;
 }
 
+/* The largest of a slot's per-row counts. */
+static int knn_slot_most(const int *counts, int rows)
+{
+    int most = 0;
+    for (int r = 0; r < rows; r++)
+        if (counts[r] > most) most = counts[r];
+    return most;
+}
+
 /* Whether a row of the slot needed more survivor slots than it had. */
 int knn_slot_surv_overflow(const knn_gpu_tiles *t,
                                   const knn_gpu_slot *sl)
@@ -500,7 +518,7 @@ static int knn_slot_overflow(const knn_gpu_tiles *t, const knn_gpu_slot *sl,
 {
     *found = knn_slot_found(sl);
     for (int r = 0; r < sl->rows; r++)
-        if (sl->count[r] > t->slots) return 1;
+        if (sl->count[r] > sl->slots) return 1;
     return knn_slot_surv_overflow(t, sl);
 }
 
@@ -549,6 +567,7 @@ static knn_status knn_slots_exact(knn_gpu_dev *d, const knn_gpu_slot *sl,
     ts->offsets = t->offsets_exact;
     ts->n_slots = total;
     ts->surv_offsets = t->offsets_exact;
+    ts->slots = ts->surv_slots = INT_MAX;
     ts->seeded = fused;
     return KNN_OK;
 }
@@ -726,8 +745,12 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
     d->half_products |= knn_slot_fused(sl) || knn_slot_gathered(sl);
     d->local_frames |= sl->d_nodes != NULL;
     if (overflow) {
+        int surv = knn_slot_most(sl->survivors, sl->rows);
         KNN_TRY(knn_tile_again(d, s, KNN_AGAIN_SLOTS));
         knn_slot_overflow(t, sl, &found); /* the counts of the run again */
+        if (sl->course.local && knn_slot_fused(sl))
+            KNN_TRY(knn_grow_uniform(d, knn_slot_most(sl->count, sl->rows),
+                                     surv));
     }
     d->refined |= sl->refined && knn_slot_wide(sl, found) > found;
     for (int r = 0; r < sl->rows; r++) {

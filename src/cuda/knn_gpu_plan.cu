@@ -238,6 +238,74 @@ static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots,
     return knn_dev_idle(d);
 }
 
+/* Slots that hold `need` and half as much again, at least `now`, at most
+ * `avail` and what `rows` rows index in an int. */
+static int knn_grown_slots(int now, int need, int avail, int rows)
+{
+    double want = fmin(fmin(need * 1.5, (double)avail),
+                       2147483647.0 / rows - 1.0);
+    return want > now ? (int)want : now;
+}
+
+/* Bytes of candidate slot arrays for n slots, the sort's scratch for n
+ * in one tile included. */
+static knn_status knn_slots_bytes(knn_gpu_dev *d, int64_t n, double *bytes)
+{
+    knn_gpu_tiles t = d->t;
+    KNN_TRY(knn_rerank_sort_bytes(n, t.rows, &t.sort_temp_bytes,
+                                  d->message));
+    knn_carver c = {NULL, 0};
+    knn_slots_carve(&t, (size_t)n, &c);
+    *bytes = (double)c.used;
+    return KNN_OK;
+}
+
+/* The uniform slots and their arrays, `slots` candidates and `surv`
+ * survivors a row; the offsets staged through the pinned arrays. */
+static knn_status knn_uniform_alloc(knn_gpu_dev *d, int slots, int surv)
+{
+    knn_gpu_tiles *t = &d->t;
+    knn_slots_free(t);
+    knn_survivors_free(t);
+    KNN_TRY(knn_slots_alloc(d, (int64_t)t->rows * slots, 0));
+    KNN_TRY(knn_survivors_alloc(d, (int64_t)t->rows * surv));
+    t->slots = slots;
+    t->surv_slots = surv;
+    KNN_TRY(knn_offsets_uniform(d, t->offsets_uniform, t->h_offsets, t->rows,
+                                slots));
+    KNN_TRY(knn_offsets_uniform(d, t->surv_offsets_uniform,
+                                t->h_surv_offsets, t->rows, surv));
+    return knn_dev_idle(d);
+}
+
+/* Local tiles of one search are alike (cell types, levels): where one
+ * needed more slots, the next likely does too, and running it again
+ * costs a walk of every column. The growth takes at most a quarter of
+ * the memory free beyond the reserve, and none where the request set
+ * its own budget (knngpu.gpu.memory), which the plan has spent. Where the
+ * larger arrays do not fit after all, the old ones come back. */
+knn_status knn_grow_uniform(knn_gpu_dev *d, int cand, int surv)
+{
+    knn_gpu_tiles *t = &d->t;
+    int avail = d->req->n_ref, old_slots = t->slots, old_surv = t->surv_slots;
+    int slots = knn_grown_slots(old_slots, cand, avail, t->rows);
+    int surv_slots = knn_grown_slots(old_surv, surv, avail, t->rows);
+    if (d->req->memory_bytes > 0 ||
+        (slots == old_slots && surv_slots == old_surv))
+        return KNN_OK;
+    double now = 0.0, grown = 0.0, budget = 0.0;
+    KNN_TRY(knn_slots_bytes(d, t->n_slots_alloc, &now));
+    KNN_TRY(knn_slots_bytes(d, (int64_t)t->rows * slots, &grown));
+    grown += (double)t->rows * surv_slots * sizeof(uint64_t);
+    now += (double)t->surv_alloc * sizeof(uint64_t);
+    KNN_TRY(knn_device_budget(0, &budget, d->message));
+    if (grown - now > budget / 4) return KNN_OK;
+    knn_status st = knn_uniform_alloc(d, slots, surv_slots);
+    if (st != KNN_E_NOMEM) return st;
+    d->message[0] = '\0';
+    return knn_uniform_alloc(d, old_slots, old_surv);
+}
+
 /* Several devices share a walk through staging buffers for the arrays of
  * another device that this one cannot read, the lists of at most this
  * many bytes: the lists of the device's own rows' nodes pass through it

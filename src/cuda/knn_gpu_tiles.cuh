@@ -149,6 +149,10 @@ typedef struct {
     int *index, *count;
     int *wide;              /* TF32 candidates before the refinement */
     int *survivors;         /* fused: the slots each row needed */
+    /* The slots each row had: the uniform ones of the run (the tiles'
+     * uniform slots may grow after it was queued), or INT_MAX for a run
+     * with each row's exact counts. */
+    int slots, surv_slots;
     /* A tile in the spatial order (knn_gpu_local.cu): its rows' places
      * in the caller's result (host) and their nodes (device); NULL for
      * rows [row0, row0 + rows) in order. */
@@ -322,6 +326,11 @@ void knn_slots_free(knn_gpu_tiles *t);
 /* The fused path's survivor buffer of n slots; and its release. */
 knn_status knn_survivors_alloc(knn_gpu_dev *d, int64_t n);
 void knn_survivors_free(knn_gpu_tiles *t);
+/* Uniform slots for the tiles after a local fused tile that ran again
+ * for its slots, grown to what its rows needed (cand and surv: the most
+ * candidates and first-run survivors of a row) where free memory allows;
+ * the device is idle. */
+knn_status knn_grow_uniform(knn_gpu_dev *d, int cand, int surv);
 /* Waits until both of the device's streams are idle. */
 knn_status knn_dev_idle(knn_gpu_dev *d);
 
