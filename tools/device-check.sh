@@ -126,6 +126,13 @@ sanitize() {
                               progress = FALSE)
             g <- knnGraph(t, k = 5, metric = "cosine", device = "gpu",
                           progress = FALSE)
+            ## rows past their slots (400 exact copies of each of three
+            ## profiles, each searched): the tile runs again from its
+            ## rows' bounds
+            options(knngpu.duplicates = "each")
+            g <- knnGraph(x[rep(1:3, 400), ], k = 5, metric = "euclidean",
+                          device = "gpu", progress = FALSE)
+            options(knngpu.duplicates = NULL)
             ## tiles of a few hundred rows beside the per-node arrays:
             ## each pair computed once (k = 100: the k smallest of each row in
             ## device memory, four entries a lane in the merge)
