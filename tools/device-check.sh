@@ -127,8 +127,8 @@ sanitize() {
             g <- knnGraph(t, k = 5, metric = "cosine", device = "gpu",
                           progress = FALSE)
             ## rows past their slots (400 exact copies of each of three
-            ## profiles, each searched): the tile runs again from its
-            ## rows' bounds
+            ## profiles, each searched): the tile runs again, each row
+            ## from the bound of the first run
             options(knngpu.duplicates = "each")
             g <- knnGraph(x[rep(1:3, 400), ], k = 5, metric = "euclidean",
                           device = "gpu", progress = FALSE)
