@@ -18,6 +18,7 @@
 #define KNN_GPU_CUH
 
 #include <atomic>
+#include <vector>
 #include <cuda_fp16.h>
 #include <cuda_runtime.h>
 #include <cublas_v2.h>
@@ -127,6 +128,14 @@ knn_status knn_context_host(knn_gpu_context *ctx, size_t bytes, void **block,
  * positive (options(knngpu.gpu.memory)); knn_gpu_plan.cu. */
 knn_status knn_device_budget(double requested, double *budget,
                              char *message);
+/* knn_gpu_query.cu: the devices a search may use, into ids: every one of
+ * the n_devices listed, each of which must exist and have compute
+ * capability KNN_MIN_MAJOR or newer; with none listed, every visible one
+ * that has (at most KNN_MAX_DEVICES). On failure ids may hold some and
+ * rep->message says why. What the report names them (rep->device). */
+knn_status knn_usable_devices(const int *devices, int n_devices,
+                              std::vector<int> &ids, knn_report *rep);
+void knn_device_names(const std::vector<int> &ids, knn_report *rep);
 
 /* n doubles from host src (any memory) to device dst. */
 typedef struct {
@@ -333,11 +342,11 @@ int knn_fused_survivor_slots(int k, int n_ref, int avail);
 size_t knn_fused_best_floats(int k, int rows);
 /* A fused tile's scratch in device memory: survivor, row r's survivor
  * slots [offsets[r], offsets[r + 1]); needed, out, per row, the survivor
- * slots it needed (more than it had: run the tile again with that many);
- * best, knn_fused_best_floats() of them; bound (or NULL), out, per row,
- * the threshold its candidates passed, and where `seeded`, in too: the
- * rows' thresholds start there (a run again of the same rows on the same
- * course, see knn_fused_kernel). */
+ * slots it needed (more than it had: the tile runs again with exact
+ * slots); best, knn_fused_best_floats() of them; bound (or NULL), out, per
+ * row, the last threshold it took, and where `seeded`, in too: the rows'
+ * thresholds start there (a run again of the same rows on the same
+ * course, see knn_fused_seed). */
 typedef struct {
     uint64_t *survivor;
     const int *offsets;

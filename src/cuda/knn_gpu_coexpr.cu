@@ -28,7 +28,8 @@
 #include <new>
 #include <thread>
 #include "knn_coexpr.h"
-#include "knn_gpu_tiles.cuh"
+#include <vector>
+#include "knn_gpu.cuh"
 
 struct knn_pw_gpu {
     int device;

@@ -32,8 +32,8 @@
  *    they include nodes that passed looser thresholds and so outnumber the
  *    candidates). On the other blocks an owner only reads its list's
  *    count, so the warps seldom wait for the owners at a barrier.
- * A column block where some row's list overflows (the first always does:
- * thresholds start at infinity) is taken whole instead: the owners first
+ * A column block where some row's list overflows (the first always does
+ * where thresholds start at infinity) is taken whole instead: the owners first
  * take their lists as far as the earlier blocks filled them, then the
  * block's scores go to shared memory (over the staging buffers), the
  * rows' k smallest take them (all warps, knn_warp_merge_row, where those
@@ -51,7 +51,8 @@
  * The survivors' number depends only on the data and the block order (no
  * atomics decide it), so a row that overflows its survivor or candidate
  * slots gets its exact counts on a second run of the tile, as the panel
- * path's rows do.
+ * path's rows do; that run starts each row's threshold where the first
+ * run's ended (knn_fused_seed), so its survivors are its candidates.
  */
 #include <stdlib.h>
 #include <string.h>
@@ -770,7 +771,7 @@ __device__ void knn_owner_finish(const knn_fused_args &a,
         }
     }
     a.scratch.needed[r] = o->survivors;
-    if (a.scratch.bound) a.scratch.bound[r] = __double2float_rd(bound);
+    if (a.scratch.bound) a.scratch.bound[r] = o->bound;
     knn_row_done(s, r, w, kept);
     if (PAIRS) knn_owner_to_node(a, sh, o, node, kept, bound);
 }
@@ -983,12 +984,16 @@ __device__ __forceinline__ void knn_fused_epilogue(
 
 /* Where row r's threshold starts: at infinity, or on a run again of the
  * same rows on the same course (products of the same vectors, so the same
- * scores), at the bound the row's candidates passed in the run before.
- * That bound is the row's final one on this run too, and at most every
- * threshold the row takes before it, so the rows' k smallest and final
- * bounds are unchanged, every candidate still passes, and the survivors
- * are exactly the candidates: no looser early threshold lets others
- * through, and no column block overflows the lists for want of one. */
+ * scores), at the lowest threshold the row took in the run before (its
+ * last, knn_owner_finish). Every threshold is a valid bound at or above
+ * the k-th smallest score it came from, so the row's k smallest all pass
+ * again and its final bound is the same; every node at or under the
+ * seed passed every threshold of the first run, so this run's candidates
+ * are among that run's (the bound is not monotone in the k-th where
+ * distances underflow, so the first run's final bound may lie above an
+ * earlier threshold); and no survivor lies above the final bound, so the
+ * survivors are the candidates, and no column block overflows the lists
+ * for want of a threshold. */
 __device__ __forceinline__ float knn_fused_seed(const knn_fused_scratch &s,
                                                 int r)
 {

@@ -11,8 +11,9 @@
  * TF32), or split TF32 is crowded (before float64), local frames
  * (knn_local_possible): the device's remaining rows are put
  * in a spatial order (a k-d split on the coordinate of largest spread,
- * at the widest gap of its middle half, on the host, so consecutive rows
- * lie close together), each tile one subtree of the split, and each
+ * at a gap between groups or else between whole tiles, on the host, so
+ * consecutive rows lie close together), each tile one subtree of the
+ * split, and each
  * tile takes its own translation, the mean of its rows, for its
  * rows and every ref node alike: the rows' norms shrink to the tile's
  * spread, and the margins with them (knn_dist_row_bound bounds each row
@@ -33,6 +34,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <algorithm>
+#include <new>
 #include <vector>
 #include "knn_gpu_tiles.cuh"
 
@@ -176,32 +178,19 @@ static int knn_tile_split(int n, int tile)
     return (int)(m / 2 * n / m);
 }
 
-/* Orders rows[0..n) (nodes of x) so that every subtree of a k-d split
- * is a stretch, and marks in cut[] (by position from `first`) where each
- * subtree that becomes a tile starts: at most `tile` rows, and no gap
- * parting groups within it (down to `min_tile` rows), so a tile
- * never spans two groups the split can set apart. Each split is on the
- * axis of largest spread, at a gap parting groups (knn_split_at of a
- * sample of its keys, which keeps each split linear in its rows), else
- * between whole tiles (knn_tile_split); any order is exact. */
-static void knn_kd_order(const double *x, int p, int *rows, int n,
-                         int tile, int min_tile, int first,
-                         unsigned char *cut)
+/* One split of knn_kd_order: -1 where rows[0..n) is a tile, else the
+ * size of its first part, the rows parted. */
+static int knn_kd_split(const double *x, int p, int *rows, int n, int tile,
+                        int min_tile)
 {
-    if (n <= min_tile) {
-        cut[first] = 1;
-        return;
-    }
+    if (n <= min_tile) return -1;
     int axis = knn_spread_axis(x, p, rows, n);
     std::vector<double> keys = knn_key_sample(x, p, rows, n, axis);
     int s = (int)keys.size();
     double gap = 0.0;
     int at = knn_split_at(keys, s, &gap);
     int parts = knn_gap_parts(keys, s, at, gap);
-    if (n <= tile && !parts) {
-        cut[first] = 1;
-        return;
-    }
+    if (n <= tile && !parts) return -1;
     double value = keys[at - 1] + gap / 2.0;
     keys.clear();
     keys.shrink_to_fit();
@@ -211,11 +200,39 @@ static void knn_kd_order(const double *x, int p, int *rows, int n,
         half = n > tile ? knn_tile_split(n, tile) : n / 2;
         knn_part_rows_count(x, p, rows, n, axis, half);
     }
+    return half;
+}
+
+/* Orders rows[0..n) (nodes of x) so that every subtree of a k-d split
+ * is a stretch, and marks in cut[] (by position from `first`) where each
+ * subtree that becomes a tile starts: at most `tile` rows, and no gap
+ * parting groups within it (down to `min_tile` rows), so a tile
+ * never spans two groups the split can set apart. Each split is on the
+ * axis of largest spread, at a gap parting groups (knn_split_at of a
+ * sample of its keys, which keeps each split linear in its rows), else
+ * between whole tiles (knn_tile_split); any order is exact. Host memory
+ * that runs out sets *failed (no exception may leave an OpenMP task). */
+static void knn_kd_order(const double *x, int p, int *rows, int n,
+                         int tile, int min_tile, int first,
+                         unsigned char *cut, int *failed)
+{
+    int half = -1;
+    try {
+        half = knn_kd_split(x, p, rows, n, tile, min_tile);
+    } catch (const std::bad_alloc &) {
+        #pragma omp atomic write
+        *failed = 1;
+        return;
+    }
+    if (half < 0) {
+        cut[first] = 1;
+        return;
+    }
     #pragma omp task if (n > KNN_LOCAL_TASK_ROWS)
-    knn_kd_order(x, p, rows, half, tile, min_tile, first, cut);
+    knn_kd_order(x, p, rows, half, tile, min_tile, first, cut, failed);
     #pragma omp task if (n > KNN_LOCAL_TASK_ROWS)
     knn_kd_order(x, p, rows + half, n - half, tile, min_tile, first + half,
-                 cut);
+                 cut, failed);
     #pragma omp taskwait
 }
 
@@ -229,8 +246,9 @@ void knn_local_free(knn_gpu_local *lf)
 
 /* The spatial order of the device's n query rows from `row` into
  * lf->place (caller's rows), the tiles' starts into lf->cut, and the
- * host copy of their nodes. */
-static void knn_local_order(knn_gpu_dev *d, int row, size_t n, int *nodes)
+ * host copy of their nodes; KNN_E_NOMEM where host memory ran out. */
+static knn_status knn_local_order(knn_gpu_dev *d, int row, size_t n,
+                                  int *nodes)
 {
     const knn_request *req = d->req;
     knn_gpu_local *lf = &d->local;
@@ -243,13 +261,16 @@ static void knn_local_order(knn_gpu_dev *d, int row, size_t n, int *nodes)
     double fused_min = fmin(d->wave_rows * KNN_LOCAL_MIN_WAVES,
                             (double)n / KNN_LOCAL_MIN_SPLITS);
     if (knn_dev_fused(d) && fused_min > min_tile) min_tile = (int)fused_min;
+    int failed = 0;
     #pragma omp parallel num_threads(d->copy_threads)
     #pragma omp single
     knn_kd_order(x, req->p, lf->place, (int)n, lf->rows, min_tile, 0,
-                 lf->cut);
+                 lf->cut, &failed);
+    if (failed) return KNN_E_NOMEM;
     for (size_t i = 0; i < n; i++)
         nodes[i] = d->self ? lf->place[i]
                            : req->n_ref + (lf->place[i] - d->q0);
+    return KNN_OK;
 }
 
 /* Rows of a local tile: the plan's, and on the fused path at most one
@@ -306,7 +327,7 @@ static knn_status knn_local_alloc(knn_gpu_dev *d, int row)
     lf->view.split = NULL;
     lf->view.fast64 = NULL;
     lf->view.sqnorm64 = NULL;
-    knn_local_order(d, row, (size_t)n, nodes.data());
+    KNN_TRY(knn_local_order(d, row, (size_t)n, nodes.data()));
     /* Zero padding of the fast vectors adds nothing to the products. */
     KNN_CUDA_TRY(d->message,
                  cudaMemsetAsync(lf->view.fast, 0,

@@ -291,14 +291,14 @@ static knn_tile_slots knn_slots_uniform(const knn_gpu_tiles *t, int rows)
 
 /* What slot sl's tile of rows [row0, row0 + rows) runs on: the course
  * the search is on as it is queued (knn_dev_next_step reads it back),
- * and the uniform slots (knn_tile_enqueue sets those it was given). */
+ * and the slots a row has (knn_tile_slots). */
 void knn_slot_begin(const knn_gpu_dev *d, knn_gpu_slot *sl, int row0,
-                           int rows)
+                    int rows, int slots, int surv_slots)
 {
     sl->row0 = row0;
     sl->rows = rows;
-    sl->slots = d->t.slots;
-    sl->surv_slots = d->t.surv_slots;
+    sl->slots = slots;
+    sl->surv_slots = surv_slots;
     sl->course = d->course;
     sl->refined = knn_tile_refined(d, rows, d->course.gemm);
     int ordered = d->course.local && row0 >= d->local.base;
@@ -313,9 +313,7 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
 {
     knn_gpu_slot *sl = &d->t.slot[s];
     int node0 = d->self ? row0 : d->req->n_ref + (row0 - d->q0);
-    knn_slot_begin(d, sl, row0, rows);
-    sl->slots = ts->slots;
-    sl->surv_slots = ts->surv_slots;
+    knn_slot_begin(d, sl, row0, rows, ts->slots, ts->surv_slots);
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
     /* A tile of the spatial order takes its own frame: its rows follow
      * the ref nodes in the frame's view. */
@@ -559,7 +557,7 @@ static knn_status knn_slots_exact(knn_gpu_dev *d, const knn_gpu_slot *sl,
     knn_status st = knn_slots_fit(d, total, sl->rows);
     if (st == KNN_OK && fused) st = knn_survivors_fit(d, total);
     if (st != KNN_OK)
-        return knn_redo_nomem(d, st, (long long)total * (fused ? 2 : 1));
+        return knn_redo_nomem(d, st, (long long)total);
     KNN_CUDA_TRY(d->message,
                  cudaMemcpyAsync(t->offsets_exact, t->h_offsets,
                                  (size_t)(sl->rows + 1) * sizeof(int),
@@ -745,10 +743,11 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
     d->half_products |= knn_slot_fused(sl) || knn_slot_gathered(sl);
     d->local_frames |= sl->d_nodes != NULL;
     if (overflow) {
-        int surv = knn_slot_most(sl->survivors, sl->rows);
+        int grow = sl->course.local && knn_slot_fused(sl);
+        int surv = grow ? knn_slot_most(sl->survivors, sl->rows) : 0;
         KNN_TRY(knn_tile_again(d, s, KNN_AGAIN_SLOTS));
         knn_slot_overflow(t, sl, &found); /* the counts of the run again */
-        if (sl->course.local && knn_slot_fused(sl))
+        if (grow)
             KNN_TRY(knn_grow_uniform(d, knn_slot_most(sl->count, sl->rows),
                                      surv));
     }

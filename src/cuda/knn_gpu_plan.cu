@@ -238,11 +238,11 @@ static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots,
     return knn_dev_idle(d);
 }
 
-/* Slots that hold `need` and half as much again, at least `now`, at most
- * `avail` and what `rows` rows index in an int. */
+/* Slots that hold `need` with KNN_GROW_SLOTS room, at least `now`, at
+ * most `avail` and what `rows` rows index in an int. */
 static int knn_grown_slots(int now, int need, int avail, int rows)
 {
-    double want = fmin(fmin(need * 1.5, (double)avail),
+    double want = fmin(fmin(need * KNN_GROW_SLOTS, (double)avail),
                        2147483647.0 / rows - 1.0);
     return want > now ? (int)want : now;
 }
@@ -260,15 +260,29 @@ static knn_status knn_slots_bytes(knn_gpu_dev *d, int64_t n, double *bytes)
     return KNN_OK;
 }
 
-/* The uniform slots and their arrays, `slots` candidates and `surv`
- * survivors a row; the offsets staged through the pinned arrays. */
-static knn_status knn_uniform_alloc(knn_gpu_dev *d, int slots, int surv)
+/* The tiles' uniform slots become `slots` candidates and `surv` survivors
+ * a row: the new arrays are allocated while the old ones are held, so
+ * where they do not fit the old ones stay (KNN_E_NOMEM, the message
+ * cleared). The device is idle. */
+static knn_status knn_uniform_swap(knn_gpu_dev *d, int slots, int surv)
 {
     knn_gpu_tiles *t = &d->t;
-    knn_slots_free(t);
-    knn_survivors_free(t);
-    KNN_TRY(knn_slots_alloc(d, (int64_t)t->rows * slots, 0));
-    KNN_TRY(knn_survivors_alloc(d, (int64_t)t->rows * surv));
+    knn_gpu_tiles old = *t;
+    t->slots_block = NULL;
+    t->surv_block = NULL;
+    knn_status st = knn_slots_alloc(d, (int64_t)t->rows * slots, 0);
+    if (st == KNN_OK)
+        st = knn_survivors_alloc(d, (int64_t)t->rows * surv);
+    if (st != KNN_OK) {
+        cudaFree(t->slots_block);
+        cudaFree(t->surv_block);
+        cudaGetLastError();
+        *t = old;
+        d->message[0] = '\0';
+        return KNN_E_NOMEM;
+    }
+    cudaFree(old.slots_block);
+    cudaFree(old.surv_block);
     t->slots = slots;
     t->surv_slots = surv;
     KNN_TRY(knn_offsets_uniform(d, t->offsets_uniform, t->h_offsets, t->rows,
@@ -278,32 +292,29 @@ static knn_status knn_uniform_alloc(knn_gpu_dev *d, int slots, int surv)
     return knn_dev_idle(d);
 }
 
-/* Local tiles of one search are alike (cell types, levels): where one
- * needed more slots, the next likely does too, and running it again
- * costs a walk of every column. The growth takes at most a quarter of
- * the memory free beyond the reserve, and none where the request set
- * its own budget (knngpu.gpu.memory), which the plan has spent. Where the
- * larger arrays do not fit after all, the old ones come back. */
 knn_status knn_grow_uniform(knn_gpu_dev *d, int cand, int surv)
 {
     knn_gpu_tiles *t = &d->t;
-    int avail = d->req->n_ref, old_slots = t->slots, old_surv = t->surv_slots;
-    int slots = knn_grown_slots(old_slots, cand, avail, t->rows);
-    int surv_slots = knn_grown_slots(old_surv, surv, avail, t->rows);
-    if (d->req->memory_bytes > 0 ||
-        (slots == old_slots && surv_slots == old_surv))
+    int avail = d->req->n_ref;
+    int slots = knn_grown_slots(t->slots, cand, avail, t->rows);
+    int surv_slots = knn_grown_slots(t->surv_slots, surv, avail, t->rows);
+    if (d->req->memory_bytes > 0 || t->grow_refused ||
+        (slots == t->slots && surv_slots == t->surv_slots))
         return KNN_OK;
     double now = 0.0, grown = 0.0, budget = 0.0;
-    KNN_TRY(knn_slots_bytes(d, t->n_slots_alloc, &now));
-    KNN_TRY(knn_slots_bytes(d, (int64_t)t->rows * slots, &grown));
+    knn_status st = knn_slots_bytes(d, t->n_slots_alloc, &now);
+    if (st == KNN_OK)
+        st = knn_slots_bytes(d, (int64_t)t->rows * slots, &grown);
+    if (st == KNN_OK) st = knn_device_budget(0, &budget, d->message);
     grown += (double)t->rows * surv_slots * sizeof(uint64_t);
-    now += (double)t->surv_alloc * sizeof(uint64_t);
-    KNN_TRY(knn_device_budget(0, &budget, d->message));
-    if (grown - now > budget / 4) return KNN_OK;
-    knn_status st = knn_uniform_alloc(d, slots, surv_slots);
-    if (st != KNN_E_NOMEM) return st;
+    if (st == KNN_OK && grown > budget * KNN_GROW_MEMORY_SHARE)
+        st = KNN_E_NOMEM;
+    if (st == KNN_OK) st = knn_uniform_swap(d, slots, surv_slots);
+    if (st == KNN_OK) return KNN_OK;
+    /* Growing is optional: the search goes on with the slots it has. */
     d->message[0] = '\0';
-    return knn_uniform_alloc(d, old_slots, old_surv);
+    t->grow_refused = 1;
+    return KNN_OK;
 }
 
 /* Several devices share a walk through staging buffers for the arrays of
@@ -419,8 +430,10 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
     /* A fused tile keeps at least one full wave of blocks, however wide
      * the reference: fewer rows would leave SMs idle for the whole tile.
      * A shared walk takes one wave a tile: the pairs within a tile are
-     * computed twice, so more tiles save more. */
-    double tile_rows = pairs ? (double)d->wave_rows
+     * computed twice, so more tiles save more. Local fused tiles are at
+     * most one wave (knn_local_rows). */
+    int one_wave = pairs || (knn_dev_fused(d) && d->course.local);
+    double tile_rows = one_wave ? (double)d->wave_rows
         : knn_dev_fused(d)
         ? fmax(KNN_FUSED_PAIRS_MAX / req->n_ref, (double)d->wave_rows)
         : KNN_PANEL_FLOATS_MAX / req->n_ref /

@@ -60,10 +60,20 @@
  * TF32 leaves 1.3k (inst/bench/shapes.R). The re-rank of a local tile's
  * extra candidates costs per candidate, split TF32's products per
  * reference node; cell types on PCs (300,000 and 1,000,000 nodes) take as
- * long either way at about one candidate a row per 1700 nodes. */
+ * long either way at about one candidate a row per 1700 nodes, and the
+ * allowance, one per 2048, leans to split TF32 where the two are close
+ * (RESULTS.md, "Local frames, cheaper"). */
 #define KNN_LOCAL_PER_K 3
 #define KNN_LOCAL_EXTRA 16
 #define KNN_LOCAL_NODES_PER_CANDIDATE 2048.0
+/* After a local fused tile ran again for its slots, the tiles after it
+ * get uniform slots for the most any of its rows needed, this much again
+ * (local tiles of one search are alike: genes at many levels at 1,000,000
+ * ran every local tile twice), in at most this share of the memory free
+ * beyond the reserve (knn_grow_uniform). Not measured on their own: the
+ * A/B run of RESULTS.md times the growth as a whole. */
+#define KNN_GROW_SLOTS 1.5
+#define KNN_GROW_MEMORY_SHARE 0.25
 
 /* A tile is crowded (refine or climb) past knn_rung_too_wide's 4k + 64
  * candidates a row (src/engine/knn.h, shared with the CPU), measured by

@@ -19,68 +19,13 @@
  */
 #include <stdio.h>
 #include <string.h>
-#include <mutex>
 #include <new>
-#include <string>
 #include <thread>
 #include <vector>
 #include "knn_gpu_tiles.cuh"
 
 #define KNN_POLL_MS 100
 #define KNN_COPY_THREADS_MAX 8
-
-knn_status knn_usable_devices(const int *devices, int n_devices,
-                              std::vector<int> &ids, knn_report *rep)
-{
-    int count = 0;
-    cudaError_t e = cudaGetDeviceCount(&count);
-    if (e != cudaSuccess || count == 0) {
-        cudaGetLastError();
-        knn_gpu_info info;
-        knn_gpu_query(&info);
-        snprintf(rep->message, sizeof rep->message, "no usable GPU: %s",
-                 info.reason[0] ? info.reason : "no CUDA device is visible");
-        return KNN_E_NOGPU;
-    }
-    if (n_devices <= 0) {
-        for (int d = 0; d < count && d < KNN_MAX_DEVICES; d++) ids.push_back(d);
-    } else {
-        /* A device listed twice runs two row blocks side by side; the R
-         * layer refuses that, the C tests use it to split on one GPU. */
-        for (int i = 0; i < n_devices && i < KNN_MAX_DEVICES; i++) {
-            int d = devices[i];
-            if (d < 0 || d >= count) {
-                snprintf(rep->message, sizeof rep->message,
-                         "GPU %d does not exist (%d visible, numbered from "
-                         "0)", d, count);
-                return KNN_E_INVALID;
-            }
-            ids.push_back(d);
-        }
-    }
-    std::vector<int> usable;
-    for (int d : ids) {
-        int major = 0;
-        cudaError_t e = cudaDeviceGetAttribute(
-            &major, cudaDevAttrComputeCapabilityMajor, d);
-        if (e == cudaSuccess && major >= KNN_MIN_MAJOR)
-            usable.push_back(d);
-    }
-    cudaGetLastError();
-    if (usable.empty()) {
-        snprintf(rep->message, sizeof rep->message,
-                 "no usable GPU: none of the devices has compute capability "
-                 "8.0 or newer");
-        return KNN_E_NOGPU;
-    }
-    if (n_devices > 0 && usable.size() != ids.size()) {
-        snprintf(rep->message, sizeof rep->message,
-                 "a GPU in 'devices' has compute capability below 8.0");
-        return KNN_E_NOGPU;
-    }
-    ids = usable;
-    return KNN_OK;
-}
 
 /* Fills ids with the devices to use: the request's list, or as many of
  * the usable ones as pay. */
@@ -90,42 +35,6 @@ static knn_status knn_pick_devices(const knn_request *req,
     KNN_TRY(knn_usable_devices(req->devices, req->n_devices, ids, rep));
     if (req->n_devices <= 0) ids.resize(knn_devices_wanted(req, ids.size()));
     return KNN_OK;
-}
-
-/* Device d's name, read once: cudaGetDeviceProperties reads every
- * property, too slow to ask on each search. */
-static const char *knn_device_name(int d)
-{
-    static std::mutex lock;
-    static std::string names[KNN_MAX_DEVICES];
-    std::lock_guard<std::mutex> hold(lock);
-    if (d < 0 || d >= KNN_MAX_DEVICES) return "GPU";
-    if (names[d].empty()) {
-        cudaDeviceProp prop;
-        if (cudaGetDeviceProperties(&prop, d) != cudaSuccess) {
-            cudaGetLastError();
-            return "GPU";
-        }
-        names[d] = prop.name;
-    }
-    return names[d].c_str();
-}
-
-void knn_device_names(const std::vector<int> &ids, knn_report *rep)
-{
-    const char *name = knn_device_name(ids[0]);
-    if (ids.size() == 1) {
-        snprintf(rep->device, sizeof rep->device, "%.100s (GPU %d)", name,
-                 ids[0]);
-        return;
-    }
-    int n = snprintf(rep->device, sizeof rep->device, "%d x %.80s (GPUs",
-                     (int)ids.size(), name);
-    for (size_t i = 0; i < ids.size() && n < (int)sizeof rep->device; i++)
-        n += snprintf(rep->device + n, sizeof rep->device - n, "%s%d",
-                      i ? ", " : " ", ids[i]);
-    if (n < (int)sizeof rep->device)
-        snprintf(rep->device + n, sizeof rep->device - n, ")");
 }
 
 /* Largest |value| of the query nodes, which the distance metrics' 2^-e

@@ -202,6 +202,7 @@ typedef struct {
      * (a redo's take its candidates' offsets), the buffer (re-sized by a
      * redo) and the slots each row needed. */
     int surv_slots;
+    int grow_refused;       /* growing them did not fit (knn_grow_uniform) */
     int *surv_offsets_uniform, *h_surv_offsets;
     void *surv_block;
     uint64_t *survivor;
@@ -328,8 +329,10 @@ knn_status knn_survivors_alloc(knn_gpu_dev *d, int64_t n);
 void knn_survivors_free(knn_gpu_tiles *t);
 /* Uniform slots for the tiles after a local fused tile that ran again
  * for its slots, grown to what its rows needed (cand and surv: the most
- * candidates and first-run survivors of a row) where free memory allows;
- * the device is idle. */
+ * candidates and first-run survivors of a row), where memory allows and
+ * the request set no budget of its own (knngpu.gpu.memory, which the plan
+ * has spent). The device is idle. Never fails: where growing does not
+ * fit, the slots stay, and the tiles grow no more. */
 knn_status knn_grow_uniform(knn_gpu_dev *d, int cand, int surv);
 /* Waits until both of the device's streams are idle. */
 knn_status knn_dev_idle(knn_gpu_dev *d);
@@ -350,13 +353,6 @@ void knn_course_set(knn_gpu_dev *d, knn_course next);
  * of `visible` GPUs a request that left them to the engine uses. */
 int knn_work_is_small(const knn_request *req);
 size_t knn_devices_wanted(const knn_request *req, size_t visible);
-/* The devices a search may use (knn_gpu_search.cu), into ids: every one
- * of the n_devices listed, each of which must exist and have compute
- * capability KNN_MIN_MAJOR or newer; with none listed, every visible one
- * that has. What the report names them (rep->device). */
-knn_status knn_usable_devices(const int *devices, int n_devices,
-                              std::vector<int> &ids, knn_report *rep);
-void knn_device_names(const std::vector<int> &ids, knn_report *rep);
 /* The course with one thing changed: the path; TF32 candidates refined
  * from now on; no shared walk any more. */
 void knn_course_path(knn_gpu_dev *d, knn_gpu_path path);
@@ -395,7 +391,7 @@ knn_fused_scratch knn_fused_scratch_of(const knn_gpu_tiles *t,
 knn_status knn_copy_back(knn_gpu_dev *d, void *dst, const void *src,
                          size_t bytes);
 void knn_slot_begin(const knn_gpu_dev *d, knn_gpu_slot *sl, int row0,
-                    int rows);
+                    int rows, int slots, int surv_slots);
 double knn_slot_found(const knn_gpu_slot *sl);
 int knn_slot_surv_overflow(const knn_gpu_tiles *t, const knn_gpu_slot *sl);
 

@@ -96,7 +96,7 @@ static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
     const knn_gpu_nodes *nd = &d->nodes;
     int first = row0, mine = rows;
     if (d->team_walk) knn_walk_rows(d, row0, rows, &first, &mine);
-    knn_slot_begin(d, sl, first, mine);
+    knn_slot_begin(d, sl, first, mine, t->slots, t->surv_slots);
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
     if (d->team_walk) KNN_TRY(knn_team_tighten(d, row0));
     knn_select_args sa = knn_tile_select_args(
