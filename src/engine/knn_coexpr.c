@@ -609,8 +609,7 @@ typedef struct {
     double *rs2;   /* n: sqrt of s2 */
     int *miss_at;  /* n + 1 offsets into miss */
     int *miss;     /* missing features of each node, ascending */
-    int words;     /* 64-bit words of a node's mask */
-    uint64_t *mask; /* words x n: bit f set where feature f is missing */
+    unsigned char *gone; /* p x n: 1 where a feature is missing, else 0 */
     int *order;    /* n: the node at each position, by missing count then
                       number (reference nodes; NULL: positions are nodes) */
     float *a32;    /* p x n: a in float32, by position */
@@ -629,7 +628,7 @@ typedef struct {
 static void knn_pw_screen_free(knn_pw_screen *sc)
 {
     void *parts[] = {sc->a, sc->t, sc->s2, sc->l1, sc->rs2, sc->miss_at,
-                     sc->miss, sc->mask, sc->order, sc->a32, sc->run_at,
+                     sc->miss, sc->gone, sc->order, sc->a32, sc->run_at,
                      sc->rs, sc->w, sc->xt, sc->vt, sc->pa, sc->pmiss_at,
                      sc->pmiss};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
@@ -715,18 +714,22 @@ static knn_status knn_pw_screen_prepare(knn_pw_screen *sc,
     sc->rs2 = malloc((size_t)n * sizeof(double));
     sc->miss_at = malloc(((size_t)n + 1) * sizeof(int));
     sc->miss = malloc((missing + 1) * sizeof(int));
-    sc->words = (p + 63) / 64;
-    sc->mask = calloc((size_t)sc->words * n, sizeof(uint64_t));
+    sc->gone = calloc((size_t)p * n, 1);
     sc->a32 = malloc((size_t)p * n * sizeof(float));
     if (!sc->a || !sc->t || !sc->s2 || !sc->l1 || !sc->rs2 || !sc->miss_at ||
-        !sc->miss || !sc->mask || !sc->a32 || missing > (size_t)INT_MAX) {
+        !sc->miss || !sc->gone || !sc->a32 || missing > (size_t)INT_MAX) {
         knn_pw_screen_free(sc);
         return KNN_E_NOMEM;
     }
-    int at = 0;
+    sc->miss_at[0] = 0;
+    for (int j = 0; j < n; j++) {
+        sc->miss_at[j + 1] = sc->miss_at[j] + p - nodes->present[j];
+    }
+    #pragma omp parallel for num_threads(threads) schedule(static)
     for (int j = 0; j < n; j++) {
         const double *v = nodes->x + (size_t)j * p;
         double *a = sc->a + (size_t)j * p;
+        int at = sc->miss_at[j];
         double sum = 0.0;
         for (int f = 0; f < p; f++) {
             if (!isnan(v[f])) sum += v[f];
@@ -734,13 +737,11 @@ static knn_status knn_pw_screen_prepare(knn_pw_screen *sc,
         double mean = cs->centred && nodes->present[j] > 0
             ? sum / nodes->present[j] : 0.0;
         double t = 0.0, s2 = 0.0, l1 = 0.0;
-        sc->miss_at[j] = at;
         for (int f = 0; f < p; f++) {
             if (isnan(v[f])) {
                 a[f] = 0.0;
                 sc->miss[at++] = f;
-                sc->mask[(size_t)j * sc->words + f / 64] |=
-                    (uint64_t)1 << (f % 64);
+                sc->gone[(size_t)j * p + f] = 1;
                 continue;
             }
             a[f] = v[f] - mean;
@@ -753,13 +754,13 @@ static knn_status knn_pw_screen_prepare(knn_pw_screen *sc,
         sc->l1[j] = l1;
         sc->rs2[j] = sqrt(s2);
     }
-    sc->miss_at[n] = at;
     knn_status st = is_ref ? knn_pw_screen_tables(sc, nodes, cs, threads)
                            : KNN_OK;
     if (st != KNN_OK) {
         knn_pw_screen_free(sc);
         return st;
     }
+    #pragma omp parallel for num_threads(threads) schedule(static)
     for (int pos = 0; pos < n; pos++) {
         int j = sc->order ? sc->order[pos] : pos;
         for (int f = 0; f < p; f++) {
@@ -831,7 +832,6 @@ typedef struct {
     float *seed_s;
     double *x, *v, *top;
     int *seed_at, *ms;  /* ms: 0, 1, ..., max_miss */
-    char *seeded;       /* n_ref */
     unsigned char *keep; /* n_ref: step 2's verdicts */
 } knn_pw_share;
 
@@ -895,7 +895,7 @@ static int knn_pw_top(const knn_pw_consts *cs, const float *c,
 }
 
 /* Step 1: the k reference positions of largest score (self excluded),
- * keyed and marked in w->seeded; returns how many. */
+ * keyed, and left in w->seed_at; returns how many. */
 static int knn_pw_seeds(const knn_pairwise_request *req,
                         const knn_pw_consts *cs, const knn_pw_nodes *q,
                         int qi, int qpos, const knn_pw_nodes *r,
@@ -911,7 +911,6 @@ static int knn_pw_seeds(const knn_pairwise_request *req,
     }
     t->size = 0;
     for (int i = 0; i < have; i++) {
-        w->seeded[w->seed_at[i]] = 1;
         knn_pw_key(req, q, qi, r, rs->order[w->seed_at[i]], t, keyed);
     }
     return have;
@@ -925,21 +924,33 @@ static double knn_pw_tau(const knn_pw_consts *cs, double d_w)
     return 1.0 - d_w - 8.0 * KNN_U64 - 7.0 * cs->g;
 }
 
+/* Eight bytes of keep as one word whose lowest-addressed byte is its
+ * lowest, so that the first kept position is its lowest set bit. */
+static inline uint64_t knn_pw_keep_word(const unsigned char *keep)
+{
+    uint64_t w;
+    memcpy(&w, keep, sizeof w);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    w = __builtin_bswap64(w);
+#endif
+    return w;
+}
+
 /* Appends the positions in [from, to) whose keep is 1, and their
  * products c, to out and pc after `passed` of them; returns the new
- * count. Eight positions kept by none are passed over at once. */
+ * count. Eight positions at a time, visiting only the kept ones (a kept
+ * byte is 1: clearing a word's lowest set bit clears its first kept
+ * position), so that the cost follows the positions kept. */
 static int knn_pw_compact(const unsigned char *keep, int from, int to,
                           const float *c, int *out, float *pc, int passed)
 {
     int pos = from;
     for (; pos + 8 <= to; pos += 8) {
-        uint64_t any;
-        memcpy(&any, keep + pos, sizeof any);
-        if (!any) continue;
-        for (int l = pos; l < pos + 8; l++) {
+        for (uint64_t w = knn_pw_keep_word(keep + pos); w; w &= w - 1) {
+            int l = pos + (knn_trailing_zeros(w) >> 3);
             out[passed] = l;
             pc[passed] = c[l];
-            passed += keep[l];
+            passed++;
         }
     }
     for (; pos < to; pos++) {
@@ -950,15 +961,16 @@ static int knn_pw_compact(const unsigned char *keep, int from, int to,
     return passed;
 }
 
-/* Step 2: the positions other than seeds that the filter passes, into
- * out, ascending, and their products into pc; returns their count. tau:
- * the least r a pair may have to rank (not above 0: every pair passes). */
+/* Step 2: the positions other than the `seeds` of w->seed_at that the
+ * filter passes, into out, ascending, and their products into pc;
+ * returns their count. tau: the least r a pair may have to rank (not
+ * above 0: every pair passes). */
 static int knn_pw_filter(const knn_pw_consts *cs, const knn_pw_screen *qs,
                          int qi, const knn_pw_screen *rs, int n_ref,
-                         double tau, const float *c, knn_pw_share *w,
-                         int *out, float *pc)
+                         double tau, const float *c, int seeds,
+                         knn_pw_share *w, int *out, float *pc)
 {
-    int p = cs->p, most = cs->max_miss, passed = 0;
+    int p = cs->p, most = cs->max_miss;
     int ki = qs->miss_at[qi + 1] - qs->miss_at[qi];
     int filter = tau > 0.0;
     if (filter) {
@@ -969,16 +981,12 @@ static int knn_pw_filter(const knn_pw_consts *cs, const knn_pw_screen *qs,
     size_t level = filter ? (size_t)knn_pw_level(cs, ki) * n_ref : 0;
     const double *xj = rs->xt + level, *vj = rs->vt + level;
     const double *rsj = rs->rs;
-    const char *seeded = w->seeded;
     double e = cs->ec * qs->rs2[qi], eabs = cs->eabs;
+    unsigned char *keep = w->keep;
     for (int m = 0; m <= most; m++) {
         int from = rs->run_at[m], to = rs->run_at[m + 1];
         if (!filter || !(w->v[m] > 0.0)) {
-            for (int pos = from; pos < to; pos++) {
-                out[passed] = pos;
-                pc[passed] = c[pos];
-                passed += !seeded[pos];
-            }
+            memset(keep + from, 1, (size_t)(to - from));
             continue;
         }
         int n = p - ki - m;
@@ -986,24 +994,23 @@ static int knn_pw_filter(const knn_pw_consts *cs, const knn_pw_screen *qs,
         /* vj is -Inf where a node's variance bound is not relied on, and
          * ts > 0: such a node passes. */
         double ts = tau * (1.0 - 4.0 * KNN_U64) * w->v[m];
-        unsigned char *keep = w->keep;
         if (cs->absolute) {
             #pragma omp simd
             for (int pos = from; pos < to; pos++) {
                 double hi = fabs((double)c[pos]) + e * rsj[pos] +
                             xin * xj[pos] + eabs;
-                keep[pos] = !(hi < ts * vj[pos]) & !seeded[pos];
+                keep[pos] = !(hi < ts * vj[pos]);
             }
         } else {
             #pragma omp simd
             for (int pos = from; pos < to; pos++) {
                 double hi = c[pos] + e * rsj[pos] + xin * xj[pos] + eabs;
-                keep[pos] = !(hi < ts * vj[pos]) & !seeded[pos];
+                keep[pos] = !(hi < ts * vj[pos]);
             }
         }
-        passed = knn_pw_compact(keep, from, to, c, out, pc, passed);
     }
-    return passed;
+    for (int i = 0; i < seeds; i++) keep[w->seed_at[i]] = 0;
+    return knn_pw_compact(keep, 0, n_ref, c, out, pc, 0);
 }
 
 /* Whether step 3 rules a pair out before the reference node's sums:
@@ -1045,11 +1052,11 @@ static void knn_pw_refine(const knn_pairwise_request *req,
     size_t level = (size_t)knn_pw_level(cs, qs->miss_at[qi + 1] -
                                             qs->miss_at[qi]) * r->n;
     const double *xj = rs->xt + level, *vj = rs->vt + level;
-    int p = cs->p, k = req->k, words = qs->words;
+    int p = cs->p, k = req->k;
     int ki = qs->miss_at[qi + 1] - qs->miss_at[qi];
     const int *miss = qs->miss + qs->miss_at[qi];
     const double *ai = qs->a + (size_t)qi * p;
-    const uint64_t *mi = qs->mask + (size_t)qi * words;
+    const unsigned char *gi = qs->gone + (size_t)qi * p;
     double e = cs->ec * qs->rs2[qi];
     int i = *next;
     for (; i < count && passed[i] < end; i++) {
@@ -1063,7 +1070,7 @@ static void knn_pw_refine(const knn_pairwise_request *req,
             double v = ai[f];
             sa += v;
             qa += v * v;
-            both += (int)((mi[f / 64] >> (f % 64)) & 1u);
+            both += gi[f];
         }
         int shared = p - ki - kj + both;
         if (shared < req->min_shared || shared == 0) continue;
@@ -1123,7 +1130,7 @@ static void knn_pw_share_free(knn_pw_share *s)
 {
     void *parts[] = {s->c, s->row, s->heap_d, s->heap_j, s->passed, s->pc,
                      s->count, s->next, s->seed_s, s->x, s->v, s->top,
-                     s->seed_at, s->ms, s->seeded, s->keep};
+                     s->seed_at, s->ms, s->keep};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         free(parts[i]);
     }
@@ -1149,11 +1156,10 @@ static int knn_pw_share_alloc(knn_pw_share *s, int k, int most, int n_ref,
     s->top = malloc(m * sizeof(double));
     s->seed_at = malloc((size_t)k * sizeof(int));
     s->ms = malloc(m * sizeof(int));
-    s->seeded = calloc((size_t)n_ref, 1);
     s->keep = malloc((size_t)n_ref);
     if ((own_products && !s->c) || !s->row || !s->heap_d || !s->heap_j ||
         !s->passed || !s->pc || !s->count || !s->next || !s->seed_s ||
-        !s->x || !s->v || !s->top || !s->seed_at || !s->ms || !s->seeded ||
+        !s->x || !s->v || !s->top || !s->seed_at || !s->ms ||
         !s->keep)
         return 0;
     for (int i = 0; i <= most; i++) s->ms[i] = i;
@@ -1181,6 +1187,7 @@ static void knn_pw_screen_tile(const knn_pairwise_request *req,
 {
     int p = req->p, n_ref = r->n, rows = last - first;
     int block = knn_pw_block(p);
+    double passes = 0.0;
     if (!products) {
         knn_sgemm_tn(n_ref, rows, p, rs->a32, qs->a32 + (size_t)first * p,
                      s->c);
@@ -1194,18 +1201,23 @@ static void knn_pw_screen_tile(const knn_pairwise_request *req,
                                  rs, c, t, s, keyed);
         double tau = t->size == req->k ? knn_pw_tau(cs, t->heap_d[0])
                                        : -INFINITY;
-        s->count[i] = knn_pw_filter(cs, qs, qi, rs, n_ref, tau, c, s,
-                                    s->passed + (size_t)i * n_ref,
+        s->count[i] = knn_pw_filter(cs, qs, qi, rs, n_ref, tau, c, seeds,
+                                    s, s->passed + (size_t)i * n_ref,
                                     s->pc + (size_t)i * n_ref);
         s->next[i] = 0;
-        for (int j = 0; j < seeds; j++) s->seeded[s->seed_at[j]] = 0;
+        passes += s->count[i];
     }
+    /* Where the tile's rows pass fewer pairs than there are reference
+     * nodes, they read a few of the values only, and streaming them all
+     * costs more than it saves. */
+    int stream = passes >= n_ref;
     for (int from = 0; from < n_ref; from += block) {
         int end = from + block < n_ref ? from + block : n_ref;
         /* The rows gather from all over the block: asked for in order,
          * its values come at the memory's full speed. */
         const double *values = rs->pa + (size_t)from * p;
-        for (size_t at = 0; at < (size_t)(end - from) * p; at += 8) {
+        for (size_t at = 0; stream && at < (size_t)(end - from) * p;
+             at += 8) {
             __builtin_prefetch(values + at);
         }
         for (int i = 0; i < rows; i++) {
