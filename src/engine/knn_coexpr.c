@@ -924,30 +924,36 @@ static double knn_pw_tau(const knn_pw_consts *cs, double d_w)
     return 1.0 - d_w - 8.0 * KNN_U64 - 7.0 * cs->g;
 }
 
-/* Eight bytes of keep as one word whose lowest-addressed byte is its
- * lowest, so that the first kept position is its lowest set bit. */
-static inline uint64_t knn_pw_keep_word(const unsigned char *keep)
+/* Eight bytes of keep (each 0 or 1) as the low eight bits of a word, the
+ * first byte lowest: the bytes are read as one word, first byte lowest,
+ * and the multiplication adds each byte's bit into the top byte at its
+ * own place (no two meet, so nothing carries). */
+static inline uint64_t knn_pw_keep_bits(const unsigned char *keep)
 {
     uint64_t w;
     memcpy(&w, keep, sizeof w);
 #if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
     w = __builtin_bswap64(w);
 #endif
-    return w;
+    return (w * 0x0102040810204080ULL) >> 56;
 }
 
 /* Appends the positions in [from, to) whose keep is 1, and their
  * products c, to out and pc after `passed` of them; returns the new
- * count. Eight positions at a time, visiting only the kept ones (a kept
- * byte is 1: clearing a word's lowest set bit clears its first kept
- * position), so that the cost follows the positions kept. */
+ * count. Sixty-four positions at a time, as the set bits of one word,
+ * visiting only the kept ones, so that the cost follows the positions
+ * kept. */
 static int knn_pw_compact(const unsigned char *keep, int from, int to,
                           const float *c, int *out, float *pc, int passed)
 {
     int pos = from;
-    for (; pos + 8 <= to; pos += 8) {
-        for (uint64_t w = knn_pw_keep_word(keep + pos); w; w &= w - 1) {
-            int l = pos + (knn_trailing_zeros(w) >> 3);
+    for (; pos + 64 <= to; pos += 64) {
+        uint64_t bits = 0;
+        for (int b = 0; b < 8; b++) {
+            bits |= knn_pw_keep_bits(keep + pos + 8 * b) << (8 * b);
+        }
+        for (; bits; bits &= bits - 1) {
+            int l = pos + knn_trailing_zeros(bits);
             out[passed] = l;
             pc[passed] = c[l];
             passed++;
