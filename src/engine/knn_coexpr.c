@@ -832,6 +832,7 @@ typedef struct {
     float *seed_s;
     double *x, *v, *top;
     int *seed_at, *ms;  /* ms: 0, 1, ..., max_miss */
+    char *seeded;       /* n_ref */
     unsigned char *keep; /* n_ref: step 2's verdicts */
 } knn_pw_share;
 
@@ -895,7 +896,7 @@ static int knn_pw_top(const knn_pw_consts *cs, const float *c,
 }
 
 /* Step 1: the k reference positions of largest score (self excluded),
- * keyed, and left in w->seed_at; returns how many. */
+ * keyed and marked in w->seeded; returns how many. */
 static int knn_pw_seeds(const knn_pairwise_request *req,
                         const knn_pw_consts *cs, const knn_pw_nodes *q,
                         int qi, int qpos, const knn_pw_nodes *r,
@@ -911,6 +912,7 @@ static int knn_pw_seeds(const knn_pairwise_request *req,
     }
     t->size = 0;
     for (int i = 0; i < have; i++) {
+        w->seeded[w->seed_at[i]] = 1;
         knn_pw_key(req, q, qi, r, rs->order[w->seed_at[i]], t, keyed);
     }
     return have;
@@ -967,14 +969,45 @@ static int knn_pw_compact(const unsigned char *keep, int from, int to,
     return passed;
 }
 
-/* Step 2: the positions other than the `seeds` of w->seed_at that the
- * filter passes, into out, ascending, and their products into pc;
- * returns their count. tau: the least r a pair may have to rank (not
- * above 0: every pair passes). */
+/* Step 2's test of one run of positions [from, to): keep[pos] = 1 where
+ * the position is no seed and the pair's bound hi (c: products; e, xin,
+ * eabs: the row's error and sums; rsj, xj: the reference's) is not below
+ * ts vj, else 0. vj is -Inf where a node's variance bound is not relied
+ * on, and ts > 0: such a node passes. The arrays do not overlap
+ * (restrict); the seeds' bytes in the verdict also let GCC put the loop
+ * on vectors, which a verdict of doubles alone does not. */
+static void knn_pw_verdicts(const float *restrict c,
+                            const double *restrict rsj,
+                            const double *restrict xj,
+                            const double *restrict vj,
+                            const char *restrict seeded, int from, int to,
+                            double e, double xin, double eabs, double ts,
+                            int absolute, unsigned char *restrict keep)
+{
+    if (absolute) {
+        #pragma omp simd
+        for (int pos = from; pos < to; pos++) {
+            double hi = fabs((double)c[pos]) + e * rsj[pos] +
+                        xin * xj[pos] + eabs;
+            keep[pos] = !(hi < ts * vj[pos]) & !seeded[pos];
+        }
+    } else {
+        #pragma omp simd
+        for (int pos = from; pos < to; pos++) {
+            double hi = c[pos] + e * rsj[pos] + xin * xj[pos] + eabs;
+            keep[pos] = !(hi < ts * vj[pos]) & !seeded[pos];
+        }
+    }
+}
+
+/* Step 2: the positions other than seeds (w->seeded) that the filter
+ * passes, into out, ascending, and their products into pc; returns their
+ * count. tau: the least r a pair may have to rank (not above 0: every
+ * pair passes). */
 static int knn_pw_filter(const knn_pw_consts *cs, const knn_pw_screen *qs,
                          int qi, const knn_pw_screen *rs, int n_ref,
-                         double tau, const float *c, int seeds,
-                         knn_pw_share *w, int *out, float *pc)
+                         double tau, const float *c, knn_pw_share *w,
+                         int *out, float *pc)
 {
     int p = cs->p, most = cs->max_miss;
     int ki = qs->miss_at[qi + 1] - qs->miss_at[qi];
@@ -987,35 +1020,21 @@ static int knn_pw_filter(const knn_pw_consts *cs, const knn_pw_screen *qs,
     size_t level = filter ? (size_t)knn_pw_level(cs, ki) * n_ref : 0;
     const double *xj = rs->xt + level, *vj = rs->vt + level;
     const double *rsj = rs->rs;
+    const char *seeded = w->seeded;
     double e = cs->ec * qs->rs2[qi], eabs = cs->eabs;
     unsigned char *keep = w->keep;
     for (int m = 0; m <= most; m++) {
         int from = rs->run_at[m], to = rs->run_at[m + 1];
         if (!filter || !(w->v[m] > 0.0)) {
-            memset(keep + from, 1, (size_t)(to - from));
+            for (int pos = from; pos < to; pos++) keep[pos] = !seeded[pos];
             continue;
         }
         int n = p - ki - m;
         double xin = w->x[m] / (n > 1 ? n : 1);
-        /* vj is -Inf where a node's variance bound is not relied on, and
-         * ts > 0: such a node passes. */
         double ts = tau * (1.0 - 4.0 * KNN_U64) * w->v[m];
-        if (cs->absolute) {
-            #pragma omp simd
-            for (int pos = from; pos < to; pos++) {
-                double hi = fabs((double)c[pos]) + e * rsj[pos] +
-                            xin * xj[pos] + eabs;
-                keep[pos] = !(hi < ts * vj[pos]);
-            }
-        } else {
-            #pragma omp simd
-            for (int pos = from; pos < to; pos++) {
-                double hi = c[pos] + e * rsj[pos] + xin * xj[pos] + eabs;
-                keep[pos] = !(hi < ts * vj[pos]);
-            }
-        }
+        knn_pw_verdicts(c, rsj, xj, vj, seeded, from, to, e, xin, eabs, ts,
+                        cs->absolute, keep);
     }
-    for (int i = 0; i < seeds; i++) keep[w->seed_at[i]] = 0;
     return knn_pw_compact(keep, 0, n_ref, c, out, pc, 0);
 }
 
@@ -1136,7 +1155,7 @@ static void knn_pw_share_free(knn_pw_share *s)
 {
     void *parts[] = {s->c, s->row, s->heap_d, s->heap_j, s->passed, s->pc,
                      s->count, s->next, s->seed_s, s->x, s->v, s->top,
-                     s->seed_at, s->ms, s->keep};
+                     s->seed_at, s->ms, s->seeded, s->keep};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
         free(parts[i]);
     }
@@ -1162,11 +1181,12 @@ static int knn_pw_share_alloc(knn_pw_share *s, int k, int most, int n_ref,
     s->top = malloc(m * sizeof(double));
     s->seed_at = malloc((size_t)k * sizeof(int));
     s->ms = malloc(m * sizeof(int));
+    s->seeded = calloc((size_t)n_ref, 1);
     s->keep = malloc((size_t)n_ref);
     if ((own_products && !s->c) || !s->row || !s->heap_d || !s->heap_j ||
         !s->passed || !s->pc || !s->count || !s->next || !s->seed_s ||
         !s->x || !s->v || !s->top || !s->seed_at || !s->ms ||
-        !s->keep)
+        !s->seeded || !s->keep)
         return 0;
     for (int i = 0; i <= most; i++) s->ms[i] = i;
     for (int i = 0; i < rows; i++) {
@@ -1207,10 +1227,11 @@ static void knn_pw_screen_tile(const knn_pairwise_request *req,
                                  rs, c, t, s, keyed);
         double tau = t->size == req->k ? knn_pw_tau(cs, t->heap_d[0])
                                        : -INFINITY;
-        s->count[i] = knn_pw_filter(cs, qs, qi, rs, n_ref, tau, c, seeds,
-                                    s, s->passed + (size_t)i * n_ref,
+        s->count[i] = knn_pw_filter(cs, qs, qi, rs, n_ref, tau, c, s,
+                                    s->passed + (size_t)i * n_ref,
                                     s->pc + (size_t)i * n_ref);
         s->next[i] = 0;
+        for (int j = 0; j < seeds; j++) s->seeded[s->seed_at[j]] = 0;
         passes += s->count[i];
     }
     /* Where the tile's rows pass fewer pairs than there are reference
