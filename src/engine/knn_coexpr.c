@@ -609,8 +609,7 @@ typedef struct {
     double *rs2;   /* n: sqrt of s2 */
     int *miss_at;  /* n + 1 offsets into miss */
     int *miss;     /* missing features of each node, ascending */
-    int words;     /* 64-bit words of a node's mask */
-    uint64_t *mask; /* words x n: bit f set where feature f is missing */
+    unsigned char *gone; /* p x n: 1 where a feature is missing, else 0 */
     int *order;    /* n: the node at each position, by missing count then
                       number (reference nodes; NULL: positions are nodes) */
     float *a32;    /* p x n: a in float32, by position */
@@ -629,7 +628,7 @@ typedef struct {
 static void knn_pw_screen_free(knn_pw_screen *sc)
 {
     void *parts[] = {sc->a, sc->t, sc->s2, sc->l1, sc->rs2, sc->miss_at,
-                     sc->miss, sc->mask, sc->order, sc->a32, sc->run_at,
+                     sc->miss, sc->gone, sc->order, sc->a32, sc->run_at,
                      sc->rs, sc->w, sc->xt, sc->vt, sc->pa, sc->pmiss_at,
                      sc->pmiss};
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++) {
@@ -715,18 +714,22 @@ static knn_status knn_pw_screen_prepare(knn_pw_screen *sc,
     sc->rs2 = malloc((size_t)n * sizeof(double));
     sc->miss_at = malloc(((size_t)n + 1) * sizeof(int));
     sc->miss = malloc((missing + 1) * sizeof(int));
-    sc->words = (p + 63) / 64;
-    sc->mask = calloc((size_t)sc->words * n, sizeof(uint64_t));
+    sc->gone = calloc((size_t)p * n, 1);
     sc->a32 = malloc((size_t)p * n * sizeof(float));
     if (!sc->a || !sc->t || !sc->s2 || !sc->l1 || !sc->rs2 || !sc->miss_at ||
-        !sc->miss || !sc->mask || !sc->a32 || missing > (size_t)INT_MAX) {
+        !sc->miss || !sc->gone || !sc->a32 || missing > (size_t)INT_MAX) {
         knn_pw_screen_free(sc);
         return KNN_E_NOMEM;
     }
-    int at = 0;
+    sc->miss_at[0] = 0;
+    for (int j = 0; j < n; j++) {
+        sc->miss_at[j + 1] = sc->miss_at[j] + p - nodes->present[j];
+    }
+    #pragma omp parallel for num_threads(threads) schedule(static)
     for (int j = 0; j < n; j++) {
         const double *v = nodes->x + (size_t)j * p;
         double *a = sc->a + (size_t)j * p;
+        int at = sc->miss_at[j];
         double sum = 0.0;
         for (int f = 0; f < p; f++) {
             if (!isnan(v[f])) sum += v[f];
@@ -734,13 +737,11 @@ static knn_status knn_pw_screen_prepare(knn_pw_screen *sc,
         double mean = cs->centred && nodes->present[j] > 0
             ? sum / nodes->present[j] : 0.0;
         double t = 0.0, s2 = 0.0, l1 = 0.0;
-        sc->miss_at[j] = at;
         for (int f = 0; f < p; f++) {
             if (isnan(v[f])) {
                 a[f] = 0.0;
                 sc->miss[at++] = f;
-                sc->mask[(size_t)j * sc->words + f / 64] |=
-                    (uint64_t)1 << (f % 64);
+                sc->gone[(size_t)j * p + f] = 1;
                 continue;
             }
             a[f] = v[f] - mean;
@@ -753,13 +754,13 @@ static knn_status knn_pw_screen_prepare(knn_pw_screen *sc,
         sc->l1[j] = l1;
         sc->rs2[j] = sqrt(s2);
     }
-    sc->miss_at[n] = at;
     knn_status st = is_ref ? knn_pw_screen_tables(sc, nodes, cs, threads)
                            : KNN_OK;
     if (st != KNN_OK) {
         knn_pw_screen_free(sc);
         return st;
     }
+    #pragma omp parallel for num_threads(threads) schedule(static)
     for (int pos = 0; pos < n; pos++) {
         int j = sc->order ? sc->order[pos] : pos;
         for (int f = 0; f < p; f++) {
@@ -925,21 +926,39 @@ static double knn_pw_tau(const knn_pw_consts *cs, double d_w)
     return 1.0 - d_w - 8.0 * KNN_U64 - 7.0 * cs->g;
 }
 
+/* Eight bytes of keep (each 0 or 1) as the low eight bits of a word, the
+ * first byte lowest: the bytes are read as one word, first byte lowest,
+ * and the multiplication adds each byte's bit into the top byte at its
+ * own place (no two meet, so nothing carries). */
+static inline uint64_t knn_pw_keep_bits(const unsigned char *keep)
+{
+    uint64_t w;
+    memcpy(&w, keep, sizeof w);
+#if defined(__BYTE_ORDER__) && __BYTE_ORDER__ == __ORDER_BIG_ENDIAN__
+    w = __builtin_bswap64(w);
+#endif
+    return (w * 0x0102040810204080ULL) >> 56;
+}
+
 /* Appends the positions in [from, to) whose keep is 1, and their
  * products c, to out and pc after `passed` of them; returns the new
- * count. Eight positions kept by none are passed over at once. */
+ * count. Sixty-four positions at a time, as the set bits of one word,
+ * visiting only the kept ones, so that the cost follows the positions
+ * kept. */
 static int knn_pw_compact(const unsigned char *keep, int from, int to,
                           const float *c, int *out, float *pc, int passed)
 {
     int pos = from;
-    for (; pos + 8 <= to; pos += 8) {
-        uint64_t any;
-        memcpy(&any, keep + pos, sizeof any);
-        if (!any) continue;
-        for (int l = pos; l < pos + 8; l++) {
+    for (; pos + 64 <= to; pos += 64) {
+        uint64_t bits = 0;
+        for (int b = 0; b < 8; b++) {
+            bits |= knn_pw_keep_bits(keep + pos + 8 * b) << (8 * b);
+        }
+        for (; bits; bits &= bits - 1) {
+            int l = pos + knn_trailing_zeros(bits);
             out[passed] = l;
             pc[passed] = c[l];
-            passed += keep[l];
+            passed++;
         }
     }
     for (; pos < to; pos++) {
@@ -950,15 +969,47 @@ static int knn_pw_compact(const unsigned char *keep, int from, int to,
     return passed;
 }
 
-/* Step 2: the positions other than seeds that the filter passes, into
- * out, ascending, and their products into pc; returns their count. tau:
- * the least r a pair may have to rank (not above 0: every pair passes). */
+/* Step 2's test of one run of positions [from, to): keep[pos] = 1 where
+ * the position is no seed and the pair's bound hi (c: products; e, xin,
+ * eabs: the row's error and sums; rsj, xj: the reference's) is not below
+ * ts vj, else 0. vj is -Inf where a node's variance bound is not relied
+ * on, and ts > 0: such a node passes. The arrays do not overlap
+ * (restrict); the seeds' bytes in the verdict also let GCC put the loop
+ * on vectors, which a verdict of doubles alone does not. */
+static void knn_pw_verdicts(const float *restrict c,
+                            const double *restrict rsj,
+                            const double *restrict xj,
+                            const double *restrict vj,
+                            const char *restrict seeded, int from, int to,
+                            double e, double xin, double eabs, double ts,
+                            int absolute, unsigned char *restrict keep)
+{
+    if (absolute) {
+        #pragma omp simd
+        for (int pos = from; pos < to; pos++) {
+            double hi = fabs((double)c[pos]) + e * rsj[pos] +
+                        xin * xj[pos] + eabs;
+            keep[pos] = !(hi < ts * vj[pos]) & !seeded[pos];
+        }
+    } else {
+        #pragma omp simd
+        for (int pos = from; pos < to; pos++) {
+            double hi = c[pos] + e * rsj[pos] + xin * xj[pos] + eabs;
+            keep[pos] = !(hi < ts * vj[pos]) & !seeded[pos];
+        }
+    }
+}
+
+/* Step 2: the positions other than seeds (w->seeded) that the filter
+ * passes, into out, ascending, and their products into pc; returns their
+ * count. tau: the least r a pair may have to rank (not above 0: every
+ * pair passes). */
 static int knn_pw_filter(const knn_pw_consts *cs, const knn_pw_screen *qs,
                          int qi, const knn_pw_screen *rs, int n_ref,
                          double tau, const float *c, knn_pw_share *w,
                          int *out, float *pc)
 {
-    int p = cs->p, most = cs->max_miss, passed = 0;
+    int p = cs->p, most = cs->max_miss;
     int ki = qs->miss_at[qi + 1] - qs->miss_at[qi];
     int filter = tau > 0.0;
     if (filter) {
@@ -971,39 +1022,20 @@ static int knn_pw_filter(const knn_pw_consts *cs, const knn_pw_screen *qs,
     const double *rsj = rs->rs;
     const char *seeded = w->seeded;
     double e = cs->ec * qs->rs2[qi], eabs = cs->eabs;
+    unsigned char *keep = w->keep;
     for (int m = 0; m <= most; m++) {
         int from = rs->run_at[m], to = rs->run_at[m + 1];
         if (!filter || !(w->v[m] > 0.0)) {
-            for (int pos = from; pos < to; pos++) {
-                out[passed] = pos;
-                pc[passed] = c[pos];
-                passed += !seeded[pos];
-            }
+            for (int pos = from; pos < to; pos++) keep[pos] = !seeded[pos];
             continue;
         }
         int n = p - ki - m;
         double xin = w->x[m] / (n > 1 ? n : 1);
-        /* vj is -Inf where a node's variance bound is not relied on, and
-         * ts > 0: such a node passes. */
         double ts = tau * (1.0 - 4.0 * KNN_U64) * w->v[m];
-        unsigned char *keep = w->keep;
-        if (cs->absolute) {
-            #pragma omp simd
-            for (int pos = from; pos < to; pos++) {
-                double hi = fabs((double)c[pos]) + e * rsj[pos] +
-                            xin * xj[pos] + eabs;
-                keep[pos] = !(hi < ts * vj[pos]) & !seeded[pos];
-            }
-        } else {
-            #pragma omp simd
-            for (int pos = from; pos < to; pos++) {
-                double hi = c[pos] + e * rsj[pos] + xin * xj[pos] + eabs;
-                keep[pos] = !(hi < ts * vj[pos]) & !seeded[pos];
-            }
-        }
-        passed = knn_pw_compact(keep, from, to, c, out, pc, passed);
+        knn_pw_verdicts(c, rsj, xj, vj, seeded, from, to, e, xin, eabs, ts,
+                        cs->absolute, keep);
     }
-    return passed;
+    return knn_pw_compact(keep, 0, n_ref, c, out, pc, 0);
 }
 
 /* Whether step 3 rules a pair out before the reference node's sums:
@@ -1045,11 +1077,11 @@ static void knn_pw_refine(const knn_pairwise_request *req,
     size_t level = (size_t)knn_pw_level(cs, qs->miss_at[qi + 1] -
                                             qs->miss_at[qi]) * r->n;
     const double *xj = rs->xt + level, *vj = rs->vt + level;
-    int p = cs->p, k = req->k, words = qs->words;
+    int p = cs->p, k = req->k;
     int ki = qs->miss_at[qi + 1] - qs->miss_at[qi];
     const int *miss = qs->miss + qs->miss_at[qi];
     const double *ai = qs->a + (size_t)qi * p;
-    const uint64_t *mi = qs->mask + (size_t)qi * words;
+    const unsigned char *gi = qs->gone + (size_t)qi * p;
     double e = cs->ec * qs->rs2[qi];
     int i = *next;
     for (; i < count && passed[i] < end; i++) {
@@ -1063,7 +1095,7 @@ static void knn_pw_refine(const knn_pairwise_request *req,
             double v = ai[f];
             sa += v;
             qa += v * v;
-            both += (int)((mi[f / 64] >> (f % 64)) & 1u);
+            both += gi[f];
         }
         int shared = p - ki - kj + both;
         if (shared < req->min_shared || shared == 0) continue;
@@ -1153,8 +1185,8 @@ static int knn_pw_share_alloc(knn_pw_share *s, int k, int most, int n_ref,
     s->keep = malloc((size_t)n_ref);
     if ((own_products && !s->c) || !s->row || !s->heap_d || !s->heap_j ||
         !s->passed || !s->pc || !s->count || !s->next || !s->seed_s ||
-        !s->x || !s->v || !s->top || !s->seed_at || !s->ms || !s->seeded ||
-        !s->keep)
+        !s->x || !s->v || !s->top || !s->seed_at || !s->ms ||
+        !s->seeded || !s->keep)
         return 0;
     for (int i = 0; i <= most; i++) s->ms[i] = i;
     for (int i = 0; i < rows; i++) {
@@ -1181,6 +1213,7 @@ static void knn_pw_screen_tile(const knn_pairwise_request *req,
 {
     int p = req->p, n_ref = r->n, rows = last - first;
     int block = knn_pw_block(p);
+    double passes = 0.0;
     if (!products) {
         knn_sgemm_tn(n_ref, rows, p, rs->a32, qs->a32 + (size_t)first * p,
                      s->c);
@@ -1199,13 +1232,19 @@ static void knn_pw_screen_tile(const knn_pairwise_request *req,
                                     s->pc + (size_t)i * n_ref);
         s->next[i] = 0;
         for (int j = 0; j < seeds; j++) s->seeded[s->seed_at[j]] = 0;
+        passes += s->count[i];
     }
+    /* Where the tile's rows pass fewer pairs than there are reference
+     * nodes, they read a few of the values only, and streaming them all
+     * costs more than it saves. */
+    int stream = passes >= n_ref;
     for (int from = 0; from < n_ref; from += block) {
         int end = from + block < n_ref ? from + block : n_ref;
         /* The rows gather from all over the block: asked for in order,
          * its values come at the memory's full speed. */
         const double *values = rs->pa + (size_t)from * p;
-        for (size_t at = 0; at < (size_t)(end - from) * p; at += 8) {
+        for (size_t at = 0; stream && at < (size_t)(end - from) * p;
+             at += 8) {
             __builtin_prefetch(values + at);
         }
         for (int i = 0; i < rows; i++) {

@@ -24,10 +24,12 @@
  * R started in), more threads than free cores still gain, and a count the
  * user asked for is kept as asked.
  */
+#include <dirent.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include <strings.h>
 #include <sys/resource.h>
 #include <unistd.h>
@@ -147,9 +149,40 @@ int knn_threads_fitting(int threads, double bytes_each, double share)
     return fit < 1.0 ? 1 : (int)fit;
 }
 
+/* This process's runnable threads, the calling one included (Linux's
+ * /proc/self/task; 1 where it cannot be read). */
+static int knn_own_runnable(void)
+{
+    DIR *dir = opendir("/proc/self/task");
+    if (!dir) return 1;
+    int count = 0;
+    struct dirent *entry;
+    while ((entry = readdir(dir)) != NULL) {
+        if (entry->d_name[0] == '.') continue;
+        char path[64], line[512];
+        snprintf(path, sizeof path, "/proc/self/task/%.20s/stat",
+                 entry->d_name);
+        FILE *f = fopen(path, "r");
+        if (!f) continue;
+        size_t len = fread(line, 1, sizeof line - 1, f);
+        fclose(f);
+        line[len] = '\0';
+        /* The state follows the name, which may hold ") ". */
+        const char *close = strrchr(line, ')');
+        if (close && close[1] == ' ' && close[2] == 'R') count++;
+    }
+    closedir(dir);
+    return count > 1 ? count : 1;
+}
+
 /* Processors that other runnable threads leave to this one: procs less
- * the runnable threads of the whole system but this one, at least 1
- * (Linux's /proc/loadavg; procs where it cannot be read). */
+ * the runnable threads of the whole system but this process's own, at
+ * least 1 (Linux's /proc/loadavg; procs where it cannot be read). This
+ * process's other runnable threads are the workers of its last parallel
+ * region or BLAS call, which spin a while after their work before they
+ * sleep: they are the threads the next region runs on, not load, and
+ * counted as load they left a search that follows another region (its
+ * input's layout, knn_input.c) one thread. */
 static int knn_procs_left(int procs)
 {
     FILE *f = fopen("/proc/loadavg", "r");
@@ -158,7 +191,7 @@ static int knn_procs_left(int procs)
     int read = fscanf(f, "%*f %*f %*f %d/", &running);
     fclose(f);
     if (read != 1 || running < 1) return procs;
-    int left = procs - (running - 1);
+    int left = procs - (running - knn_own_runnable());
     return left < 1 ? 1 : left < procs ? left : procs;
 }
 

@@ -705,6 +705,33 @@ test_that("threads asked for are kept on a busy machine where waits sleep", {
                      "DEVICE cpu (1 threads) | cpu (1 threads) ")
 })
 
+test_that("the search's own spinning threads do not count as load", {
+    skip_on_os("windows")
+    skip_if_not(file.exists("/proc/loadavg"))
+    cores <- parallel::detectCores()
+    skip_if(is.na(cores) || cores < 2L, "one core")
+    ## The workers of the input's layout (a parallel region at this size)
+    ## spin for ever after it with GOMP_SPINCOUNT=infinite: counted as
+    ## other processes' load, they left every search one thread. Other
+    ## processes may take the cores at any one search, but not at all ten
+    ## on a machine whose load (this test's own process included) leaves a
+    ## core.
+    load <- as.numeric(strsplit(readLines("/proc/loadavg"), " ")[[1L]][1L])
+    skip_if(load >= cores, "a busy machine")
+    code <- c(
+        "x <- matrix(rnorm(4000 * 50), 4000)",
+        "for (i in 1:10) {",
+        "    r <- knnSearch(x, k = 3, device = 'cpu', progress = FALSE)",
+        "    cat('DEVICE', attr(r, 'device'), '\\n')",
+        "}")
+    out <- grep("^DEVICE", rscriptOutput(code, "GOMP_SPINCOUNT=infinite"),
+                value = TRUE)
+    expect_length(out, 10L)
+    threads <- as.integer(sub("DEVICE cpu \\(([0-9]+) threads.*", "\\1",
+                              out))
+    expect_gt(max(threads), 1L)
+})
+
 test_that("under an address-space limit a search ends or names what to lower", {
     skip_if_not(file.exists("/proc/self/status"))
     ## The sanitizers' shadow memory cannot live under a limit.
