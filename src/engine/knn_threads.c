@@ -25,6 +25,7 @@
  * user asked for is kept as asked.
  */
 #include <dirent.h>
+#include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
 #include <stdio.h>
@@ -33,6 +34,7 @@
 #include <strings.h>
 #include <sys/resource.h>
 #include <unistd.h>
+#include "knn_backend.h"
 #include "knn_blas.h"
 #include "knn_threads.h"
 
@@ -149,30 +151,54 @@ int knn_threads_fitting(int threads, double bytes_each, double share)
     return fit < 1.0 ? 1 : (int)fit;
 }
 
-/* This process's runnable threads, the calling one included (Linux's
- * /proc/self/task; 1 where it cannot be read). */
-static int knn_own_runnable(void)
+/* Counting this process's runnable threads reads one file per thread
+ * (tens of them with OpenMP and BLAS workers), a cost a small search on
+ * the GPU would pay in each step that asks for threads; those steps
+ * follow each other closely, so a count this recent is taken again. */
+#define KNN_OWN_RUNNABLE_SECONDS 0.02
+
+/* This process's runnable threads, the calling one included, counted up
+ * to `most` (Linux's /proc/self/task; 1 where it cannot be read). */
+static int knn_own_runnable_now(int most)
 {
     DIR *dir = opendir("/proc/self/task");
     if (!dir) return 1;
-    int count = 0;
+    int count = 0, at = dirfd(dir);
     struct dirent *entry;
-    while ((entry = readdir(dir)) != NULL) {
+    while (count < most && (entry = readdir(dir)) != NULL) {
         if (entry->d_name[0] == '.') continue;
-        char path[64], line[512];
-        snprintf(path, sizeof path, "/proc/self/task/%.20s/stat",
-                 entry->d_name);
-        FILE *f = fopen(path, "r");
-        if (!f) continue;
-        size_t len = fread(line, 1, sizeof line - 1, f);
-        fclose(f);
+        char path[48], line[512];
+        snprintf(path, sizeof path, "%.20s/stat", entry->d_name);
+        int fd = openat(at, path, O_RDONLY);
+        if (fd < 0) continue;
+        ssize_t len = read(fd, line, sizeof line - 1);
+        close(fd);
+        if (len <= 0) continue;
         line[len] = '\0';
         /* The state follows the name, which may hold ") ". */
-        const char *close = strrchr(line, ')');
-        if (close && close[1] == ' ' && close[2] == 'R') count++;
+        const char *end = strrchr(line, ')');
+        if (end && end[1] == ' ' && end[2] == 'R') count++;
     }
     closedir(dir);
     return count > 1 ? count : 1;
+}
+
+/* knn_own_runnable_now, or its count of the last
+ * KNN_OWN_RUNNABLE_SECONDS. */
+static int knn_own_runnable(int most)
+{
+    static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+    static double taken = -1.0;
+    static int count = 1;
+    double now = knn_seconds();
+    pthread_mutex_lock(&lock);
+    if (taken < 0.0 || now - taken > KNN_OWN_RUNNABLE_SECONDS) {
+        count = knn_own_runnable_now(most);
+        taken = now;
+    }
+    int own = count < most ? count : most;
+    pthread_mutex_unlock(&lock);
+    return own;
 }
 
 /* Processors that other runnable threads leave to this one: procs less
@@ -191,7 +217,8 @@ static int knn_procs_left(int procs)
     int read = fscanf(f, "%*f %*f %*f %d/", &running);
     fclose(f);
     if (read != 1 || running < 1) return procs;
-    int left = procs - (running - knn_own_runnable());
+    int left = running > 1 ? procs - (running - knn_own_runnable(running))
+                           : procs;
     return left < 1 ? 1 : left < procs ? left : procs;
 }
 
