@@ -66,14 +66,20 @@ static const knn_gpu_backend *knn_cuda_backend_get(void)
     return knn_cuda;
 }
 
+/* A call the missing backend cannot take: why, in the report. */
+static knn_status knn_cuda_refuse(knn_report *report)
+{
+    snprintf(report->message, sizeof report->message, "%s",
+             knn_cuda_missing);
+    return KNN_E_NOGPU;
+}
+
 knn_status knn_gpu_search(const knn_request *req, const knn_knobs *knobs,
                           knn_result *out, knn_report *report)
 {
     const knn_gpu_backend *cuda = knn_cuda_backend_get();
     if (cuda) return cuda->search(req, knobs, out, report);
-    snprintf(report->message, sizeof report->message, "%s",
-             knn_cuda_missing);
-    return KNN_E_NOGPU;
+    return knn_cuda_refuse(report);
 }
 
 void knn_gpu_query(knn_gpu_info *info)
@@ -101,9 +107,7 @@ knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req, knn_pw_gpu **gpu,
     *gpu = NULL;
     const knn_gpu_backend *cuda = knn_cuda_backend_get();
     if (cuda) return cuda->pw_open(req, gpu, host, chunk_rows, report);
-    snprintf(report->message, sizeof report->message, "%s",
-             knn_cuda_missing);
-    return KNN_E_NOGPU;
+    return knn_cuda_refuse(report);
 }
 
 /* The calls below follow a successful knn_gpu_pw_open: the backend is

@@ -14,15 +14,21 @@
     "built without CUDA: no CUDA toolkit was found at install time"
 #endif
 
+/* Every refusal: the reason into message (a report's, of its size). */
+static knn_status knn_no_cuda(char *message)
+{
+    snprintf(message, sizeof ((knn_report *)0)->message, "%s",
+             KNN_NO_CUDA_REASON);
+    return KNN_E_NOGPU;
+}
+
 knn_status knn_gpu_search(const knn_request *req, const knn_knobs *knobs,
                           knn_result *out, knn_report *report)
 {
     (void)req;
     (void)knobs;
     (void)out;
-    snprintf(report->message, sizeof report->message, "%s",
-             KNN_NO_CUDA_REASON);
-    return KNN_E_NOGPU;
+    return knn_no_cuda(report->message);
 }
 
 void knn_gpu_query(knn_gpu_info *info)
@@ -43,9 +49,7 @@ knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req, knn_pw_gpu **gpu,
     (void)host;
     (void)chunk_rows;
     *gpu = NULL;
-    snprintf(report->message, sizeof report->message, "%s",
-             KNN_NO_CUDA_REASON);
-    return KNN_E_NOGPU;
+    return knn_no_cuda(report->message);
 }
 
 /* Never reached: knn_gpu_pw_open opens nothing here. */
@@ -56,8 +60,7 @@ knn_status knn_gpu_pw_start(knn_pw_gpu *gpu, int first, int rows,
     (void)first;
     (void)rows;
     (void)buffer;
-    snprintf(message, 512, "%s", KNN_NO_CUDA_REASON);
-    return KNN_E_NOGPU;
+    return knn_no_cuda(message);
 }
 
 knn_status knn_gpu_pw_wait(knn_pw_gpu *gpu, int ms, int *done,
@@ -66,8 +69,7 @@ knn_status knn_gpu_pw_wait(knn_pw_gpu *gpu, int ms, int *done,
     (void)gpu;
     (void)ms;
     *done = 0;
-    snprintf(message, 512, "%s", KNN_NO_CUDA_REASON);
-    return KNN_E_NOGPU;
+    return knn_no_cuda(message);
 }
 
 void knn_gpu_pw_close(knn_pw_gpu *gpu, knn_status status)
