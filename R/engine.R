@@ -10,20 +10,34 @@
 .runEngine <- function(ref, query, k, metric, device, threads, progress,
                        verbose, devices, edges = FALSE, precision = "auto",
                        use = "everything", min.shared = 1L) {
-    if (use == "pairwise") {
-        return(.runPairwiseReported(ref, query, k, metric, device, threads,
-                                    progress, verbose, devices, edges,
-                                    min.shared))
-    }
+    pairwise <- use == "pairwise"
     backend <- .resolveDevice(device)
-    precision <- .checkRung(precision, backend)
+    if (pairwise) {
+        backend <- .pairwiseBackend(backend, metric)
+    } else {
+        precision <- .checkRung(precision, backend)
+    }
     devices <- .checkDevices(devices, backend)
     threads <- .checkThreads(threads)
     progress <- .checkFlag(progress, "progress")
     verbose <- .checkFlag(verbose, "verbose")
+    start <- .wallSeconds()
+    res <- if (pairwise) {
+        .runPairwise(ref, query, k, threads, progress, edges, metric,
+                     min.shared, backend, devices)
+    } else {
+        .runComplete(ref, query, k, metric, backend, threads, progress,
+                     devices, edges, precision)
+    }
+    .describeRun(res, start, backend, metric, k, ref, verbose)
+}
+
+## The engine's search of .runEngine() on complete data (every use but a
+## pairwise-complete one), its arguments checked there.
+.runComplete <- function(ref, query, k, metric, backend, threads, progress,
+                         devices, edges, precision) {
     algorithm <- .checkChoice(getOption("knngpu.algorithm", "auto"),
                               .algorithms, "knngpu.algorithm")
-    start <- .wallSeconds()
     if (metric == "bicor") {
         ref <- .bicorNodes(ref, threads)
         query <- .bicorNodes(query, threads)
@@ -39,23 +53,7 @@
     if (!is.null(res$problem)) {
         .stopProblem(res$problem, ref, query, .engineMetric(metric))
     }
-    .describeRun(res, start, backend, metric, k, ref, verbose)
-}
-
-## A pairwise-complete search (.runPairwise()) timed and described as
-## .runEngine() describes its own.
-.runPairwiseReported <- function(ref, query, k, metric, device, threads,
-                                 progress, verbose, devices, edges,
-                                 min.shared) {
-    backend <- .pairwiseBackend(.resolveDevice(device), metric)
-    devices <- .checkDevices(devices, backend)
-    threads <- .checkThreads(threads)
-    progress <- .checkFlag(progress, "progress")
-    verbose <- .checkFlag(verbose, "verbose")
-    start <- .wallSeconds()
-    res <- .runPairwise(ref, query, k, threads, progress, edges, metric,
-                        min.shared, backend, devices)
-    .describeRun(res, start, backend, metric, k, ref, verbose)
+    res
 }
 
 ## res with its info completed: elapsed seconds since start, backend,
