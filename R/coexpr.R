@@ -77,38 +77,22 @@
     nodes
 }
 
-## The backend of a pairwise-complete search on the device resolved
-## (.resolveDevice()): bicor's keys have no products to put on a GPU, so
-## it runs on the CPU, which its precision attribute says
-## (.runPairwise()).
-.pairwiseBackend <- function(backend, metric) {
-    if (metric == "bicor") "cpu" else backend
-}
-
-## The pairwise-complete search of .runEngine() on backend ("gpu": the
-## screen's float32 products on the first of `devices`, the keys on the
-## CPU), with what the engine reports completed for .reportRun().
-## getOption("knngpu.pairwise.gpu.tiling") = TRUE has the CPU compute the
-## products in the GPU's blocks and chunks (knngpu.gpu.memory their
-## budget): the GPU's tiling tested on any machine.
+## The pairwise-complete search of .runEngine() on backend ("gpu": every
+## pair's float64 key and each row's best k on the first of `devices`),
+## with what the engine reports completed for .reportRun().
 .runPairwise <- function(ref, query, k, threads, progress, edges,
                          metric, min.shared, backend = "cpu",
                          devices = integer()) {
     gpu <- backend == "gpu"
-    tiling <- !gpu && isTRUE(getOption("knngpu.pairwise.gpu.tiling"))
-    memory <- if (gpu || tiling) .memoryBudget("gpu") else 0
+    memory <- if (gpu) .memoryBudget("gpu") else 0
     res <- .Call(C_knn_pairwise, ref$values, query$values, as.integer(k),
                  match(metric, .pairwiseMetrics) - 1L, min.shared, threads,
-                 progress, gpu, memory, as.integer(devices), tiling)
+                 progress, gpu, memory, as.integer(devices))
     if (identical(res$problem$status, "nonfinite")) {
         for (nodes in list(ref, query)) .stopInfinite(nodes)
     }
     if (!is.null(res$problem)) {
         .stopProblem(res$problem, ref, query, metric)
-    }
-    if (metric == "bicor") {
-        res$info$precision <- paste0(res$info$precision,
-                                     " (CPU only: bicor has no products)")
     }
     res$info <- c(res$info, seconds_rerank = 0, seconds_collect = 0,
                   pairs_once = FALSE)

@@ -12,11 +12,7 @@
                        use = "everything", min.shared = 1L) {
     pairwise <- use == "pairwise"
     backend <- .resolveDevice(device)
-    if (pairwise) {
-        backend <- .pairwiseBackend(backend, metric)
-    } else {
-        precision <- .checkRung(precision, backend)
-    }
+    if (!pairwise) precision <- .checkRung(precision, backend)
     devices <- .checkDevices(devices, backend)
     threads <- .checkThreads(threads)
     progress <- .checkFlag(progress, "progress")

@@ -30,17 +30,16 @@ SEXP C_knn_bicor_nodes(SEXP x, SEXP threads, SEXP max_bad)
 }
 
 /* ref, query: p x n double matrices, NA where missing (query may be NULL
- * for a self search); measure: knn_pairwise_measure's code; gpu: the
- * screen's products on a GPU (the first of `devices`, an integer vector,
- * or the first GPU; `memory` bytes of it, 0: what is free); gpu_tiling:
- * for tests, the products in the GPU's chunks on the CPU. Returns
+ * for a self search); measure: knn_pairwise_measure's code; gpu: the keys
+ * on a GPU (the first of `devices`, an integer vector, or the first GPU;
+ * `memory` bytes of it, 0: what is free). Returns
  * list(index, distance, weight, info) of n x k matrices (1-based, NA
  * where a node has fewer than k partners), or list(problem = list(status,
  * message, condition)) as C_knn_search does for an interrupt or infinite
  * values. */
 SEXP C_knn_pairwise(SEXP ref, SEXP query, SEXP k, SEXP measure,
                     SEXP min_shared, SEXP threads, SEXP progress, SEXP gpu,
-                    SEXP memory, SEXP devices, SEXP gpu_tiling)
+                    SEXP memory, SEXP devices)
 {
     int nprot = 0;
     knn_pairwise_request req;
@@ -62,7 +61,6 @@ SEXP C_knn_pairwise(SEXP ref, SEXP query, SEXP k, SEXP measure,
                                                       : KNN_MAX_DEVICES;
     for (int i = 0; i < req.n_devices; i++)
         req.devices[i] = INTEGER(devices)[i];
-    req.gpu_tiling = asInteger(gpu_tiling);
     int nq = isNull(query) ? req.n_ref : req.n_query;
 
     knn_r_session session;

@@ -19,7 +19,7 @@ SEXP C_knn_gpu_library(SEXP);
 SEXP C_knn_metric_table(void);
 SEXP C_knn_bicor_nodes(SEXP, SEXP, SEXP);
 SEXP C_knn_pairwise(SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP, SEXP,
-                    SEXP, SEXP);
+                    SEXP);
 SEXP C_knn_stop_file(SEXP);
 
 static const R_CallMethodDef knn_call_methods[] = {
@@ -33,7 +33,7 @@ static const R_CallMethodDef knn_call_methods[] = {
     {"C_knn_gpu_library", (DL_FUNC)&C_knn_gpu_library, 1},
     {"C_knn_metric_table", (DL_FUNC)&C_knn_metric_table, 0},
     {"C_knn_bicor_nodes", (DL_FUNC)&C_knn_bicor_nodes, 3},
-    {"C_knn_pairwise", (DL_FUNC)&C_knn_pairwise, 11},
+    {"C_knn_pairwise", (DL_FUNC)&C_knn_pairwise, 10},
     {"C_knn_stop_file", (DL_FUNC)&C_knn_stop_file, 1},
     {NULL, NULL, 0}
 };

@@ -1,25 +1,28 @@
 /*
- * knn_gpu_coexpr.cu: the float32 products of a pairwise-complete search's
- * screen (knn_gpu_pw_*, knn_backend.h). The engine (knn_coexpr.c) does the
- * rest on the CPU: its filter and exact float64 keys are the CPU search's
- * own, so the bits are the CPU's whatever computed the products.
+ * knn_gpu_coexpr.cu: a pairwise-complete search (Pearson, |Pearson|,
+ * cosine, bicor) on a GPU (knn_gpu_pw_*, knn_backend.h). Every pair gets its
+ * float64 key on the device from knn_pw_key.h, the definition the CPU
+ * engine keys its pairs with, so the answer has the CPU's bits: the keys
+ * are the same and the best k of a row by (distance, index) are the same
+ * whoever picks them.
  *
- * The nodes' float32 values go to the device once. Each block of rows the
- * engine asks for runs in chunks (knn_pw_chunk_rows, the engine's tiling,
- * from the memory budget): per chunk one GEMM into a device panel, then
- * the panel's transfer into the engine's pinned host buffer, all queued
- * on the context's stream, whose order keeps the one panel from being
- * overwritten before it has left. The call returns at once, so the device
- * computes the next block while the CPU screens this one; the engine
- * waits in slices of at most 100 ms (knn_gpu_pw_wait) and polls Ctrl-C
- * between them.
+ * The nodes go to the device once, the reference twice: node by node (the
+ * rows of a self search) and feature by feature, so that the 32 threads of
+ * a warp, on 32 consecutive reference nodes, read 32 consecutive values
+ * (and, for bicor, places in the nodes' orders of their values).
+ * Each block of rows the engine asks for runs in chunks (knn_pw_chunk_rows
+ * of the memory budget): the chunk's keys into a device panel, each row's
+ * best k from it, and their transfer into the engine's pinned host buffer,
+ * all queued on the context's stream, whose order keeps the one panel from
+ * being overwritten before its rows are chosen. The call returns at once,
+ * so the device keys the next block while the engine writes out this one;
+ * the engine waits in slices of at most 100 ms (knn_gpu_pw_wait) and polls
+ * Ctrl-C between them.
  *
- * Products, all column-major as cuBLAS reads them: the reference is A,
- * p x n_ref (lda = p, a node's p values contiguous); a chunk's rows are B,
- * p x rows (ldb = p), the query's nodes or, in a self search, the
- * reference's own from position `first`; C = t(A) B is n_ref x rows
- * (ldc = n_ref), so row i's n_ref products lie at i * n_ref, the layout
- * the engine's tiles read.
+ * A key is the bits of the pair's distance (in [0, 2], so their integer
+ * order is the distance order) or KNN_PW_NONE for a pair without one:
+ * too few shared features, a measure undefined there, or a node with
+ * itself.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -27,22 +30,254 @@
 #include <chrono>
 #include <new>
 #include <thread>
-#include "knn_coexpr.h"
 #include <vector>
+#include <math_constants.h>
+#include "knn_coexpr.h"
 #include "knn_gpu.cuh"
+#include "knn_pw_key.h"
+
+#define KNN_PW_NONE 0xffffffffffffffffull
+
+/* Reference nodes per block of the key kernel (one warp's width), and
+ * rows of threads beside them; each thread keys KNN_PW_ROW_STEPS rows. */
+#define KNN_PW_COLS 32
+#define KNN_PW_ROWS 32
+#define KNN_PW_ROW_STEPS 4
+/* Threads choosing one row's best k. */
+#define KNN_PW_SELECT_THREADS 256
+/* The most bytes of one chunk's key panel: more rows per chunk only save
+ * launches, whose cost is small against a chunk this size. */
+#define KNN_PW_PANEL_BYTES (256.0 * 1048576.0)
 
 struct knn_pw_gpu {
     int device;
     knn_gpu_context *ctx;
-    int p, n_ref, chunk;
+    int p, k, n_ref, chunk;
+    int bicor, centred, absolute, min_shared;
+    int shared_bytes;        /* the key kernel's tile of reference values
+                                in shared memory; 0: read from global */
     void *block;             /* the one device allocation of: */
-    float *ref;              /* p x n_ref */
-    float *query;            /* p x n_query; NULL: the rows are
-                                reference positions */
-    float *panel;            /* n_ref x chunk */
-    float *host[2];          /* the context's pinned memory */
+    double *ref;             /* p x n_ref, node by node */
+    double *ref_t;           /* n_ref x p, feature by feature */
+    double *ref_imax;        /* n_ref */
+    int *ref_order;          /* bicor: p x n_ref, node by node */
+    int *ref_order_t;        /* bicor: n_ref x p, feature by feature */
+    int *ref_present;        /* bicor: n_ref */
+    double *query;           /* p x n_query; NULL: the rows are reference
+                                nodes */
+    double *query_imax;
+    int *query_order, *query_present;
+    unsigned long long *keys; /* chunk x n_ref */
+    unsigned long long *pick_key; /* chunk x k: rows' best k, unordered */
+    int *pick_j;
+    int *best_j;             /* chunk x k: rows' best k, in order */
+    double *best_d;
+    knn_pw_gpu_rows host[2]; /* the context's pinned memory */
     cudaEvent_t done;        /* recorded after a block's last transfer */
 };
+
+/* The reference feature by feature: out[f * n + j] = in[j * p + f]. */
+template <typename T>
+__global__ void knn_pw_transpose(const T *in, int p, int n, T *out)
+{
+    size_t at = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (at >= (size_t)p * n) return;
+    size_t j = at / p, f = at % p;
+    out[f * n + j] = in[at];
+}
+
+/* The rows' nodes and the reference's columns as the key kernel reads
+ * them. */
+struct knn_pw_sides {
+    const double *rows_of;   /* p x n, node by node */
+    const double *row_imax;
+    const int *row_order;    /* bicor: p x n, node by node */
+    const int *row_present;
+    const double *ref_t;     /* n_ref x p, feature by feature */
+    const double *ref_imax;
+    const int *ref_order_t;  /* bicor: n_ref x p */
+    const int *ref_present;
+};
+
+/* The keys of rows [0, rows) of the chunk (nodes first.. of the rows'
+ * side) with every reference node, into keys (rows x n_ref). Row r is
+ * reference node self_first + r in a self search (self_first >= 0), which
+ * has no key with itself. With SHARED, the block's KNN_PW_COLS reference
+ * nodes are first copied into shared memory feature by feature (values,
+ * then for bicor orders); else read from global memory. */
+template <bool SHARED, bool BICOR>
+__global__ void knn_pw_keys(knn_pw_sides s, int first, int rows,
+                            int self_first, int n_ref, int p, int centred,
+                            int absolute, int min_shared,
+                            unsigned long long *keys)
+{
+    extern __shared__ double tile[];
+    int col0 = blockIdx.x * KNN_PW_COLS;
+    int j = col0 + threadIdx.x;
+    const double *b = s.ref_t + j;
+    const int *ord_b = BICOR ? s.ref_order_t + j : NULL;
+    size_t stride = (size_t)n_ref;
+    if (SHARED) {
+        int cols = n_ref - col0 < KNN_PW_COLS ? n_ref - col0 : KNN_PW_COLS;
+        int t = threadIdx.y * KNN_PW_COLS + threadIdx.x;
+        int *tile_ord = (int *)(tile + (size_t)p * KNN_PW_COLS);
+        for (int at = t; at < p * KNN_PW_COLS; at += KNN_PW_COLS *
+                                                       KNN_PW_ROWS) {
+            int f = at / KNN_PW_COLS, c = at % KNN_PW_COLS;
+            size_t from = (size_t)f * n_ref + col0 + c;
+            tile[at] = c < cols ? s.ref_t[from] : 0.0;
+            if (BICOR) tile_ord[at] = c < cols ? s.ref_order_t[from] : 0;
+        }
+        __syncthreads();
+        b = tile + threadIdx.x;
+        ord_b = BICOR ? tile_ord + threadIdx.x : NULL;
+        stride = KNN_PW_COLS;
+    }
+    if (j >= n_ref) return;
+    double ib = BICOR ? 0.0 : s.ref_imax[j];
+    int len_b = BICOR ? s.ref_present[j] : 0;
+    int r0 = blockIdx.y * (KNN_PW_ROWS * KNN_PW_ROW_STEPS);
+    for (int step = 0; step < KNN_PW_ROW_STEPS; step++) {
+        int r = r0 + step * KNN_PW_ROWS + threadIdx.y;
+        if (r >= rows) break;
+        unsigned long long key = KNN_PW_NONE;
+        if (self_first < 0 || self_first + r != j) {
+            int qi = first + r;
+            const double *a = s.rows_of + (size_t)qi * p;
+            double v = BICOR
+                ? knn_pw_bicor(a, 1, s.row_order + (size_t)qi * p, 1,
+                               s.row_present[qi], b, stride, ord_b, stride,
+                               len_b, p, min_shared)
+                : knn_pw_corr(a, 1, b, stride, p, centred, min_shared,
+                              s.row_imax[qi], ib);
+            if (!isnan(v))
+                key = (unsigned long long)__double_as_longlong(
+                    knn_pw_distance(v, absolute));
+        }
+        keys[(size_t)r * n_ref + j] = key;
+    }
+}
+
+/* The bin (of 256, from 8 bits of the keys) holding the want-th smallest
+ * of the counts in hist, and want less the keys before it; by warp 0. */
+__device__ static void knn_pw_find_bin(const unsigned *hist, unsigned want,
+                                       int *bin, unsigned *rest)
+{
+    int lane = threadIdx.x;
+    unsigned c[8], sum = 0;
+    for (int b = 0; b < 8; b++) {
+        c[b] = hist[lane * 8 + b];
+        sum += c[b];
+    }
+    unsigned inc = sum;
+    for (int o = 1; o < 32; o <<= 1) {
+        unsigned t = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += t;
+    }
+    unsigned cum = inc - sum;
+    if (!(cum < want && want <= inc)) return;
+    for (int b = 0; b < 8; b++) {
+        if (cum + c[b] >= want) {
+            *bin = lane * 8 + b;
+            *rest = want - cum;
+            return;
+        }
+        cum += c[b];
+    }
+}
+
+/* Row blockIdx.x's k best of its n_ref keys, ties to the smaller node, in
+ * order into best_j (-1: none) and best_d. The k-th smallest key comes
+ * from a radix select, eight bits at a time; the keys below it and, of
+ * those equal to it, the ones of the smallest nodes go to pick_* in any
+ * order; each then finds its place by counting the picks before it. */
+__global__ void knn_pw_select(const unsigned long long *keys, int n_ref,
+                              int k, unsigned long long *pick_key,
+                              int *pick_j, int *best_j, double *best_d)
+{
+    __shared__ unsigned hist[256];
+    __shared__ unsigned long long s_prefix;
+    __shared__ unsigned s_want;
+    __shared__ int s_counts[KNN_PW_SELECT_THREADS / 32];
+    __shared__ int s_below;
+    const unsigned long long *row = keys + (size_t)blockIdx.x * n_ref;
+    unsigned long long *pk = pick_key + (size_t)blockIdx.x * k;
+    int *pj = pick_j + (size_t)blockIdx.x * k;
+    int t = threadIdx.x;
+    unsigned long long prefix = 0, mask = 0;
+    unsigned want = (unsigned)k;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        for (int b = t; b < 256; b += blockDim.x) hist[b] = 0;
+        __syncthreads();
+        for (int i = t; i < n_ref; i += blockDim.x) {
+            unsigned long long key = row[i];
+            if ((key & mask) == prefix)
+                atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (t < 32) {
+            int bin = 0;
+            unsigned rest = 0;
+            knn_pw_find_bin(hist, want, &bin, &rest);
+            if (rest > 0) {
+                s_prefix = prefix | ((unsigned long long)bin << shift);
+                s_want = rest;
+            }
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        want = s_want;
+        mask |= 0xffull << shift;
+    }
+    /* prefix is the k-th smallest key; k - want keys lie below it. */
+    if (t == 0) s_below = 0;
+    __syncthreads();
+    for (int i = t; i < n_ref; i += blockDim.x) {
+        unsigned long long key = row[i];
+        if (key < prefix) {
+            int at = atomicAdd(&s_below, 1);
+            pk[at] = key;
+            pj[at] = i;
+        }
+    }
+    /* Of the keys equal to it, the first `want` by node, in node order:
+     * each pass counts a stretch of blockDim.x nodes by warps. */
+    int lane = t % 32, warp = t / 32, base_at = k - (int)want;
+    unsigned taken = 0;
+    for (int from = 0; from < n_ref && taken < want; from += blockDim.x) {
+        int i = from + t;
+        int equal = i < n_ref && row[i] == prefix;
+        unsigned ballot = __ballot_sync(0xffffffffu, equal);
+        if (lane == 0) s_counts[warp] = __popc(ballot);
+        __syncthreads();
+        unsigned before = taken + __popc(ballot & ((1u << lane) - 1u));
+        unsigned total = 0;
+        for (int w = 0; w < (int)(blockDim.x / 32); w++) {
+            if (w < warp) before += s_counts[w];
+            total += s_counts[w];
+        }
+        if (equal && before < want) {
+            pk[base_at + before] = prefix;
+            pj[base_at + before] = i;
+        }
+        taken += total;
+        __syncthreads();
+    }
+    __syncthreads();
+    int *out_j = best_j + (size_t)blockIdx.x * k;
+    double *out_d = best_d + (size_t)blockIdx.x * k;
+    for (int i = t; i < k; i += blockDim.x) {
+        unsigned long long key = pk[i];
+        int j = pj[i], place = 0;
+        for (int m = 0; m < k; m++) {
+            unsigned long long other = pk[m];
+            place += other < key || (other == key && pj[m] < j);
+        }
+        out_j[place] = key == KNN_PW_NONE ? -1 : j;
+        out_d[place] = key == KNN_PW_NONE
+            ? CUDART_NAN : __longlong_as_double((long long)key);
+    }
+}
 
 /* The GPU of the search, the first of req->devices, else the first usable
  * one, and its name in the report. */
@@ -77,6 +312,64 @@ static void knn_pw_free(knn_pw_gpu *gpu, knn_status status)
     free(gpu);
 }
 
+/* The key kernel of a search. */
+template <bool SHARED, bool BICOR>
+static void knn_pw_launch(dim3 blocks, dim3 threads, size_t bytes,
+                          cudaStream_t stream, const knn_pw_sides &sides,
+                          int first, int n, int self_first,
+                          const knn_pw_gpu *gpu)
+{
+    knn_pw_keys<SHARED, BICOR><<<blocks, threads, bytes, stream>>>(
+        sides, first, n, self_first, gpu->n_ref, gpu->p, gpu->centred,
+        gpu->absolute, gpu->min_shared, gpu->keys);
+}
+
+/* Where the key kernel keeps its reference tile: shared memory where the
+ * tile (values, and orders for bicor) fits the device's largest block
+ * share, else global memory. */
+static knn_status knn_pw_tile_place(knn_pw_gpu *gpu, char *message)
+{
+    int most = 0;
+    KNN_CUDA_TRY(message,
+                 cudaDeviceGetAttribute(
+                     &most, cudaDevAttrMaxSharedMemoryPerBlockOptin,
+                     gpu->device));
+    double bytes = (gpu->bicor ? 12.0 : 8.0) * KNN_PW_COLS * gpu->p;
+    gpu->shared_bytes = bytes <= most ? (int)bytes : 0;
+    if (gpu->shared_bytes > 0)
+        KNN_CUDA_TRY(message,
+                     cudaFuncSetAttribute(
+                         gpu->bicor ? knn_pw_keys<true, true>
+                                    : knn_pw_keys<true, false>,
+                         cudaFuncAttributeMaxDynamicSharedMemorySize,
+                         most));
+    return KNN_OK;
+}
+
+/* What a side's nodes carry beside their values, to the device: imax,
+ * or bicor's orders and counts of present features. */
+static knn_status knn_pw_node_side(int bicor, const double *imax,
+                                   const int *order, const int *present,
+                                   int p, int n, double *d_imax,
+                                   int *d_order, int *d_present,
+                                   cudaStream_t stream, char *message)
+{
+    if (!bicor) {
+        KNN_CUDA_TRY(message, cudaMemcpyAsync(d_imax, imax,
+                                              (size_t)n * sizeof(double),
+                                              cudaMemcpyHostToDevice,
+                                              stream));
+        return KNN_OK;
+    }
+    KNN_CUDA_TRY(message, cudaMemcpyAsync(d_order, order,
+                                          (size_t)p * n * sizeof(int),
+                                          cudaMemcpyHostToDevice, stream));
+    KNN_CUDA_TRY(message, cudaMemcpyAsync(d_present, present,
+                                          (size_t)n * sizeof(int),
+                                          cudaMemcpyHostToDevice, stream));
+    return KNN_OK;
+}
+
 /* The arrays, the values' upload and the host buffers of an opened gpu;
  * on failure the caller frees it (knn_pw_free). */
 static knn_status knn_pw_setup(knn_pw_gpu *gpu, const knn_pw_gpu_request *req,
@@ -84,63 +377,98 @@ static knn_status knn_pw_setup(knn_pw_gpu *gpu, const knn_pw_gpu_request *req,
 {
     KNN_TRY(knn_context_acquire(gpu->device, &gpu->ctx, message));
     cudaStream_t stream = gpu->ctx->stream;
-    /* The products must be true float32 (inputs rounded to 24 bits, sums
-     * rounded to float32): the screen's bounds (knn_coexpr.c, cs->ec =
-     * gamma_(p+16) in 2^-24) hold for such a product in any summation
-     * order, and not for TF32's inputs, rounded 2^13 times as coarsely,
-     * which would drop true neighbours unseen. The
-     * pedantic compute type of the GEMM below forbids TF32, BF16 emulation
-     * and any other reduced arithmetic whatever the handle's math mode or
-     * NVIDIA_TF32_OVERRIDE and CUBLAS_EMULATION_STRATEGY say; the
-     * handle's mode says the same for any call that reads it. */
-    KNN_BLAS_TRY(message,
-                 cublasSetMathMode(gpu->ctx->blas, CUBLAS_PEDANTIC_MATH));
     KNN_CUDA_TRY(message, cudaEventCreateWithFlags(&gpu->done,
                                                    cudaEventDisableTiming));
+    KNN_TRY(knn_pw_tile_place(gpu, message));
+    int p = req->p, n_ref = req->n_ref, k = req->k;
     int n_query = req->query ? req->n_query : 0;
     double budget = 0.0;
     KNN_TRY(knn_device_budget(req->memory_bytes, &budget, message));
-    gpu->chunk = knn_pw_chunk_rows(budget, req->p, req->n_ref, n_query,
-                                   req->block_rows);
+    int block_rows = req->block_rows;
+    double panel_rows = KNN_PW_PANEL_BYTES / (8.0 * n_ref);
+    if (block_rows > panel_rows) block_rows = panel_rows < 1 ? 1
+                                                              : (int)panel_rows;
+    gpu->chunk = knn_pw_chunk_rows(budget, p, req->bicor, n_ref, n_query, k,
+                                   block_rows);
     if (gpu->chunk < 1) {
-        knn_pw_no_fit(message, 512, budget > 0 ? budget : 0.0, req->p,
-                      req->n_ref, n_query);
+        knn_pw_no_fit(message, 512, budget > 0 ? budget : 0.0, p, req->bicor,
+                      n_ref, n_query, k);
         return KNN_E_NOMEM;
     }
+    size_t values = (size_t)p * n_ref, picks = (size_t)gpu->chunk * k;
+    size_t orders = req->bicor ? values : 0;
+    size_t query_orders = req->bicor ? (size_t)p * n_query : 0;
     knn_carver carve = {NULL, 0};
-    knn_carve<float>(&carve, (size_t)req->p * req->n_ref);
-    knn_carve<float>(&carve, (size_t)req->p * n_query);
-    knn_carve<float>(&carve, (size_t)req->n_ref * gpu->chunk);
-    KNN_CUDA_TRY(message, cudaMalloc(&gpu->block, carve.used));
-    carve.block = (char *)gpu->block;
-    carve.used = 0;
-    gpu->ref = knn_carve<float>(&carve, (size_t)req->p * req->n_ref);
-    gpu->query = knn_carve<float>(&carve, (size_t)req->p * n_query);
-    gpu->panel = knn_carve<float>(&carve, (size_t)req->n_ref * gpu->chunk);
+    for (int pass = 0; pass < 2; pass++) {
+        if (pass == 1) {
+            KNN_CUDA_TRY(message, cudaMalloc(&gpu->block, carve.used));
+            carve.block = (char *)gpu->block;
+            carve.used = 0;
+        }
+        gpu->ref = knn_carve<double>(&carve, values);
+        gpu->ref_t = knn_carve<double>(&carve, values);
+        gpu->ref_imax = knn_carve<double>(&carve, n_ref);
+        gpu->ref_order = knn_carve<int>(&carve, orders);
+        gpu->ref_order_t = knn_carve<int>(&carve, orders);
+        gpu->ref_present = knn_carve<int>(&carve, req->bicor ? n_ref : 0);
+        gpu->query = knn_carve<double>(&carve, (size_t)p * n_query);
+        gpu->query_imax = knn_carve<double>(&carve, n_query);
+        gpu->query_order = knn_carve<int>(&carve, query_orders);
+        gpu->query_present = knn_carve<int>(&carve,
+                                            req->bicor ? n_query : 0);
+        gpu->keys = knn_carve<unsigned long long>(&carve,
+                                                  (size_t)gpu->chunk * n_ref);
+        gpu->pick_key = knn_carve<unsigned long long>(&carve, picks);
+        gpu->pick_j = knn_carve<int>(&carve, picks);
+        gpu->best_j = knn_carve<int>(&carve, picks);
+        gpu->best_d = knn_carve<double>(&carve, picks);
+    }
     if (n_query == 0) gpu->query = NULL;
     /* From the engine's pageable memory, which outlives the search: each
      * call returns once its values are staged. */
-    KNN_CUDA_TRY(message,
-                 cudaMemcpyAsync(gpu->ref, req->ref,
-                                 (size_t)req->p * req->n_ref * sizeof(float),
-                                 cudaMemcpyHostToDevice, stream));
-    if (gpu->query)
+    KNN_CUDA_TRY(message, cudaMemcpyAsync(gpu->ref, req->ref,
+                                          values * sizeof(double),
+                                          cudaMemcpyHostToDevice, stream));
+    KNN_TRY(knn_pw_node_side(req->bicor, req->ref_imax, req->ref_order,
+                             req->ref_present, p, n_ref, gpu->ref_imax,
+                             gpu->ref_order, gpu->ref_present, stream,
+                             message));
+    if (gpu->query) {
         KNN_CUDA_TRY(message,
                      cudaMemcpyAsync(gpu->query, req->query,
-                                     (size_t)req->p * n_query *
-                                         sizeof(float),
+                                     (size_t)p * n_query * sizeof(double),
                                      cudaMemcpyHostToDevice, stream));
-    size_t cells = (size_t)req->block_rows * req->n_ref;
+        KNN_TRY(knn_pw_node_side(req->bicor, req->query_imax,
+                                 req->query_order, req->query_present, p,
+                                 n_query, gpu->query_imax, gpu->query_order,
+                                 gpu->query_present, stream, message));
+    }
+    unsigned grid = (unsigned)((values + 255) / 256);
+    knn_pw_transpose<<<grid, 256, 0, stream>>>(gpu->ref, p, n_ref,
+                                               gpu->ref_t);
+    KNN_LAUNCH_TRY(message, "knn_pw_transpose");
+    if (req->bicor) {
+        knn_pw_transpose<<<grid, 256, 0, stream>>>(gpu->ref_order, p, n_ref,
+                                                   gpu->ref_order_t);
+        KNN_LAUNCH_TRY(message, "knn_pw_transpose");
+    }
+    size_t cells = (size_t)req->block_rows * k;
     void *host = NULL;
-    KNN_TRY(knn_context_host(gpu->ctx, 2 * cells * sizeof(float), &host,
-                             message));
-    gpu->host[0] = (float *)host;
-    gpu->host[1] = (float *)host + cells;
+    KNN_TRY(knn_context_host(gpu->ctx, 2 * cells * (sizeof(int) +
+                                                    sizeof(double)),
+                             &host, message));
+    double *distances = (double *)host;
+    int *indices = (int *)(distances + 2 * cells);
+    for (int b = 0; b < 2; b++) {
+        gpu->host[b].distance = distances + b * cells;
+        gpu->host[b].index = indices + b * cells;
+    }
     return KNN_OK;
 }
 
 extern "C" knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req,
-                                      knn_pw_gpu **out, float *host[2],
+                                      knn_pw_gpu **out,
+                                      knn_pw_gpu_rows host[2],
                                       int *chunk_rows, knn_report *report)
 {
     *out = NULL;
@@ -155,11 +483,16 @@ extern "C" knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req,
                                  __FILE__, __LINE__);
     knn_pw_gpu *gpu = (knn_pw_gpu *)calloc(1, sizeof *gpu);
     if (gpu == NULL)
-        return knn_gpu_fail(report->message, KNN_E_NOMEM, "GPU products",
+        return knn_gpu_fail(report->message, KNN_E_NOMEM, "GPU keys",
                             "out of host memory", __FILE__, __LINE__);
     gpu->device = device;
     gpu->p = req->p;
+    gpu->k = req->k;
     gpu->n_ref = req->n_ref;
+    gpu->bicor = req->bicor;
+    gpu->centred = req->centred;
+    gpu->absolute = req->absolute;
+    gpu->min_shared = req->min_shared;
     knn_status st = knn_pw_setup(gpu, req, report->message);
     if (st != KNN_OK) {
         knn_pw_free(gpu, st);
@@ -172,32 +505,66 @@ extern "C" knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req,
     return KNN_OK;
 }
 
+/* Queues the keys and the choice of rows [first, first + n) into chunk
+ * panel rows, and their transfer to host buffer `buffer` at row `at`. */
+static knn_status knn_pw_chunk(knn_pw_gpu *gpu, int first, int n, int at,
+                               int buffer, char *message)
+{
+    cudaStream_t stream = gpu->ctx->stream;
+    int self = gpu->query == NULL;
+    knn_pw_sides sides;
+    sides.rows_of = self ? gpu->ref : gpu->query;
+    sides.row_imax = self ? gpu->ref_imax : gpu->query_imax;
+    sides.row_order = self ? gpu->ref_order : gpu->query_order;
+    sides.row_present = self ? gpu->ref_present : gpu->query_present;
+    sides.ref_t = gpu->ref_t;
+    sides.ref_imax = gpu->ref_imax;
+    sides.ref_order_t = gpu->ref_order_t;
+    sides.ref_present = gpu->ref_present;
+    int self_first = self ? first : -1;
+    int per_block = KNN_PW_ROWS * KNN_PW_ROW_STEPS;
+    dim3 threads(KNN_PW_COLS, KNN_PW_ROWS);
+    dim3 blocks((gpu->n_ref + KNN_PW_COLS - 1) / KNN_PW_COLS,
+                (n + per_block - 1) / per_block);
+    size_t bytes = gpu->shared_bytes;
+    if (bytes > 0 && gpu->bicor)
+        knn_pw_launch<true, true>(blocks, threads, bytes, stream, sides,
+                                  first, n, self_first, gpu);
+    else if (bytes > 0)
+        knn_pw_launch<true, false>(blocks, threads, bytes, stream, sides,
+                                   first, n, self_first, gpu);
+    else if (gpu->bicor)
+        knn_pw_launch<false, true>(blocks, threads, 0, stream, sides, first,
+                                   n, self_first, gpu);
+    else
+        knn_pw_launch<false, false>(blocks, threads, 0, stream, sides,
+                                    first, n, self_first, gpu);
+    KNN_LAUNCH_TRY(message, "knn_pw_keys");
+    knn_pw_select<<<n, KNN_PW_SELECT_THREADS, 0, stream>>>(
+        gpu->keys, gpu->n_ref, gpu->k, gpu->pick_key, gpu->pick_j,
+        gpu->best_j, gpu->best_d);
+    KNN_LAUNCH_TRY(message, "knn_pw_select");
+    size_t cells = (size_t)n * gpu->k, from = (size_t)at * gpu->k;
+    KNN_CUDA_TRY(message,
+                 cudaMemcpyAsync(gpu->host[buffer].index + from, gpu->best_j,
+                                 cells * sizeof(int), cudaMemcpyDeviceToHost,
+                                 stream));
+    KNN_CUDA_TRY(message,
+                 cudaMemcpyAsync(gpu->host[buffer].distance + from,
+                                 gpu->best_d, cells * sizeof(double),
+                                 cudaMemcpyDeviceToHost, stream));
+    return KNN_OK;
+}
+
 extern "C" knn_status knn_gpu_pw_start(knn_pw_gpu *gpu, int first, int rows,
                                        int buffer, char *message)
 {
     KNN_CUDA_TRY(message, cudaSetDevice(gpu->device));
-    cudaStream_t stream = gpu->ctx->stream;
-    const float one = 1.0f, zero = 0.0f;
-    const float *rows_of = gpu->query ? gpu->query : gpu->ref;
     for (int at = 0; at < rows; at += gpu->chunk) {
         int n = rows - at < gpu->chunk ? rows - at : gpu->chunk;
-        KNN_BLAS_TRY(message,
-                     cublasGemmEx(gpu->ctx->blas, CUBLAS_OP_T, CUBLAS_OP_N,
-                                  gpu->n_ref, n, gpu->p, &one, gpu->ref,
-                                  CUDA_R_32F, gpu->p,
-                                  rows_of + (size_t)(first + at) * gpu->p,
-                                  CUDA_R_32F, gpu->p, &zero, gpu->panel,
-                                  CUDA_R_32F, gpu->n_ref,
-                                  CUBLAS_COMPUTE_32F_PEDANTIC,
-                                  CUBLAS_GEMM_DEFAULT));
-        KNN_CUDA_TRY(message,
-                     cudaMemcpyAsync(gpu->host[buffer] +
-                                         (size_t)at * gpu->n_ref,
-                                     gpu->panel,
-                                     (size_t)n * gpu->n_ref * sizeof(float),
-                                     cudaMemcpyDeviceToHost, stream));
+        KNN_TRY(knn_pw_chunk(gpu, first + at, n, at, buffer, message));
     }
-    KNN_CUDA_TRY(message, cudaEventRecord(gpu->done, stream));
+    KNN_CUDA_TRY(message, cudaEventRecord(gpu->done, gpu->ctx->stream));
     return KNN_OK;
 }
 
@@ -215,9 +582,8 @@ extern "C" knn_status knn_gpu_pw_wait(knn_pw_gpu *gpu, int ms, int *done,
             return KNN_OK;
         }
         if (e != cudaErrorNotReady)
-            return knn_gpu_fail_cuda(message, e,
-                                     "products (cudaEventQuery)", __FILE__,
-                                     __LINE__);
+            return knn_gpu_fail_cuda(message, e, "keys (cudaEventQuery)",
+                                     __FILE__, __LINE__);
         if (std::chrono::steady_clock::now() >= until) {
             cudaGetLastError();
             return KNN_OK;

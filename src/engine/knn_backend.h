@@ -40,48 +40,63 @@ knn_status knn_search_blocks(const knn_request *req, const knn_knobs *knobs,
 knn_status knn_gpu_search(const knn_request *req, const knn_knobs *knobs,
                           knn_result *out, knn_report *report);
 
-/* The float32 products of a pairwise-complete search's screen on a GPU
- * (knn_coexpr.c asks, src/cuda/knn_gpu_coexpr.cu computes): the rest of
- * that search, its filter and exact keys, stays on the CPU, so its bits
- * are the CPU's whatever computed the products. Matrices are float32,
- * p x n, column-major (node-contiguous). */
+/* A pairwise-complete search on a GPU (knn_coexpr.c asks,
+ * src/cuda/knn_gpu_coexpr.cu computes): every pair's float64 key from
+ * knn_pw_key.h, the CPU's own definition, and each row's best k, so its
+ * bits are the CPU's. Nodes as knn_coexpr.c prepares them: p x n,
+ * column-major (node-contiguous), NaN where missing, with each node's
+ * imax or, for bicor, its present features in ascending order of value
+ * (p x n, the first `present` of each node's p). */
 typedef struct {
-    int p;
-    const float *ref;     /* p x n_ref, read only; goes to the device once */
+    int p, k, min_shared;
+    int bicor;              /* else Pearson, |Pearson| or cosine: */
+    int centred, absolute;  /* Pearson: 1, 0; |Pearson|: 1, 1; cosine: 0, 0 */
+    const double *ref;      /* p x n_ref, read only; goes to the device once */
+    const double *ref_imax; /* n_ref (not bicor) */
+    const int *ref_order;   /* p x n_ref (bicor) */
+    const int *ref_present; /* n_ref (bicor) */
     int n_ref;
-    const float *query;   /* p x n_query, read only; NULL: the rows asked
-                             for are reference nodes */
+    const double *query;    /* p x n_query, read only; NULL: the rows asked
+                               for are reference nodes (a self search) */
+    const double *query_imax;
+    const int *query_order;
+    const int *query_present;
     int n_query;
-    int block_rows;       /* the most rows one knn_gpu_pw_start asks for */
-    double memory_bytes;  /* device memory to use; <= 0: what is free */
-    int n_devices;        /* the first of devices runs it; 0: the first
-                             usable GPU */
+    int block_rows;         /* the most rows one knn_gpu_pw_start asks for */
+    double memory_bytes;    /* device memory to use; <= 0: what is free */
+    int n_devices;          /* the first of devices runs it; 0: the first
+                               usable GPU */
     int devices[KNN_MAX_DEVICES];
 } knn_pw_gpu_request;
+
+/* One block's answers in pinned host memory: row i's k best at i * k, in
+ * order. */
+typedef struct {
+    int *index;        /* 0-based reference node; -1: no neighbour */
+    double *distance;  /* NaN for no neighbour */
+} knn_pw_gpu_rows;
 
 /* One pairwise-complete search's state on its device; opaque. */
 typedef struct knn_pw_gpu knn_pw_gpu;
 
-/* Opens the products of one search on a device: its context, the
- * reference's and the query's values there, and two pinned host buffers
- * of block_rows x n_ref floats each (*host, owned by the device's
- * context: valid until knn_gpu_pw_close). Writes the rows of one device
- * product (*chunk_rows, knn_pw_chunk_rows of the budget) and
+/* Opens a search on a device: its context, the nodes there, and two
+ * host buffers of block_rows x k answers each (*host, owned by the
+ * device's context: valid until knn_gpu_pw_close). Writes the rows of one
+ * device chunk (*chunk_rows, knn_pw_chunk_rows of the budget) and
  * report->device. Returns KNN_OK; else KNN_E_NOGPU, KNN_E_INVALID (no
  * such GPU), KNN_E_NOMEM (the nodes do not fit the budget) or
  * KNN_E_DEVICE, report->message set and nothing left allocated. */
 knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req, knn_pw_gpu **gpu,
-                           float *host[2], int *chunk_rows,
+                           knn_pw_gpu_rows host[2], int *chunk_rows,
                            knn_report *report);
-/* Queues the products of rows [first, first + rows) (query nodes, or
- * reference nodes for a NULL query) with every reference node into host
- * buffer `buffer` (0 or 1): row i's n_ref products at i * n_ref. Returns
- * at once; KNN_OK, or an error with message (512 bytes) set. */
+/* Queues the best k of rows [first, first + rows) (query nodes, or
+ * reference nodes for a NULL query) into host buffer `buffer` (0 or 1).
+ * Returns at once; KNN_OK, or an error with message (512 bytes) set. */
 knn_status knn_gpu_pw_start(knn_pw_gpu *gpu, int first, int rows,
                             int buffer, char *message);
-/* Waits up to ms milliseconds for the products queued last: *done is 1
- * once they are in the host buffer. Returns KNN_OK, or an error with
- * message set. */
+/* Waits up to ms milliseconds for the rows queued last: *done is 1 once
+ * they are in the host buffer. Returns KNN_OK, or an error with message
+ * set. */
 knn_status knn_gpu_pw_wait(knn_pw_gpu *gpu, int ms, int *done,
                            char *message);
 /* Frees what knn_gpu_pw_open took once the device is idle, given how the
@@ -97,7 +112,7 @@ typedef struct {
     void (*query)(knn_gpu_info *info);
     void (*release)(void);
     knn_status (*pw_open)(const knn_pw_gpu_request *req, knn_pw_gpu **gpu,
-                          float *host[2], int *chunk_rows,
+                          knn_pw_gpu_rows host[2], int *chunk_rows,
                           knn_report *report);
     knn_status (*pw_start)(knn_pw_gpu *gpu, int first, int rows,
                            int buffer, char *message);

@@ -6,13 +6,13 @@
  * |value| is in [0.5, 1): correlations do not change, and sums of squares
  * neither overflow nor underflow. A pair's key then takes two passes over
  * the features both nodes have, in feature order: the means (bicor: the
- * medians and deviations, knn_bicor_prep), then the centred products.
- * Pearson, |Pearson| and cosine keys are computed for a row's candidates
- * only (the screen, below), whose float32 products run on the CPU's BLAS
- * or on a GPU (knn_pw_source). Threads split the query rows (tiles of
- * them for the screen); the caller's thread polls the interrupt between
- * blocks of rows sized to take well under a second, and while it waits
- * for a GPU.
+ * medians and deviations, knn_pw_form_of), then the centred products
+ * (knn_pw_key.h). On the CPU, Pearson, |Pearson| and cosine keys are
+ * computed for a row's candidates only (the screen, below), whose float32
+ * products run on the CPU's BLAS; on a GPU every pair is keyed there
+ * (knn_pw_on_gpu). Threads split the query rows (tiles of them for the
+ * screen); the caller's thread polls the interrupt between blocks of rows
+ * sized to take well under a second, and while it waits for a GPU.
  */
 #include <math.h>
 #include <stdint.h>
@@ -22,125 +22,37 @@
 #include "knn_blas.h"
 #include "knn_coexpr.h"
 #include "knn_exact.h"
+#include "knn_pw_key.h"
 #include "knn_threads.h"
 
-/* The n-th smallest (0-based) of a[0..len), a reordered so that every
- * element before position n is at most it. */
-static double knn_nth(double *a, int len, int n)
+/* A present feature of a node and its value, for sorting. */
+typedef struct {
+    double value;
+    int feature;
+} knn_pw_ranked_feature;
+
+static int knn_pw_by_value(const void *a, const void *b)
 {
-    int lo = 0, hi = len - 1;
-    while (lo < hi) {
-        double pivot = a[lo + (hi - lo) / 2];
-        int i = lo, j = hi;
-        while (i <= j) {
-            while (a[i] < pivot) i++;
-            while (a[j] > pivot) j--;
-            if (i <= j) {
-                double t = a[i];
-                a[i] = a[j];
-                a[j] = t;
-                i++;
-                j--;
-            }
-        }
-        if (n <= j) {
-            hi = j;
-        } else if (n >= i) {
-            lo = i;
-        } else {
-            return a[n];
-        }
-    }
-    return a[n];
+    double x = ((const knn_pw_ranked_feature *)a)->value;
+    double y = ((const knn_pw_ranked_feature *)b)->value;
+    return x < y ? -1 : x > y;
 }
 
-/* The median of a[0..len), len >= 1, as R's median() gives it: the mean
- * of the two middle values for an even length. a is reordered. */
-static double knn_median(double *a, int len)
+/* The present features of x (p values, NaN where missing) in ascending
+ * order of value into ord; returns how many. buf: scratch of p. */
+static int knn_pw_order(const double *x, int p, int *ord,
+                        knn_pw_ranked_feature *buf)
 {
-    int half = len / 2;
-    double upper = knn_nth(a, len, half);
-    if (len % 2) return upper;
-    double lower = a[0];
-    for (int t = 1; t < half; t++) {
-        if (a[t] > lower) lower = a[t];
-    }
-    return (lower + upper) / 2.0;
-}
-
-/* Whether feature f of x is used: present in x and, where other is not
- * NULL, in other too. */
-static inline int knn_shared(const double *x, const double *other, int f)
-{
-    return !isnan(x[f]) && (other == NULL || !isnan(other[f]));
-}
-
-
-/* out (p values whose squares sum to ss) divided by its norm; all 0 where
- * ss is 0, the form undefined. Returns whether it is defined. */
-static int knn_unit_or_zero(double *out, int p, double ss)
-{
-    if (ss == 0.0) {
-        memset(out, 0, (size_t)p * sizeof(double));
-        return 0;
-    }
-    double norm = sqrt(ss);
-    for (int f = 0; f < p; f++) out[f] /= norm;
-    return 1;
-}
-/* The Pearson form of x over its used features into out: centred, unit
- * length, 0 elsewhere. Returns 0 (out all 0) where x is constant there. */
-static int knn_pearson_prep(const double *x, const double *other, int p,
-                            int count, double *out)
-{
-    double sum = 0.0;
+    int len = 0;
     for (int f = 0; f < p; f++) {
-        if (knn_shared(x, other, f)) sum += x[f];
+        if (isnan(x[f])) continue;
+        buf[len].value = x[f];
+        buf[len].feature = f;
+        len++;
     }
-    double mean = sum / count, ss = 0.0;
-    for (int f = 0; f < p; f++) {
-        double d = knn_shared(x, other, f) ? x[f] - mean : 0.0;
-        out[f] = d;
-        ss += d * d;
-    }
-    return knn_unit_or_zero(out, p, ss);
-}
-
-/* WGCNA's bicor form (prepareColBicor, maxPOutliers = 1, fallback to
- * Pearson for a zero MAD) of x over its used features into out, 0
- * elsewhere; work holds p doubles. Returns 0 (out all 0) where the form
- * is undefined: x constant on the used features, or none used. */
-static int knn_bicor_prep(const double *x, const double *other, int p,
-                          double *out, double *work)
-{
-    int count = 0;
-    for (int f = 0; f < p; f++) {
-        if (knn_shared(x, other, f)) work[count++] = x[f];
-    }
-    if (count == 0) {
-        memset(out, 0, (size_t)p * sizeof(double));
-        return 0;
-    }
-    double med = knn_median(work, count);
-    count = 0;
-    for (int f = 0; f < p; f++) {
-        if (knn_shared(x, other, f)) work[count++] = fabs(x[f] - med);
-    }
-    double mad = knn_median(work, count);
-    if (mad == 0.0) return knn_pearson_prep(x, other, p, count, out);
-    double denom = 9.0 * mad, ss = 0.0;
-    for (int f = 0; f < p; f++) {
-        double v = 0.0;
-        if (knn_shared(x, other, f)) {
-            double u = (x[f] - med) / denom;
-            if (fabs(u) > 1.0) u = 1.0;
-            double w = 1.0 - u * u;
-            v = (x[f] - med) * (w * w);
-        }
-        out[f] = v;
-        ss += v * v;
-    }
-    return knn_unit_or_zero(out, p, ss);
+    qsort(buf, (size_t)len, sizeof *buf, knn_pw_by_value);
+    for (int i = 0; i < len; i++) ord[i] = buf[i].feature;
+    return len;
 }
 
 /* x scaled by the power of two that brings its largest finite |value|
@@ -151,6 +63,21 @@ static void knn_scale_node(const double *x, int p, double *out)
     knn_ldexp_values(x, p, -e, knn_ldexp_factor(-e), out);
 }
 
+/* The bicor form of x (p finite values) into out, unit length (knn_pw_form
+ * over all of x's features); all 0 where it is undefined. Returns whether
+ * it is defined. ord, buf: scratch of p. */
+static int knn_bicor_node(const double *x, int p, double *out, int *ord,
+                          knn_pw_ranked_feature *buf)
+{
+    int len = knn_pw_order(x, p, ord, buf);
+    knn_pw_form form = knn_pw_form_of(x, 1, NULL, 0, ord, 1, len, p, len);
+    for (int f = 0; f < p; f++) {
+        out[f] = form.norm == 0.0
+            ? 0.0 : knn_pw_form_value(&form, x[f]) / form.norm;
+    }
+    return form.norm != 0.0;
+}
+
 int knn_bicor_nodes(const double *x, int p, int n, double *out, int *bad,
                     int max_bad, int threads)
 {
@@ -159,17 +86,20 @@ int knn_bicor_nodes(const double *x, int p, int n, double *out, int *bad,
     if (!marks) return -1;
     #pragma omp parallel num_threads(t) reduction(| : failed)
     {
-        double *work = malloc(2 * (size_t)p * sizeof(double));
-        if (!work) failed = 1;
+        double *scaled = malloc((size_t)p * sizeof(double));
+        int *ord = malloc((size_t)p * sizeof(int));
+        knn_pw_ranked_feature *buf = malloc((size_t)p * sizeof *buf);
+        if (!scaled || !ord || !buf) failed = 1;
         #pragma omp for schedule(static)
         for (int j = 0; j < n; j++) {
-            if (!work) continue;
-            double *scaled = work + p;
+            if (failed) continue;
             knn_scale_node(x + (size_t)j * p, p, scaled);
-            marks[j] = !knn_bicor_prep(scaled, NULL, p,
-                                       out + (size_t)j * p, work);
+            marks[j] = !knn_bicor_node(scaled, p, out + (size_t)j * p, ord,
+                                       buf);
         }
-        free(work);
+        free(scaled);
+        free(ord);
+        free(buf);
     }
     int found = 0;
     for (int j = 0; j < n && !failed; j++) {
@@ -206,8 +136,8 @@ static double knn_pw_integers(double *v, int p)
 }
 
 /* Nodes of a pairwise search: scaled copies, each node's count of present
- * features, and (bicor) each node's own form over them, used for a pair
- * whose shared features are all the node has. */
+ * features and (bicor) its present features in ascending order of value
+ * (knn_pw_key.h). */
 typedef struct {
     int n;
     double *x;     /* p x n, scaled, NaN where missing; a node of integers
@@ -215,8 +145,8 @@ typedef struct {
                       integers (knn_pw_integers) */
     double *imax;  /* n: the largest |integer| of such a node, else 0 */
     int *present;  /* n */
-    double *prep;  /* bicor: p x n, else NULL */
-    char *defined; /* bicor: whether prep is defined, else NULL */
+    int *order;    /* bicor: p x n, each node's first present[j], else
+                      NULL */
 } knn_pw_nodes;
 
 static void knn_pw_free(knn_pw_nodes *nodes)
@@ -224,8 +154,7 @@ static void knn_pw_free(knn_pw_nodes *nodes)
     free(nodes->x);
     free(nodes->imax);
     free(nodes->present);
-    free(nodes->prep);
-    free(nodes->defined);
+    free(nodes->order);
     memset(nodes, 0, sizeof *nodes);
 }
 
@@ -237,20 +166,18 @@ static knn_status knn_pw_prepare(knn_pw_nodes *nodes, const double *x, int p,
     nodes->x = malloc((size_t)p * n * sizeof(double));
     nodes->imax = malloc((size_t)n * sizeof(double));
     nodes->present = malloc((size_t)n * sizeof(int));
-    if (bicor) {
-        nodes->prep = malloc((size_t)p * n * sizeof(double));
-        nodes->defined = malloc((size_t)n);
-    }
+    if (bicor) nodes->order = malloc((size_t)p * n * sizeof(int));
     if (!nodes->x || !nodes->imax || !nodes->present ||
-        (bicor && (!nodes->prep || !nodes->defined))) {
+        (bicor && !nodes->order)) {
         knn_pw_free(nodes);
         return KNN_E_NOMEM;
     }
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
-        double *work = bicor ? malloc((size_t)p * sizeof(double)) : NULL;
-        if (bicor && !work) failed = 1;
+        knn_pw_ranked_feature *buf =
+            bicor ? malloc((size_t)p * sizeof *buf) : NULL;
+        if (bicor && !buf) failed = 1;
         #pragma omp for schedule(static)
         for (int j = 0; j < n; j++) {
             double *v = nodes->x + (size_t)j * p;
@@ -259,12 +186,10 @@ static knn_status knn_pw_prepare(knn_pw_nodes *nodes, const double *x, int p,
             for (int f = 0; f < p; f++) count += !isnan(v[f]);
             nodes->present[j] = count;
             nodes->imax[j] = bicor ? 0.0 : knn_pw_integers(v, p);
-            if (bicor && work) {
-                nodes->defined[j] = (char)knn_bicor_prep(
-                    v, NULL, p, nodes->prep + (size_t)j * p, work);
-            }
+            if (bicor && buf)
+                knn_pw_order(v, p, nodes->order + (size_t)j * p, buf);
         }
-        free(work);
+        free(buf);
     }
     if (failed) {
         knn_pw_free(nodes);
@@ -273,10 +198,8 @@ static knn_status knn_pw_prepare(knn_pw_nodes *nodes, const double *x, int p,
     return KNN_OK;
 }
 
-/* What one thread needs for its rows: two forms and a median buffer
- * (bicor), and the row's best k as a max-heap of (distance, index). */
+/* A row's best k as a max-heap of (distance, index). */
 typedef struct {
-    double *form_a, *form_b, *work;
     double *heap_d;
     int *heap_j;
     int size;
@@ -337,100 +260,6 @@ static void knn_pw_offer(knn_pw_thread *t, int k, double d, int j)
     knn_pw_sift_down(t, 0);
 }
 
-/* Pearson (centred) or cosine of two nodes of integers (largest |values|
- * ia and ib, knn_pw_integers) over their count shared features, from sums
- * that are exact: r = sign(S) sqrt(S^2 / (Ca Cb)) with S = n sxy - sx sy
- * and C = n sxx - sx^2 (cosine: sxy, sxx, syy). Where
- * p^2 ia ib < 2^26, S^2 and Ca Cb are exact too, so correlations equal in
- * exact arithmetic are equal bit for bit. NaN where undefined. */
-static double knn_pw_corr_integers(const double *a, const double *b, int p,
-                                   int centred)
-{
-    double n = 0.0, sa = 0.0, sb = 0.0, saa = 0.0, sbb = 0.0, sab = 0.0;
-    for (int f = 0; f < p; f++) {
-        if (isnan(a[f]) || isnan(b[f])) continue;
-        n += 1.0;
-        sa += a[f];
-        sb += b[f];
-        saa += a[f] * a[f];
-        sbb += b[f] * b[f];
-        sab += a[f] * b[f];
-    }
-    double s = centred ? n * sab - sa * sb : sab;
-    double ca = centred ? n * saa - sa * sa : saa;
-    double cb = centred ? n * sbb - sb * sb : sbb;
-    if (ca == 0.0 || cb == 0.0) return NAN;
-    double q = (s * s) / (ca * cb);
-    double r = sqrt(q > 1.0 ? 1.0 : q);
-    return s < 0.0 ? -r : r;
-}
-
-/* Pearson (centred) or cosine of a and b over their shared features: the
- * correlation, or NaN where it is undefined or fewer than min_shared
- * features are shared. ia, ib: the nodes' imax (knn_pw_nodes); two nodes
- * of small integers take knn_pw_corr_integers, so that exact ties stay
- * ties. */
-static double knn_pw_corr(const double *a, const double *b, int p,
-                          int centred, int min_shared, double ia, double ib)
-{
-    int count = 0;
-    double sa = 0.0, sb = 0.0;
-    for (int f = 0; f < p; f++) {
-        if (isnan(a[f]) || isnan(b[f])) continue;
-        count++;
-        sa += a[f];
-        sb += b[f];
-    }
-    if (count < min_shared || count == 0) return NAN;
-    if (ia > 0.0 && ib > 0.0 && (double)p * p * ia * ib < 67108864.0) {
-        return knn_pw_corr_integers(a, b, p, centred);
-    }
-    double ma = centred ? sa / count : 0.0, mb = centred ? sb / count : 0.0;
-    double sab = 0.0, saa = 0.0, sbb = 0.0;
-    for (int f = 0; f < p; f++) {
-        if (isnan(a[f]) || isnan(b[f])) continue;
-        double da = a[f] - ma, db = b[f] - mb;
-        sab += da * db;
-        saa += da * da;
-        sbb += db * db;
-    }
-    if (saa == 0.0 || sbb == 0.0) return NAN;
-    double r = sab / (sqrt(saa) * sqrt(sbb));
-    return r > 1.0 ? 1.0 : r < -1.0 ? -1.0 : r;
-}
-
-/* bicor of query node qi and reference node rj over their shared
- * features (WGCNA's bicor(use = "p")): each node's own form where it has
- * no other features, else its form over the shared ones. */
-static double knn_pw_bicor(const knn_pw_nodes *q, int qi,
-                           const knn_pw_nodes *r, int rj, int p,
-                           int min_shared, knn_pw_thread *t)
-{
-    const double *a = q->x + (size_t)qi * p, *b = r->x + (size_t)rj * p;
-    int count = 0;
-    for (int f = 0; f < p; f++) count += !isnan(a[f]) && !isnan(b[f]);
-    if (count < min_shared || count == 0) return NAN;
-    const double *fa = q->prep + (size_t)qi * p;
-    if (count != q->present[qi]) {
-        if (!knn_bicor_prep(a, b, p, t->form_a, t->work)) return NAN;
-        fa = t->form_a;
-    } else if (!q->defined[qi]) {
-        return NAN;
-    }
-    const double *fb = r->prep + (size_t)rj * p;
-    if (count != r->present[rj]) {
-        if (!knn_bicor_prep(b, a, p, t->form_b, t->work)) return NAN;
-        fb = t->form_b;
-    } else if (!r->defined[rj]) {
-        return NAN;
-    }
-    double s = 0.0;
-    for (int f = 0; f < p; f++) {
-        if (!isnan(a[f]) && !isnan(b[f])) s += fa[f] * fb[f];
-    }
-    return s > 1.0 ? 1.0 : s < -1.0 ? -1.0 : s;
-}
-
 /* Writes the row's best k (the heap, emptied) to query node qi's places
  * in order; places beyond the heap's size get KNN_NO_NODE. */
 static void knn_pw_write(const knn_pairwise_request *req, knn_pw_thread *t,
@@ -463,8 +292,13 @@ static void knn_pw_bicor_row(const knn_pairwise_request *req,
     t->size = 0;
     for (int rj = 0; rj < r->n; rj++) {
         if (self && rj == qi) continue;
-        double v = knn_pw_bicor(q, qi, r, rj, req->p, req->min_shared, t);
-        if (!isnan(v)) knn_pw_offer(t, req->k, 1.0 - v, rj);
+        int p = req->p;
+        double v = knn_pw_bicor(q->x + (size_t)qi * p, 1,
+                                q->order + (size_t)qi * p, 1, q->present[qi],
+                                r->x + (size_t)rj * p, 1,
+                                r->order + (size_t)rj * p, 1, r->present[rj],
+                                p, req->min_shared);
+        if (!isnan(v)) knn_pw_offer(t, req->k, knn_pw_distance(v, 0), rj);
     }
 }
 
@@ -511,11 +345,9 @@ static void knn_pw_bicor_row(const knn_pairwise_request *req,
  *
  * Rows go in tiles: one product per tile, steps 1 and 2 row by row, step
  * 3 by blocks of reference positions, every row of the tile in a block
- * before the next, so that the block's values are read from cache. On a
- * GPU the products of a whole block of tiles come from cuBLAS in strict
- * float32 (knn_gpu_coexpr.cu), whose error is within ec as the BLAS's
- * is. Any tiling, thread count and device give the same bits: which
- * pairs are keyed may change, the best k by their exact keys cannot. */
+ * before the next, so that the block's values are read from cache. Any
+ * tiling and thread count give the same bits: which pairs are keyed may
+ * change, the best k by their exact keys cannot. */
 
 /* Levels of m at which reference nodes' bounds are tabled. */
 #define KNN_PW_LEVELS 16
@@ -844,12 +676,13 @@ static void knn_pw_key(const knn_pairwise_request *req,
 {
     int p = req->p;
     *keyed += 1.0;
-    double v = knn_pw_corr(q->x + (size_t)qi * p, r->x + (size_t)rj * p, p,
-                           req->measure != KNN_PAIRWISE_COSINE,
+    double v = knn_pw_corr(q->x + (size_t)qi * p, 1, r->x + (size_t)rj * p,
+                           1, p, req->measure != KNN_PAIRWISE_COSINE,
                            req->min_shared, q->imax[qi], r->imax[rj]);
     if (isnan(v)) return;
-    if (req->measure == KNN_PAIRWISE_ABSPEARSON) v = fabs(v);
-    knn_pw_offer(t, req->k, 1.0 - v, rj);
+    knn_pw_offer(t, req->k,
+                 knn_pw_distance(v, req->measure == KNN_PAIRWISE_ABSPEARSON),
+                 rj);
 }
 
 /* The k reference positions of largest score c w (|c| w for |Pearson|,
@@ -1162,12 +995,11 @@ static void knn_pw_share_free(knn_pw_share *s)
     memset(s, 0, sizeof *s);
 }
 
-/* own_products: the share computes its tiles' products itself (s->c). */
 static int knn_pw_share_alloc(knn_pw_share *s, int k, int most, int n_ref,
-                              int rows, int own_products)
+                              int rows)
 {
     size_t m = (size_t)most + 1, cells = (size_t)rows * n_ref;
-    s->c = own_products ? malloc(cells * sizeof(float)) : NULL;
+    s->c = malloc(cells * sizeof(float));
     s->row = calloc((size_t)rows, sizeof *s->row);
     s->heap_d = malloc((size_t)rows * k * sizeof(double));
     s->heap_j = malloc((size_t)rows * k * sizeof(int));
@@ -1183,7 +1015,7 @@ static int knn_pw_share_alloc(knn_pw_share *s, int k, int most, int n_ref,
     s->ms = malloc(m * sizeof(int));
     s->seeded = calloc((size_t)n_ref, 1);
     s->keep = malloc((size_t)n_ref);
-    if ((own_products && !s->c) || !s->row || !s->heap_d || !s->heap_j ||
+    if (!s->c || !s->row || !s->heap_d || !s->heap_j ||
         !s->passed || !s->pc || !s->count || !s->next || !s->seed_s ||
         !s->x || !s->v || !s->top || !s->seed_at || !s->ms ||
         !s->seeded || !s->keep)
@@ -1197,28 +1029,23 @@ static int knn_pw_share_alloc(knn_pw_share *s, int k, int most, int n_ref,
 }
 
 /* One tile of query positions [first, last) through the screen: their
- * products with every reference position (`products`, rows x n_ref,
- * where another computed them; NULL: the tile's own, into s->c); steps 1
- * and 2 row by row; step 3 block by block of reference positions, every
- * row in each; then each row's best k. */
+ * products with every reference position (into s->c); steps 1 and 2 row
+ * by row; step 3 block by block of reference positions, every row in
+ * each; then each row's best k. */
 static void knn_pw_screen_tile(const knn_pairwise_request *req,
                                const knn_pw_consts *cs,
                                const knn_pw_nodes *q,
                                const knn_pw_screen *qs,
                                const knn_pw_nodes *r,
                                const knn_pw_screen *rs, int first, int last,
-                               int self, const float *products,
-                               knn_pw_share *s, double *keyed,
+                               int self, knn_pw_share *s, double *keyed,
                                knn_result *out, int n_query)
 {
     int p = req->p, n_ref = r->n, rows = last - first;
     int block = knn_pw_block(p);
     double passes = 0.0;
-    if (!products) {
-        knn_sgemm_tn(n_ref, rows, p, rs->a32, qs->a32 + (size_t)first * p,
-                     s->c);
-        products = s->c;
-    }
+    knn_sgemm_tn(n_ref, rows, p, rs->a32, qs->a32 + (size_t)first * p, s->c);
+    const float *products = s->c;
     for (int i = 0; i < rows; i++) {
         int qi = qs->order ? qs->order[first + i] : first + i;
         const float *c = products + (size_t)i * n_ref;
@@ -1271,112 +1098,123 @@ static int knn_pw_max_miss(const knn_pw_nodes *nodes, int p)
     return most;
 }
 
-/* The most bytes of products in each of a source's two host buffers. */
-#define KNN_PW_SOURCE_BYTES (256.0 * 1048576.0)
+/* The most bytes of answers in each of a GPU search's two host buffers
+ * (pinned, kept with the device's context). */
+#define KNN_PW_HOST_BYTES (64.0 * 1048576.0)
 
-/* Where the screen's products come from when the tiles do not compute
- * their own: a GPU (knn_gpu_pw_*), or, for tests, the CPU in the GPU's
- * blocks and chunks (gpu_tiling). Each block of rows is asked for one
- * block ahead, into the other of two host buffers, so that the GPU
- * computes the next block's products while the CPU screens this one. */
-typedef struct {
-    knn_pw_gpu *gpu;      /* NULL: the CPU computes them */
-    float *host[2];       /* block_rows x n_ref each */
-    float *own;           /* the CPU's: both buffers in one allocation */
-    const float *ref32;   /* p x n_ref, by position */
-    const float *query32; /* p x n_query; NULL: the rows are positions of
-                             the reference */
-    int p, n_ref, chunk;  /* chunk: rows per product */
-} knn_pw_source;
+/* Pair visits (pairs times features) per block of rows on a GPU: each
+ * block takes a small fraction of a second there, so that Ctrl-C and the
+ * progress bar are answered between blocks. */
+#define KNN_PW_GPU_VISITS 4e10
 
-static knn_status knn_pw_source_open(knn_pw_source *src,
-                                     const knn_pairwise_request *req,
-                                     const knn_pw_screen *rs,
-                                     const knn_pw_screen *qs, int self,
-                                     int n_query, int block_rows,
-                                     knn_report *report)
-{
-    memset(src, 0, sizeof *src);
-    src->p = req->p;
-    src->n_ref = req->n_ref;
-    src->ref32 = rs->a32;
-    src->query32 = self ? NULL : qs->a32;
-    if (req->backend == KNN_BACKEND_GPU) {
-        knn_pw_gpu_request g;
-        memset(&g, 0, sizeof g);
-        g.p = req->p;
-        g.ref = src->ref32;
-        g.n_ref = req->n_ref;
-        g.query = src->query32;
-        g.n_query = self ? 0 : n_query;
-        g.block_rows = block_rows;
-        g.memory_bytes = req->memory_bytes;
-        g.n_devices = req->n_devices;
-        memcpy(g.devices, req->devices, sizeof g.devices);
-        return knn_gpu_pw_open(&g, &src->gpu, src->host, &src->chunk,
-                               report);
-    }
-    src->chunk = req->memory_bytes > 0
-        ? knn_pw_chunk_rows(req->memory_bytes, req->p, req->n_ref,
-                            self ? 0 : n_query, block_rows)
-        : block_rows;
-    if (src->chunk < 1) {
-        knn_pw_no_fit(report->message, sizeof report->message,
-                      req->memory_bytes, req->p, req->n_ref,
-                      self ? 0 : n_query);
-        return KNN_E_NOMEM;
-    }
-    size_t cells = (size_t)block_rows * req->n_ref;
-    src->own = malloc(2 * cells * sizeof(float));
-    if (!src->own) return knn_pw_fail(report, KNN_E_NOMEM, "out of memory");
-    src->host[0] = src->own;
-    src->host[1] = src->own + cells;
-    return KNN_OK;
-}
-
-/* Asks for the products of rows [first, first + rows) into host buffer
- * `buffer`: queued on the GPU, or computed here chunk by chunk. */
-static knn_status knn_pw_source_start(knn_pw_source *src, int first,
-                                      int rows, int buffer,
-                                      knn_report *report)
-{
-    if (src->gpu)
-        return knn_gpu_pw_start(src->gpu, first, rows, buffer,
-                                report->message);
-    const float *q = src->query32 ? src->query32 : src->ref32;
-    for (int at = 0; at < rows; at += src->chunk) {
-        int n = rows - at < src->chunk ? rows - at : src->chunk;
-        knn_sgemm_tn(src->n_ref, n, src->p, src->ref32,
-                     q + (size_t)(first + at) * src->p,
-                     src->host[buffer] + (size_t)at * src->n_ref);
-    }
-    return KNN_OK;
-}
-
-/* Waits for the products asked for last, asking the interrupt callback
+/* Waits for the rows asked of gpu last, asking the interrupt callback
  * every 100 ms meanwhile, so that a long wait never holds Ctrl-C. */
-static knn_status knn_pw_source_wait(knn_pw_source *src,
-                                     const knn_pairwise_request *req,
-                                     knn_report *report)
+static knn_status knn_pw_gpu_wait(knn_pw_gpu *gpu,
+                                  const knn_pairwise_request *req,
+                                  knn_report *report)
 {
-    while (src->gpu) {
+    for (;;) {
         int done = 0;
-        knn_status st = knn_gpu_pw_wait(src->gpu, 100, &done,
-                                        report->message);
+        knn_status st = knn_gpu_pw_wait(gpu, 100, &done, report->message);
         if (st != KNN_OK || done) return st;
         if (req->cb.interrupted && req->cb.interrupted(req->cb.ctx))
             return knn_pw_fail(report, KNN_E_INTERRUPTED,
                                "interrupted by the user");
     }
-    return KNN_OK;
 }
 
-/* Frees the source on every path (a GPU's once its device is idle). */
-static void knn_pw_source_close(knn_pw_source *src, knn_status st)
+/* Writes rows [first, last) of the query from a GPU's answers (row i's k
+ * best at (i - first) * k). */
+static void knn_pw_gpu_write(const knn_pairwise_request *req,
+                             const knn_pw_gpu_rows *rows, int first, int last,
+                             knn_result *out, int n_query)
 {
-    knn_gpu_pw_close(src->gpu, st);
-    free(src->own);
-    memset(src, 0, sizeof *src);
+    for (int qi = first; qi < last; qi++) {
+        for (int slot = 0; slot < req->k; slot++) {
+            size_t from = (size_t)(qi - first) * req->k + slot;
+            size_t at = knn_result_at(out, (size_t)n_query, req->k,
+                                      (size_t)qi, slot);
+            int j = rows->index[from];
+            double d = rows->distance[from];
+            out->index[at] = j < 0 ? KNN_NO_NODE : j + out->index_base;
+            out->distance[at] = j < 0 ? NAN : d;
+            out->weight[at] = j < 0 ? NAN : 1.0 - d;
+        }
+    }
+}
+
+/* The search on a GPU: every pair keyed there and each row's best k
+ * chosen there (knn_gpu_pw_*), in blocks of rows, each asked
+ * for one block ahead into the other of two host buffers, so that the
+ * device keys the next block while this thread writes out this one. */
+static knn_status knn_pw_on_gpu(const knn_pairwise_request *req,
+                                const knn_pw_nodes *ref,
+                                const knn_pw_nodes *query, int n_query,
+                                knn_result *out, knn_report *report)
+{
+    double started = knn_seconds();
+    int block = (int)fmin(fmax(KNN_PW_GPU_VISITS /
+                               ((double)req->n_ref * req->p), 1.0),
+                          KNN_PW_HOST_BYTES / (12.0 * req->k));
+    if (block < 1) block = 1;
+    if (block > n_query) block = n_query;
+    knn_pw_gpu_request g;
+    memset(&g, 0, sizeof g);
+    g.p = req->p;
+    g.k = req->k;
+    g.min_shared = req->min_shared;
+    g.bicor = req->measure == KNN_PAIRWISE_BICOR;
+    g.centred = req->measure != KNN_PAIRWISE_COSINE;
+    g.absolute = req->measure == KNN_PAIRWISE_ABSPEARSON;
+    g.ref = ref->x;
+    g.ref_imax = ref->imax;
+    g.ref_order = ref->order;
+    g.ref_present = ref->present;
+    g.n_ref = req->n_ref;
+    g.query = query ? query->x : NULL;
+    g.query_imax = query ? query->imax : NULL;
+    g.query_order = query ? query->order : NULL;
+    g.query_present = query ? query->present : NULL;
+    g.n_query = query ? n_query : 0;
+    g.block_rows = block;
+    g.memory_bytes = req->memory_bytes;
+    g.n_devices = req->n_devices;
+    memcpy(g.devices, req->devices, sizeof g.devices);
+    knn_pw_gpu *gpu = NULL;
+    knn_pw_gpu_rows host[2];
+    int chunk = 0;
+    knn_status st = knn_gpu_pw_open(&g, &gpu, host, &chunk, report);
+    if (st == KNN_OK) st = knn_result_allocate(out, report->message,
+                                               sizeof report->message);
+    if (st == KNN_OK) st = knn_gpu_pw_start(gpu, 0, block, 0,
+                                            report->message);
+    report->seconds_setup = knn_seconds() - started;
+    for (int first = 0, turn = 0; st == KNN_OK && first < n_query;
+         first += block, turn++) {
+        int last = first + block < n_query ? first + block : n_query;
+        st = knn_pw_gpu_wait(gpu, req, report);
+        if (st == KNN_OK && last < n_query) {
+            int next = last + block < n_query ? block : n_query - last;
+            st = knn_gpu_pw_start(gpu, last, next, (turn + 1) % 2,
+                                  report->message);
+        }
+        if (st != KNN_OK) break;
+        knn_pw_gpu_write(req, &host[turn % 2], first, last, out, n_query);
+        if (req->cb.interrupted && req->cb.interrupted(req->cb.ctx)) {
+            st = knn_pw_fail(report, KNN_E_INTERRUPTED,
+                             "interrupted by the user");
+        } else if (req->cb.progress) {
+            req->cb.progress(req->cb.ctx, last, n_query);
+        }
+    }
+    knn_gpu_pw_close(gpu, st);
+    report->seconds_search = knn_seconds() - started - report->seconds_setup;
+    snprintf(report->precision, sizeof report->precision,
+             "fp64 pairwise-complete keys on the GPU");
+    report->candidates = req->n_ref - (query == NULL);
+    report->row_tile = chunk;
+    report->col_tile = req->n_ref;
+    return st;
 }
 
 knn_status knn_pairwise_search(const knn_pairwise_request *req,
@@ -1407,6 +1245,14 @@ knn_status knn_pairwise_search(const knn_pairwise_request *req,
     if (!self) st = knn_pw_prepare(&query, req->query, p, n_query, bicor,
                                    threads);
     const knn_pw_nodes *q = self ? &ref : &query;
+    if (st == KNN_OK && req->backend == KNN_BACKEND_GPU) {
+        report->seconds_prepare = knn_seconds() - started;
+        st = knn_pw_on_gpu(req, &ref, self ? NULL : &query, n_query, out,
+                           report);
+        knn_pw_free(&ref);
+        knn_pw_free(&query);
+        return st;
+    }
     int most = 0;
     if (st == KNN_OK && !bicor) {
         most = knn_pw_max_miss(&ref, p);
@@ -1419,12 +1265,12 @@ knn_status knn_pairwise_search(const knn_pairwise_request *req,
     }
     const knn_pw_screen *qs = self ? &ref_sc : &query_sc;
 
-    /* Each thread's share: bicor's forms and median buffer, the heap (its
-     * indices rounded up to whole doubles); the screen's (knn_pw_share). */
+    /* Each thread's share: bicor's heap (its indices rounded up to whole
+     * doubles); the screen's (knn_pw_share). */
     int rows = knn_pw_tile_rows(n_ref);
     size_t heap_ints = ((size_t)req->k * sizeof(int) + sizeof(double) - 1) /
                        sizeof(double);
-    size_t per = 3 * (size_t)p + (size_t)req->k + heap_ints;
+    size_t per = (size_t)req->k + heap_ints;
     double *scratch = st == KNN_OK
         ? malloc((size_t)threads * per * sizeof(double)) : NULL;
     knn_pw_thread *ts = calloc((size_t)threads, sizeof *ts);
@@ -1432,14 +1278,8 @@ knn_status knn_pairwise_search(const knn_pairwise_request *req,
     double *found = calloc((size_t)threads, sizeof(double));
     if (st == KNN_OK && (!scratch || !ts || !shares || !found))
         st = KNN_E_NOMEM;
-    /* The products come from a source (knn_pw_source) on the GPU, or on
-     * the CPU where a test asks for the GPU's tiling; else each tile
-     * computes its own. */
-    int sourced = !bicor &&
-                  (req->backend == KNN_BACKEND_GPU || req->gpu_tiling);
     for (int i = 0; st == KNN_OK && !bicor && i < threads; i++) {
-        if (!knn_pw_share_alloc(&shares[i], req->k, most, n_ref, rows,
-                                !sourced))
+        if (!knn_pw_share_alloc(&shares[i], req->k, most, n_ref, rows))
             st = KNN_E_NOMEM;
     }
     if (st != KNN_OK) knn_pw_fail(report, st, "out of memory");
@@ -1448,11 +1288,7 @@ knn_status knn_pairwise_search(const knn_pairwise_request *req,
                                  sizeof report->message);
     }
     for (int i = 0; st == KNN_OK && i < threads; i++) {
-        double *base = scratch + (size_t)i * per;
-        ts[i].form_a = base;
-        ts[i].form_b = base + p;
-        ts[i].work = base + 2 * (size_t)p;
-        ts[i].heap_d = base + 3 * (size_t)p;
+        ts[i].heap_d = scratch + (size_t)i * per;
         ts[i].heap_j = (int *)(ts[i].heap_d + req->k);
     }
     report->seconds_prepare = knn_seconds() - started;
@@ -1465,45 +1301,13 @@ knn_status knn_pairwise_search(const knn_pairwise_request *req,
     int per_thread = visits * unit >= budget ? 1
                    : (int)(budget / (visits * unit));
     int block = per_thread * threads * unit;
-    if (sourced && block > KNN_PW_SOURCE_BYTES / (4.0 * n_ref)) {
-        /* A source's two host buffers (a GPU pins them and keeps them with
-         * its context) stay within KNN_PW_SOURCE_BYTES each; tiles shrink
-         * so that every thread still has one. */
-        block = (int)(KNN_PW_SOURCE_BYTES / (4.0 * n_ref));
-        if (block < threads) block = threads;
-        if (rows > (block + threads - 1) / threads)
-            rows = (block + threads - 1) / threads;
-    }
     if (block > n_query) block = n_query;
-    knn_pw_source src;
-    memset(&src, 0, sizeof src);
-    double opened = knn_seconds();
-    if (st == KNN_OK && sourced) {
-        st = knn_pw_source_open(&src, req, &ref_sc, qs, self, n_query,
-                                block, report);
-        if (st == KNN_OK)
-            st = knn_pw_source_start(&src, 0, block, 0, report);
-    }
-    report->seconds_setup = knn_seconds() - opened;
     /* One engine thread leaves the BLAS its own threads for the products,
-     * as the search does (knn_cpu.c); products from a source take it from
-     * the calling thread, outside the engine's threads. */
-    int blas_before = sourced || bicor || threads == 1
-                    ? 0 : knn_blas_hold_one_thread();
-    for (int first = 0, turn = 0; st == KNN_OK && first < n_query;
-         first += block, turn++) {
+     * as the search does (knn_cpu.c). */
+    int blas_before = bicor || threads == 1 ? 0
+                                            : knn_blas_hold_one_thread();
+    for (int first = 0; st == KNN_OK && first < n_query; first += block) {
         int last = first + block < n_query ? first + block : n_query;
-        const float *products = NULL;
-        if (sourced) {
-            st = knn_pw_source_wait(&src, req, report);
-            products = src.host[turn % 2];
-            if (st == KNN_OK && last < n_query) {
-                int next = last + block < n_query ? block : n_query - last;
-                st = knn_pw_source_start(&src, last, next,
-                                         (turn + 1) % 2, report);
-            }
-            if (st != KNN_OK) break;
-        }
         if (bicor) {
             #pragma omp parallel for num_threads(threads) schedule(dynamic, 1)
             for (int qi = first; qi < last; qi++) {
@@ -1519,9 +1323,8 @@ knn_status knn_pairwise_search(const knn_pairwise_request *req,
                 int a = first + tile * rows;
                 int b = a + rows < last ? a + rows : last;
                 knn_pw_screen_tile(req, &cs, q, qs, &ref, &ref_sc, a, b,
-                                   self, products ? products +
-                                       (size_t)(a - first) * n_ref : NULL,
-                                   &shares[id], &found[id], out, n_query);
+                                   self, &shares[id], &found[id], out,
+                                   n_query);
             }
         }
         if (req->cb.interrupted && req->cb.interrupted(req->cb.ctx)) {
@@ -1532,27 +1335,17 @@ knn_status knn_pairwise_search(const knn_pairwise_request *req,
         }
     }
     knn_blas_release(blas_before);
-    int on_gpu = src.gpu != NULL;
-    int chunk = src.chunk;
-    knn_pw_source_close(&src, st);
     report->seconds_search = knn_seconds() - started -
-                             report->seconds_prepare - report->seconds_setup;
-    /* What ran where: a GPU's name (knn_gpu_pw_open wrote it) joins the
-     * CPU's threads, which screen and key every pair. */
-    char gpu_name[sizeof report->device];
-    snprintf(gpu_name, sizeof gpu_name, "%s", on_gpu ? report->device : "");
-    snprintf(report->device, sizeof report->device, "%.80s%scpu (%d "
-             "threads)", gpu_name, on_gpu ? " + " : "", threads);
+                             report->seconds_prepare;
+    snprintf(report->device, sizeof report->device, "cpu (%d threads)",
+             threads);
     snprintf(report->precision, sizeof report->precision, "%s",
              bicor ? "fp64 pairwise-complete"
-             : on_gpu ? "fp32 products on the GPU + fp64 pairwise-complete "
-                        "re-rank on the CPU"
-                      : "fp32 products + fp64 pairwise-complete re-rank");
+                   : "fp32 products + fp64 pairwise-complete re-rank");
     double candidates = 0.0;
     for (int i = 0; found && i < threads; i++) candidates += found[i];
     report->candidates = bicor ? n_ref - self : candidates / n_query;
-    /* Rows per product on a source, else per block between polls. */
-    report->row_tile = sourced ? chunk : block;
+    report->row_tile = block;
     report->col_tile = n_ref;
     for (int i = 0; shares && i < threads; i++) {
         knn_pw_share_free(&shares[i]);

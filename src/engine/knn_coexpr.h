@@ -14,14 +14,14 @@
  * nodes have, as stats::cor(use = "pairwise.complete.obs") and WGCNA's
  * bicor(use = "p") define it: Pearson, |Pearson| and cosine of the two
  * nodes restricted to their shared features; bicor of them, its medians
- * and deviations taken over the shared features. knn_pairwise_search()
- * runs on the CPU. Its keys are float64, two passes over the shared
- * features (exact sums for nodes of small integers, so that exact ties
- * stay ties). For Pearson, |Pearson| and cosine, candidates come first
- * from one float32 matrix product per tile of rows with proven bounds
- * (knn_coexpr.c), and only they get keys; bicor computes every pair's
- * key. The products may run on a GPU (knn_gpu_pw_open, knn_backend.h):
- * the bounds hold for any float32 product, so the bits are the same.
+ * and deviations taken over the shared features. Keys are float64, two
+ * passes over the shared features (exact sums for nodes of small
+ * integers, so that exact ties stay ties; knn_pw_key.h). On the CPU,
+ * Pearson, |Pearson| and cosine candidates come first from one float32
+ * matrix product per tile of rows with proven bounds (knn_coexpr.c), and
+ * only they get keys; bicor computes every pair's key. On a GPU
+ * (knn_gpu_pw_open, knn_backend.h) every pair is keyed, with the same
+ * key, so the bits are the CPU's.
  *
  * Layout as in knn.h: p x n, column-major, node-contiguous.
  */
@@ -66,42 +66,49 @@ typedef struct {
     int n_query;
     int min_shared;       /* a pair sharing fewer features has no key */
     int threads;          /* <= 0: the OpenMP default */
-    knn_backend backend;  /* GPU: the screen's products on a GPU (bicor
-                             has none: its keys run on the CPU alone) */
+    knn_backend backend;  /* GPU: the keys on a GPU */
     double memory_bytes;  /* GPU: device memory for them; <= 0: free */
     int n_devices;        /* GPU: the first of devices; 0: the first */
     int devices[KNN_MAX_DEVICES];
-    int gpu_tiling;       /* CPU, for tests: the products in the GPU's
-                             blocks and chunks (knn_pw_chunk_rows of
-                             memory_bytes), computed by the CPU */
     knn_callbacks cb;
 } knn_pairwise_request;
 
-/* Rows per device product of the screen (knn_gpu_pw_open, and the CPU's
- * stand-in, gpu_tiling): the float32 values of the reference and of a
- * query's n_query nodes (0 for a self search) stay in `bytes` of device
- * memory, and each row of a product takes n_ref floats; 1 KB covers the
- * alignment of the three arrays. At most block_rows; 0 where not one row
- * fits. */
-static inline int knn_pw_chunk_rows(double bytes, int p, int n_ref,
-                                    int n_query, int block_rows)
+/* Bytes of device memory per node of a search on a GPU (knn_gpu_pw_open)
+ * over p features: the float64 values and imax, and for bicor the order
+ * and count of the present features. */
+static inline double knn_pw_node_bytes(int p, int bicor)
 {
-    double left = bytes - 4.0 * p * ((double)n_ref + n_query) - 1024.0;
-    double rows = left / (4.0 * n_ref);
+    return bicor ? 12.0 * p + 12.0 : 8.0 * p + 8.0;
+}
+
+/* Rows per device chunk of a search on a GPU: the nodes (the reference
+ * twice, node by node and feature by feature; the query's n_query nodes,
+ * 0 for a self search) stay in `bytes` of device memory, and each row of
+ * a chunk takes n_ref keys and three times k picks; 4 KB cover the
+ * alignment of the arrays. At most block_rows; 0 where not one row
+ * fits. */
+static inline int knn_pw_chunk_rows(double bytes, int p, int bicor,
+                                    int n_ref, int n_query, int k,
+                                    int block_rows)
+{
+    double nodes = (2.0 * n_ref + n_query) * knn_pw_node_bytes(p, bicor);
+    double rows = (bytes - nodes - 4096.0) / (8.0 * n_ref + 24.0 * k);
     if (!(rows >= 1.0)) return 0;
     return rows >= block_rows ? block_rows : (int)rows;
 }
 
 /* Why knn_pw_chunk_rows found no row, into message (size bytes). */
 static inline void knn_pw_no_fit(char *message, size_t size, double bytes,
-                                 int p, int n_ref, int n_query)
+                                 int p, int bicor, int n_ref, int n_query,
+                                 int k)
 {
-    snprintf(message, size, "the nodes' float32 values (%.1f MB) and one "
-             "row of products do not fit the %.1f MB of GPU memory "
-             "allowed: raise options(knngpu.gpu.memory), free GPU memory, "
-             "or use device = \"cpu\"",
-             4.0 * p * ((double)n_ref + n_query) / 1048576.0,
-             bytes / 1048576.0);
+    snprintf(message, size, "the nodes (%.1f MB) and one row of keys "
+             "(%.1f MB) do not fit the %.1f MB of GPU memory allowed: raise "
+             "options(knngpu.gpu.memory), free GPU memory, or use device = "
+             "\"cpu\"",
+             (2.0 * n_ref + n_query) * knn_pw_node_bytes(p, bicor) /
+                 1048576.0,
+             (8.0 * n_ref + 24.0 * k) / 1048576.0, bytes / 1048576.0);
 }
 
 /* Finds each query node's k best reference nodes by the pairwise-complete

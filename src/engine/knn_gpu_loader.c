@@ -101,7 +101,7 @@ void knn_gpu_release(void)
 }
 
 knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req, knn_pw_gpu **gpu,
-                           float *host[2], int *chunk_rows,
+                           knn_pw_gpu_rows host[2], int *chunk_rows,
                            knn_report *report)
 {
     *gpu = NULL;

@@ -164,41 +164,6 @@ test_that("use = \"pairwise.complete.obs\" on complete data is the search", {
     }
 })
 
-test_that("the products in the GPU's blocks and chunks give the same bits", {
-    ## knngpu.pairwise.gpu.tiling has the CPU compute the screen's products
-    ## as the GPU does (R/coexpr.R): blocks one ahead in two buffers, each
-    ## in chunks of rows that knngpu.gpu.memory leaves beside the nodes.
-    x <- randomMatrix(700, 24, 71)
-    x[sample(length(x), 0.05 * length(x))] <- NA
-    q <- x[1:90, ] + 0.25
-    chunkBudget <- function(rows, nQuery = 0) {
-        4 * (ncol(x) * (nrow(x) + nQuery) + rows * nrow(x)) + 1024
-    }
-    withr::local_options(knngpu.pairwise.gpu.tiling = NULL,
-                         knngpu.gpu.memory = NULL)
-    for (metric in c("pearson", "cosine", "abspearson")) {
-        args <- list(x = x, k = 7, metric = metric, device = "cpu",
-                     use = "pairwise.complete.obs", progress = FALSE)
-        options(knngpu.pairwise.gpu.tiling = NULL)
-        plain <- do.call(knnSearch, args)
-        near <- do.call(knnSearch, c(args, list(query = q)))
-        options(knngpu.pairwise.gpu.tiling = TRUE,
-                knngpu.gpu.memory = chunkBudget(3))
-        tiled <- do.call(knnSearch, args)
-        expect_identical(tiled[c("index", "distance")],
-                         plain[c("index", "distance")], label = metric)
-        expect_identical(attr(tiled, "timings")$row_tile, 3L)
-        options(knngpu.gpu.memory = chunkBudget(5, nrow(q)))
-        nearTiled <- do.call(knnSearch, c(args, list(query = q)))
-        expect_identical(nearTiled[c("index", "distance")],
-                         near[c("index", "distance")], label = metric)
-        expect_identical(attr(nearTiled, "timings")$row_tile, 5L)
-        options(knngpu.gpu.memory = chunkBudget(0.5))
-        expect_error(do.call(knnSearch, args),
-                     "one row of products do not fit the 0.1 MB of GPU")
-    }
-})
-
 test_that("missing values: bad requests are refused with clear messages", {
     x <- randomMatrix(40, 10, 66)
     x[2, 2] <- NA

@@ -1,7 +1,7 @@
 ## Co-expression on a GPU: bicor's transformed nodes search as cosine does,
 ## with the CPU's bits. A pairwise-complete search with missing values
-## computes its screen's float32 products on the GPU and its exact keys on
-## the CPU (bicor, which has no products, runs on the CPU): the CPU's bits
+## keys every pair on the GPU with the CPU's own float64 key and chooses
+## each row's best k there (bicor too): the CPU's bits
 ## whatever the device, its memory and the split, and the attributes say
 ## what ran where.
 
@@ -37,19 +37,18 @@ test_that("pairwise-complete on ALL with 0.5% and 5% NA: the CPU's bits", {
         all <- allWithMissing(12625, share, 81)
         gpu <- expectPairwiseGpu(all, 10, "pearson", label = case)
         expect_identical(attr(gpu, "backend"), "gpu")
-        expect_identical(attr(gpu, "precision"), paste(
-            "fp32 products on the GPU + fp64 pairwise-complete re-rank",
-            "on the CPU"))
-        expect_match(attr(gpu, "device"), "\\(GPU [0-9]+\\) \\+ cpu \\(")
+        expect_identical(attr(gpu, "precision"),
+                         "fp64 pairwise-complete keys on the GPU")
+        expect_match(attr(gpu, "device"), "\\(GPU [0-9]+\\)$")
         top <- allWithMissing(3000, share, 82)
         for (metric in c("cosine", "abspearson")) {
             expectPairwiseGpu(top, 10, metric, label = case)
         }
         robust <- expectPairwiseGpu(allWithMissing(800, share, 83), 10,
                                     "bicor", label = case)
-        expect_identical(attr(robust, "backend"), "cpu")
-        expect_match(attr(robust, "precision"),
-                     "CPU only: bicor has no products", fixed = TRUE)
+        expect_identical(attr(robust, "backend"), "gpu")
+        expect_identical(attr(robust, "precision"),
+                         "fp64 pairwise-complete keys on the GPU")
     }
 })
 
@@ -58,22 +57,29 @@ test_that("pairwise-complete on random data: searches, a graph, devices", {
     x <- randomMatrix(2500, 40, 84)
     x[sample(length(x), 0.05 * length(x))] <- NA
     x[1:10, 1:30] <- NA
-    for (metric in c("pearson", "cosine", "abspearson")) {
+    for (metric in c("pearson", "cosine", "abspearson", "bicor")) {
         expectPairwiseGpu(x, 15, metric, label = "random")
         expectPairwiseGpu(x, 5, metric, min.shared = 20,
                           label = "min.shared 20")
+    }
+    ## Ties, zero MADs (bicor's Pearson form) and constant stretches.
+    steps <- round(x * 2) / 2
+    steps[11:20, ] <- rep(c(0, 0, 0, 1), length.out = 400)
+    for (metric in c("pearson", "bicor")) {
+        expectPairwiseGpu(steps, 12, metric, label = "steps")
     }
     set.seed(85)
     q <- x[sample(nrow(x), 300), ] + matrix(rnorm(300 * 40, sd = 0.1), 300)
     near <- expectPairwiseGpu(x, 8, "pearson", query = q, label = "query")
     expect_identical(attr(near, "backend"), "gpu")
+    expectPairwiseGpu(x, 8, "bicor", query = q, label = "query")
     for (symmetrize in c("none", "union")) {
         args <- list(x = x, k = 6, use = "pairwise.complete.obs",
                      symmetrize = symmetrize, progress = FALSE)
         onCpu <- do.call(knnGraph, c(args, device = "cpu"))
         onGpu <- do.call(knnGraph, c(args, device = "gpu"))
         expect_identical(c(onGpu), c(onCpu), label = symmetrize)
-        expect_match(attr(onGpu, "precision"), "products on the GPU")
+        expect_match(attr(onGpu, "precision"), "keys on the GPU")
     }
     auto <- knnSearch(x, k = 5, use = "pairwise.complete.obs",
                       progress = FALSE)
@@ -81,7 +87,7 @@ test_that("pairwise-complete on random data: searches, a graph, devices", {
     expect_message(knnSearch(x, k = 5, use = "pairwise.complete.obs",
                              device = "gpu", progress = FALSE,
                              verbose = TRUE),
-                   "fp32 products on the GPU \\+ fp64 pairwise-complete")
+                   "fp64 pairwise-complete keys on the GPU")
     count <- nrow(gpuInfo()$devices)
     last <- knnSearch(x, k = 5, use = "pairwise.complete.obs",
                       device = "gpu", devices = count - 1L,
@@ -99,8 +105,11 @@ test_that("a GPU memory budget of a few rows: many chunks, the same bits", {
     x <- randomMatrix(3000, 30, 86)
     x[sample(length(x), 0.05 * length(x))] <- NA
     q <- x[1:200, ] + 0.5
-    chunkBudget <- function(rows, nQuery = 0) {
-        4 * (ncol(x) * (nrow(x) + nQuery) + rows * nrow(x)) + 1024
+    ## knn_pw_chunk_rows (src/engine/knn_coexpr.h), k = 10.
+    chunkBudget <- function(rows, nQuery = 0, bicor = FALSE) {
+        perNode <- if (bicor) 12 * ncol(x) + 12 else 8 * ncol(x) + 8
+        (2 * nrow(x) + nQuery) * perNode + 4096 +
+            rows * (8 * nrow(x) + 24 * 10)
     }
     cpu <- knnSearch(x, k = 10, use = "pairwise.complete.obs",
                      device = "cpu", progress = FALSE)
@@ -117,12 +126,20 @@ test_that("a GPU memory budget of a few rows: many chunks, the same bits", {
     expect_identical(gpuNear[c("index", "distance")],
                      near[c("index", "distance")])
     expect_identical(attr(gpuNear, "timings")$row_tile, 5L)
+    robust <- knnSearch(x, k = 10, metric = "bicor", progress = FALSE,
+                        use = "pairwise.complete.obs", device = "cpu")
+    options(knngpu.gpu.memory = chunkBudget(6, bicor = TRUE))
+    gpuRobust <- knnSearch(x, k = 10, metric = "bicor", progress = FALSE,
+                           use = "pairwise.complete.obs", device = "gpu")
+    expect_identical(gpuRobust[c("index", "distance")],
+                     robust[c("index", "distance")])
+    expect_identical(attr(gpuRobust, "timings")$row_tile, 6L)
     ## Nothing fits: a clear error, and the device as it was.
     before <- gpuFreeBytes()
     options(knngpu.gpu.memory = chunkBudget(0.5))
     expect_error(knnSearch(x, k = 10, use = "pairwise.complete.obs",
                            device = "gpu", progress = FALSE),
-                 "one row of products do not fit the 0.4 MB of GPU memory")
+                 "one row of keys \\(0.0 MB\\) do not fit the 1.4 MB of GPU")
     expect_identical(gpuFreeBytes(), before)
 })
 
@@ -137,7 +154,7 @@ test_that("pairwise-complete through BPPARAM and KnngpuParam on the GPU", {
                       device = "gpu", progress = FALSE,
                       BPPARAM = BiocParallel::SerialParam())
     expect_identical(c(split), c(whole))
-    expect_match(attr(split, "precision"), "products on the GPU")
+    expect_match(attr(split, "precision"), "keys on the GPU")
     skip_if_not_installed("BiocNeighbors")
     param <- KnngpuParam("pearson", device = "gpu",
                          use = "pairwise.complete.obs")
@@ -149,8 +166,8 @@ test_that("pairwise-complete through BPPARAM and KnngpuParam on the GPU", {
 
 test_that("an interrupted pairwise-complete search frees the device", {
     skip_if_not(gpuAvailable(), "no usable GPU")
-    ## Enough pairs that the CPU's screen outlasts the limit many times.
-    x <- randomMatrix(150000, 60, 88)
+    ## Enough pairs that their keys outlast the limit several times.
+    x <- randomMatrix(300000, 60, 88)
     x[sample(length(x), 0.05 * length(x))] <- NA
     expectInterruptFreesDevice(function() {
         searchUnderTimeLimit(1, x, k = 10, use = "pairwise.complete.obs",
