@@ -4,9 +4,9 @@
 ## bicor without missing values is a per-node transform (computed once, in
 ## float64) followed by the engine's exact cosine search, on either device.
 ## A pairwise-complete search, which happens only where the data hold
-## missing values, ranks by float64 keys computed on the CPU; for the
-## Pearson metrics and cosine, the float32 products that screen the pairs
-## first run on the GPU where one is used (the bits are the same).
+## missing values, ranks by float64 keys (src/engine/knn_pw_key.h): on the
+## CPU after a screen of float32 products for the Pearson metrics and
+## cosine, on a GPU for every pair; the bits are the same.
 
 ## The metrics that take use = "pairwise.complete.obs", in the engine's
 ## order of knn_pairwise_measure.

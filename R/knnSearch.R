@@ -194,16 +194,16 @@
 #'   search is the one of \code{"everything"}, on any device. Where they
 #'   do, each pair's correlation is computed in float64 over the features
 #'   both nodes have (for bicor, the medians and deviations too, as
-#'   \code{WGCNA::bicor(use = "p")} does), on the CPU. For the Pearson
+#'   \code{WGCNA::bicor(use = "p")} does). On the CPU, for the Pearson
 #'   metrics and cosine, only the candidates that float32 matrix products
-#'   with a proven error bound leave are computed so; on a GPU
-#'   (\code{device = "gpu"}, or \code{"auto"} where one is used) those
-#'   products run there, on the first of \code{devices}, within
+#'   with a proven error bound leave are computed so. On a GPU
+#'   (\code{device = "gpu"}, or \code{"auto"} where one is used) every
+#'   pair is computed there, with the CPU's own float64 arithmetic, on the
+#'   first of \code{devices}, within
 #'   \code{getOption("knngpu.gpu.memory")}, and the \code{precision}
-#'   attribute says "fp32 products on the GPU + fp64 pairwise-complete
-#'   re-rank on the CPU": the result is the same on every device. bicor
-#'   has no such products and runs on the CPU on any device (its
-#'   \code{precision} says "CPU only"). Ties go to the smaller index as
+#'   attribute says "fp64 pairwise-complete keys on the GPU": the result
+#'   is the same on every device, bit for bit. Ties go to the smaller
+#'   index as
 #'   always. A pair that shares fewer than \code{min.shared} features, or
 #'   on whose shared features a node is constant, is no pair of
 #'   neighbours: a node with fewer than \code{k} partners has \code{NA}

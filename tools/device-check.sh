@@ -4,7 +4,7 @@
 # parity harness (tools/gpu-harness.c: knn_gpu_search against a plain
 # float64 reference), and compute-sanitizer memcheck and racecheck on a
 # small knnGraph (panel, split TF32, float64, local frames on the panel
-# and fused paths; copies searched once; pairwise-complete products) and
+# and fused paths; copies searched once; pairwise-complete keys) and
 # on the harness's walk shared by two devices (after the harness step).
 # Logs and summary.txt go to $OUT (default /tmp/knngpu-check).
 #
@@ -143,17 +143,33 @@ sanitize() {
             options(knngpu.gpu.memory = 1.8e7)
             g <- knnGraph(x, k = 100, metric = "euclidean", device = "gpu",
                           progress = FALSE)
-            ## pairwise-complete: the screen products in chunks of 9 rows,
-            ## then a query search in one chunk
+            ## pairwise-complete: every pair keyed in chunks of 9 rows
+            ## (knn_pw_chunk_rows), Pearson and bicor, then whole, then
+            ## query searches in one chunk, the reference tile in shared
+            ## memory and (p = 1500) in global memory
             h <- x
             h[sample(length(h), 1500)] <- NA
-            options(knngpu.gpu.memory = 4 * (20 * 1500 + 9 * 1500) + 1024)
+            options(knngpu.gpu.memory = 2 * 1500 * (8 * 20 + 8) + 4096 +
+                                        9 * (8 * 1500 + 24 * 10))
             g <- knnGraph(h, k = 10, use = "pairwise.complete.obs",
                           device = "gpu", progress = FALSE)
+            options(knngpu.gpu.memory = 2 * 1500 * (12 * 20 + 12) + 4096 +
+                                        9 * (8 * 1500 + 24 * 10))
+            g <- knnGraph(h, k = 10, metric = "bicor", progress = FALSE,
+                          use = "pairwise.complete.obs", device = "gpu")
             options(knngpu.gpu.memory = NULL)
-            s <- knnSearch(h, query = h[1:100, ], k = 10,
-                           use = "pairwise.complete.obs", device = "gpu",
-                           progress = FALSE)
+            ## a self search keyed whole, each pair once
+            for (m in c("pearson", "bicor"))
+                g <- knnGraph(h, k = 10, metric = m, progress = FALSE,
+                              use = "pairwise.complete.obs", device = "gpu")
+            for (m in c("cosine", "bicor"))
+                s <- knnSearch(h, query = h[1:100, ], k = 10, metric = m,
+                               use = "pairwise.complete.obs", device = "gpu",
+                               progress = FALSE)
+            w <- matrix(rnorm(60 * 1500), 60)
+            w[sample(length(w), 4000)] <- NA
+            s <- knnSearch(w, k = 5, use = "pairwise.complete.obs",
+                           device = "gpu", progress = FALSE)
             cat("sanitized run done\n")' &&
         { [ ! -x "$harness_build/gpu-harness" ] ||
           compute-sanitizer --tool "$tool" --error-exitcode 9 \

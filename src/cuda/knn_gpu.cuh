@@ -250,6 +250,19 @@ knn_status knn_select_candidates(const knn_select_args *a,
                                  knn_select_algo algo, char *message,
                                  cudaStream_t stream);
 
+/* A key that stands for no pair: above every distance's bits. */
+#define KNN_KEY_NONE 0xffffffffffffffffull
+
+/* Each of `rows` rows' k smallest of its n_ref keys (rows x n_ref: the
+ * bits of non-negative float64 distances, or KNN_KEY_NONE), ties to the
+ * smaller node, in order into best_j (rows x k; -1 for a KNN_KEY_NONE)
+ * and best_d (NaN for one); pick_key and pick_j (rows x k) are scratch.
+ * Queued on stream; KNN_OK, or an error with message set. */
+knn_status knn_select_keys(const unsigned long long *keys, int rows,
+                           int n_ref, int k, unsigned long long *pick_key,
+                           int *pick_j, int *best_j, double *best_d,
+                           char *message, cudaStream_t stream);
+
 /* Arithmetic of the candidate products: with float32 accumulation,
  * TF32 (tensor cores), split TF32 (tensor cores, three products of the
  * halves of f = hi + lo) or float32; or float64 (DGEMM, on FP64 tensor

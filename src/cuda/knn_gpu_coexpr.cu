@@ -12,15 +12,16 @@
  * (and, for bicor, places in the nodes' orders of their values).
  * Each block of rows the engine asks for runs in chunks (knn_pw_chunk_rows
  * of the memory budget): the chunk's keys into a device panel, each row's
- * best k from it, and their transfer into the engine's pinned host buffer,
- * all queued on the context's stream, whose order keeps the one panel from
- * being overwritten before its rows are chosen. The call returns at once,
+ * best k from it (knn_select_keys, knn_gpu_select.cu), and their transfer
+ * into the engine's pinned host buffer, all queued on the context's
+ * stream, whose order keeps the one panel from being overwritten before
+ * its rows are chosen. The call returns at once,
  * so the device keys the next block while the engine writes out this one;
  * the engine waits in slices of at most 100 ms (knn_gpu_pw_wait) and polls
  * Ctrl-C between them.
  *
  * A key is the bits of the pair's distance (in [0, 2], so their integer
- * order is the distance order) or KNN_PW_NONE for a pair without one:
+ * order is the distance order) or KNN_KEY_NONE for a pair without one:
  * too few shared features, a measure undefined there, or a node with
  * itself.
  */
@@ -31,23 +32,21 @@
 #include <new>
 #include <thread>
 #include <vector>
-#include <math_constants.h>
 #include "knn_coexpr.h"
 #include "knn_gpu.cuh"
 #include "knn_pw_key.h"
-
-#define KNN_PW_NONE 0xffffffffffffffffull
 
 /* Reference nodes per block of the key kernel (one warp's width), and
  * rows of threads beside them; each thread keys KNN_PW_ROW_STEPS rows. */
 #define KNN_PW_COLS 32
 #define KNN_PW_ROWS 32
 #define KNN_PW_ROW_STEPS 4
-/* Threads choosing one row's best k. */
-#define KNN_PW_SELECT_THREADS 256
 /* The most bytes of one chunk's key panel: more rows per chunk only save
- * launches, whose cost is small against a chunk this size. */
+ * launches, whose cost is small against a chunk this size. A self search
+ * keyed whole, each pair once, may take up to KNN_PW_WHOLE_BYTES for all
+ * its keys (16384 nodes), where that halves the work. */
 #define KNN_PW_PANEL_BYTES (256.0 * 1048576.0)
+#define KNN_PW_WHOLE_BYTES (2048.0 * 1048576.0)
 
 struct knn_pw_gpu {
     int device;
@@ -56,6 +55,9 @@ struct knn_pw_gpu {
     int bicor, centred, absolute, min_shared;
     int shared_bytes;        /* the key kernel's tile of reference values
                                 in shared memory; 0: read from global */
+    int whole;               /* a self search keyed in one chunk of all
+                                its rows, each pair once (knn_pw_keys'
+                                mirror) */
     void *block;             /* the one device allocation of: */
     double *ref;             /* p x n_ref, node by node */
     double *ref_t;           /* n_ref x p, feature by feature */
@@ -104,15 +106,23 @@ struct knn_pw_sides {
  * reference node self_first + r in a self search (self_first >= 0), which
  * has no key with itself. With SHARED, the block's KNN_PW_COLS reference
  * nodes are first copied into shared memory feature by feature (values,
- * then for bicor orders); else read from global memory. */
+ * then for bicor orders); else read from global memory. With mirror (a
+ * self search of all n_ref rows at once), only the pairs r < j are keyed
+ * and each key goes to both of its places: a key does not change when its
+ * two nodes trade places (every sum and product in knn_pw_key.h is taken
+ * the same way for either order), so this halves the work with the same
+ * bits. */
 template <bool SHARED, bool BICOR>
-__global__ void knn_pw_keys(knn_pw_sides s, int first, int rows,
-                            int self_first, int n_ref, int p, int centred,
-                            int absolute, int min_shared,
+__global__ void __launch_bounds__(KNN_PW_COLS * KNN_PW_ROWS)
+knn_pw_keys(knn_pw_sides s, int first, int rows,
+                            int self_first, int mirror, int n_ref, int p,
+                            int centred, int absolute, int min_shared,
                             unsigned long long *keys)
 {
     extern __shared__ double tile[];
     int col0 = blockIdx.x * KNN_PW_COLS;
+    int r0 = blockIdx.y * (KNN_PW_ROWS * KNN_PW_ROW_STEPS);
+    if (mirror && r0 >= col0 + KNN_PW_COLS) return;
     int j = col0 + threadIdx.x;
     const double *b = s.ref_t + j;
     const int *ord_b = BICOR ? s.ref_order_t + j : NULL;
@@ -136,11 +146,11 @@ __global__ void knn_pw_keys(knn_pw_sides s, int first, int rows,
     if (j >= n_ref) return;
     double ib = BICOR ? 0.0 : s.ref_imax[j];
     int len_b = BICOR ? s.ref_present[j] : 0;
-    int r0 = blockIdx.y * (KNN_PW_ROWS * KNN_PW_ROW_STEPS);
     for (int step = 0; step < KNN_PW_ROW_STEPS; step++) {
         int r = r0 + step * KNN_PW_ROWS + threadIdx.y;
         if (r >= rows) break;
-        unsigned long long key = KNN_PW_NONE;
+        if (mirror && r > j) continue;
+        unsigned long long key = KNN_KEY_NONE;
         if (self_first < 0 || self_first + r != j) {
             int qi = first + r;
             const double *a = s.rows_of + (size_t)qi * p;
@@ -155,127 +165,7 @@ __global__ void knn_pw_keys(knn_pw_sides s, int first, int rows,
                     knn_pw_distance(v, absolute));
         }
         keys[(size_t)r * n_ref + j] = key;
-    }
-}
-
-/* The bin (of 256, from 8 bits of the keys) holding the want-th smallest
- * of the counts in hist, and want less the keys before it; by warp 0. */
-__device__ static void knn_pw_find_bin(const unsigned *hist, unsigned want,
-                                       int *bin, unsigned *rest)
-{
-    int lane = threadIdx.x;
-    unsigned c[8], sum = 0;
-    for (int b = 0; b < 8; b++) {
-        c[b] = hist[lane * 8 + b];
-        sum += c[b];
-    }
-    unsigned inc = sum;
-    for (int o = 1; o < 32; o <<= 1) {
-        unsigned t = __shfl_up_sync(0xffffffffu, inc, o);
-        if (lane >= o) inc += t;
-    }
-    unsigned cum = inc - sum;
-    if (!(cum < want && want <= inc)) return;
-    for (int b = 0; b < 8; b++) {
-        if (cum + c[b] >= want) {
-            *bin = lane * 8 + b;
-            *rest = want - cum;
-            return;
-        }
-        cum += c[b];
-    }
-}
-
-/* Row blockIdx.x's k best of its n_ref keys, ties to the smaller node, in
- * order into best_j (-1: none) and best_d. The k-th smallest key comes
- * from a radix select, eight bits at a time; the keys below it and, of
- * those equal to it, the ones of the smallest nodes go to pick_* in any
- * order; each then finds its place by counting the picks before it. */
-__global__ void knn_pw_select(const unsigned long long *keys, int n_ref,
-                              int k, unsigned long long *pick_key,
-                              int *pick_j, int *best_j, double *best_d)
-{
-    __shared__ unsigned hist[256];
-    __shared__ unsigned long long s_prefix;
-    __shared__ unsigned s_want;
-    __shared__ int s_counts[KNN_PW_SELECT_THREADS / 32];
-    __shared__ int s_below;
-    const unsigned long long *row = keys + (size_t)blockIdx.x * n_ref;
-    unsigned long long *pk = pick_key + (size_t)blockIdx.x * k;
-    int *pj = pick_j + (size_t)blockIdx.x * k;
-    int t = threadIdx.x;
-    unsigned long long prefix = 0, mask = 0;
-    unsigned want = (unsigned)k;
-    for (int shift = 56; shift >= 0; shift -= 8) {
-        for (int b = t; b < 256; b += blockDim.x) hist[b] = 0;
-        __syncthreads();
-        for (int i = t; i < n_ref; i += blockDim.x) {
-            unsigned long long key = row[i];
-            if ((key & mask) == prefix)
-                atomicAdd(&hist[(key >> shift) & 255u], 1u);
-        }
-        __syncthreads();
-        if (t < 32) {
-            int bin = 0;
-            unsigned rest = 0;
-            knn_pw_find_bin(hist, want, &bin, &rest);
-            if (rest > 0) {
-                s_prefix = prefix | ((unsigned long long)bin << shift);
-                s_want = rest;
-            }
-        }
-        __syncthreads();
-        prefix = s_prefix;
-        want = s_want;
-        mask |= 0xffull << shift;
-    }
-    /* prefix is the k-th smallest key; k - want keys lie below it. */
-    if (t == 0) s_below = 0;
-    __syncthreads();
-    for (int i = t; i < n_ref; i += blockDim.x) {
-        unsigned long long key = row[i];
-        if (key < prefix) {
-            int at = atomicAdd(&s_below, 1);
-            pk[at] = key;
-            pj[at] = i;
-        }
-    }
-    /* Of the keys equal to it, the first `want` by node, in node order:
-     * each pass counts a stretch of blockDim.x nodes by warps. */
-    int lane = t % 32, warp = t / 32, base_at = k - (int)want;
-    unsigned taken = 0;
-    for (int from = 0; from < n_ref && taken < want; from += blockDim.x) {
-        int i = from + t;
-        int equal = i < n_ref && row[i] == prefix;
-        unsigned ballot = __ballot_sync(0xffffffffu, equal);
-        if (lane == 0) s_counts[warp] = __popc(ballot);
-        __syncthreads();
-        unsigned before = taken + __popc(ballot & ((1u << lane) - 1u));
-        unsigned total = 0;
-        for (int w = 0; w < (int)(blockDim.x / 32); w++) {
-            if (w < warp) before += s_counts[w];
-            total += s_counts[w];
-        }
-        if (equal && before < want) {
-            pk[base_at + before] = prefix;
-            pj[base_at + before] = i;
-        }
-        taken += total;
-        __syncthreads();
-    }
-    __syncthreads();
-    int *out_j = best_j + (size_t)blockIdx.x * k;
-    double *out_d = best_d + (size_t)blockIdx.x * k;
-    for (int i = t; i < k; i += blockDim.x) {
-        unsigned long long key = pk[i];
-        int j = pj[i], place = 0;
-        for (int m = 0; m < k; m++) {
-            unsigned long long other = pk[m];
-            place += other < key || (other == key && pj[m] < j);
-        }
-        out_j[place] = key == KNN_PW_NONE ? -1 : j;
-        out_d[place] = key == KNN_PW_NONE
-            ? CUDART_NAN : __longlong_as_double((long long)key);
+        if (mirror) keys[(size_t)j * n_ref + r] = key;
     }
 }
 
@@ -319,9 +209,10 @@ static void knn_pw_launch(dim3 blocks, dim3 threads, size_t bytes,
                           int first, int n, int self_first,
                           const knn_pw_gpu *gpu)
 {
+    int mirror = gpu->whole && n == gpu->n_ref;
     knn_pw_keys<SHARED, BICOR><<<blocks, threads, bytes, stream>>>(
-        sides, first, n, self_first, gpu->n_ref, gpu->p, gpu->centred,
-        gpu->absolute, gpu->min_shared, gpu->keys);
+        sides, first, n, self_first, mirror, gpu->n_ref, gpu->p,
+        gpu->centred, gpu->absolute, gpu->min_shared, gpu->keys);
 }
 
 /* Where the key kernel keeps its reference tile: shared memory where the
@@ -384,8 +275,20 @@ static knn_status knn_pw_setup(knn_pw_gpu *gpu, const knn_pw_gpu_request *req,
     int n_query = req->query ? req->n_query : 0;
     double budget = 0.0;
     KNN_TRY(knn_device_budget(req->memory_bytes, &budget, message));
+    /* A self search asked for all its rows at once, whose keys fit
+     * KNN_PW_WHOLE_BYTES and the budget, is keyed in one chunk, each pair
+     * once (knn_pw_keys' mirror). Else a chunk's panel stays within
+     * KNN_PW_PANEL_BYTES, and its rows within the key kernel's 65535
+     * blocks of rows. */
+    gpu->whole = n_query == 0 && req->block_rows >= n_ref &&
+                 8.0 * n_ref * n_ref <= KNN_PW_WHOLE_BYTES &&
+                 knn_pw_chunk_rows(budget, p, req->bicor, n_ref, 0, k,
+                                   n_ref) == n_ref;
+    double panel_rows = gpu->whole
+        ? n_ref
+        : fmin(KNN_PW_PANEL_BYTES / (8.0 * n_ref),
+               65535.0 * KNN_PW_ROWS * KNN_PW_ROW_STEPS);
     int block_rows = req->block_rows;
-    double panel_rows = KNN_PW_PANEL_BYTES / (8.0 * n_ref);
     if (block_rows > panel_rows) block_rows = panel_rows < 1 ? 1
                                                               : (int)panel_rows;
     gpu->chunk = knn_pw_chunk_rows(budget, p, req->bicor, n_ref, n_query, k,
@@ -540,10 +443,9 @@ static knn_status knn_pw_chunk(knn_pw_gpu *gpu, int first, int n, int at,
         knn_pw_launch<false, false>(blocks, threads, 0, stream, sides,
                                     first, n, self_first, gpu);
     KNN_LAUNCH_TRY(message, "knn_pw_keys");
-    knn_pw_select<<<n, KNN_PW_SELECT_THREADS, 0, stream>>>(
-        gpu->keys, gpu->n_ref, gpu->k, gpu->pick_key, gpu->pick_j,
-        gpu->best_j, gpu->best_d);
-    KNN_LAUNCH_TRY(message, "knn_pw_select");
+    KNN_TRY(knn_select_keys(gpu->keys, n, gpu->n_ref, gpu->k, gpu->pick_key,
+                            gpu->pick_j, gpu->best_j, gpu->best_d, message,
+                            stream));
     size_t cells = (size_t)n * gpu->k, from = (size_t)at * gpu->k;
     KNN_CUDA_TRY(message,
                  cudaMemcpyAsync(gpu->host[buffer].index + from, gpu->best_j,

@@ -40,10 +40,16 @@
  *    memory (KNN_SAMPLE64_BUF), then the same compaction.
  * knn_select_choose() picks one from (rows, k) by the crossovers that
  * inst/bench/select_thresholds.R measured.
+ *
+ * Exact keys (knn_select_keys, a pairwise-complete search's float64
+ * distances as bits): one block per row finds the k-th smallest key by a
+ * radix select, eight bits a pass, and keeps the keys below it and the
+ * first of those equal to it; no margin, no re-rank.
  */
 #include <stdlib.h>
 #include <string.h>
 #include <cub/block/block_scan.cuh>
+#include <math_constants.h>
 #include "knn_gpu_score.cuh"
 
 #define KNN_WARP_ROWS 4            /* rows (warps) per block, warp select */
@@ -710,4 +716,142 @@ knn_status knn_select_candidates(const knn_select_args *a,
     }
     return knn_gpu_fail(message, KNN_E_INVALID, "candidate selection",
                         "unknown score kind", __FILE__, __LINE__);
+}
+
+/* Threads choosing one row's best k of its exact keys. */
+#define KNN_KEYS_SELECT_THREADS 256
+
+/* The bin (of 256, from 8 bits of the keys) holding the want-th smallest
+ * of the counts in hist, and want less the keys before it; by warp 0. */
+__device__ static void knn_keys_find_bin(const unsigned *hist,
+                                         unsigned want, int *bin,
+                                         unsigned *rest)
+{
+    int lane = threadIdx.x;
+    unsigned c[8], sum = 0;
+    for (int b = 0; b < 8; b++) {
+        c[b] = hist[lane * 8 + b];
+        sum += c[b];
+    }
+    unsigned inc = sum;
+    for (int o = 1; o < 32; o <<= 1) {
+        unsigned t = __shfl_up_sync(0xffffffffu, inc, o);
+        if (lane >= o) inc += t;
+    }
+    unsigned cum = inc - sum;
+    if (!(cum < want && want <= inc)) return;
+    for (int b = 0; b < 8; b++) {
+        if (cum + c[b] >= want) {
+            *bin = lane * 8 + b;
+            *rest = want - cum;
+            return;
+        }
+        cum += c[b];
+    }
+}
+
+/* Row blockIdx.x's k best of its n_ref keys, ties to the smaller node, in
+ * order into best_j (-1: none) and best_d. The k-th smallest key comes
+ * from a radix select, eight bits at a time; the keys below it and, of
+ * those equal to it, the ones of the smallest nodes go to pick_* in any
+ * order; each then finds its place by counting the picks before it. */
+__global__ void knn_keys_select_kernel(const unsigned long long *keys,
+                                       int n_ref, int k,
+                                       unsigned long long *pick_key,
+                                       int *pick_j, int *best_j,
+                                       double *best_d)
+{
+    __shared__ unsigned hist[256];
+    __shared__ unsigned long long s_prefix;
+    __shared__ unsigned s_want;
+    __shared__ int s_counts[KNN_KEYS_SELECT_THREADS / 32];
+    __shared__ int s_below;
+    const unsigned long long *row = keys + (size_t)blockIdx.x * n_ref;
+    unsigned long long *pk = pick_key + (size_t)blockIdx.x * k;
+    int *pj = pick_j + (size_t)blockIdx.x * k;
+    int t = threadIdx.x;
+    unsigned long long prefix = 0, mask = 0;
+    unsigned want = (unsigned)k;
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        for (int b = t; b < 256; b += blockDim.x) hist[b] = 0;
+        __syncthreads();
+        for (int i = t; i < n_ref; i += blockDim.x) {
+            unsigned long long key = row[i];
+            if ((key & mask) == prefix)
+                atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        }
+        __syncthreads();
+        if (t < 32) {
+            int bin = 0;
+            unsigned rest = 0;
+            knn_keys_find_bin(hist, want, &bin, &rest);
+            if (rest > 0) {
+                s_prefix = prefix | ((unsigned long long)bin << shift);
+                s_want = rest;
+            }
+        }
+        __syncthreads();
+        prefix = s_prefix;
+        want = s_want;
+        mask |= 0xffull << shift;
+    }
+    /* prefix is the k-th smallest key; k - want keys lie below it. */
+    if (t == 0) s_below = 0;
+    __syncthreads();
+    for (int i = t; i < n_ref; i += blockDim.x) {
+        unsigned long long key = row[i];
+        if (key < prefix) {
+            int at = atomicAdd(&s_below, 1);
+            pk[at] = key;
+            pj[at] = i;
+        }
+    }
+    /* Of the keys equal to it, the first `want` by node, in node order:
+     * each pass counts a stretch of blockDim.x nodes by warps. */
+    int lane = t % 32, warp = t / 32, base_at = k - (int)want;
+    unsigned taken = 0;
+    for (int from = 0; from < n_ref && taken < want; from += blockDim.x) {
+        int i = from + t;
+        int equal = i < n_ref && row[i] == prefix;
+        unsigned ballot = __ballot_sync(0xffffffffu, equal);
+        if (lane == 0) s_counts[warp] = __popc(ballot);
+        __syncthreads();
+        unsigned before = taken + __popc(ballot & ((1u << lane) - 1u));
+        unsigned total = 0;
+        for (int w = 0; w < (int)(blockDim.x / 32); w++) {
+            if (w < warp) before += s_counts[w];
+            total += s_counts[w];
+        }
+        if (equal && before < want) {
+            pk[base_at + before] = prefix;
+            pj[base_at + before] = i;
+        }
+        taken += total;
+        __syncthreads();
+    }
+    __syncthreads();
+    int *out_j = best_j + (size_t)blockIdx.x * k;
+    double *out_d = best_d + (size_t)blockIdx.x * k;
+    for (int i = t; i < k; i += blockDim.x) {
+        unsigned long long key = pk[i];
+        int j = pj[i], place = 0;
+        for (int m = 0; m < k; m++) {
+            unsigned long long other = pk[m];
+            place += other < key || (other == key && pj[m] < j);
+        }
+        out_j[place] = key == KNN_KEY_NONE ? -1 : j;
+        out_d[place] = key == KNN_KEY_NONE
+            ? CUDART_NAN : __longlong_as_double((long long)key);
+    }
+}
+
+knn_status knn_select_keys(const unsigned long long *keys, int rows,
+                           int n_ref, int k, unsigned long long *pick_key,
+                           int *pick_j, int *best_j, double *best_d,
+                           char *message, cudaStream_t stream)
+{
+    knn_keys_select_kernel<<<rows, KNN_KEYS_SELECT_THREADS, 0, stream>>>(
+        keys, n_ref, k, pick_key, pick_j, best_j, best_d);
+    KNN_LAUNCH_TRY(message, "knn_keys_select_kernel");
+    return KNN_OK;
 }

@@ -58,7 +58,9 @@ test_that("pairwise-complete on random data: searches, a graph, devices", {
     x[sample(length(x), 0.05 * length(x))] <- NA
     x[1:10, 1:30] <- NA
     for (metric in c("pearson", "cosine", "abspearson", "bicor")) {
-        expectPairwiseGpu(x, 15, metric, label = "random")
+        ## A self search of 2500 nodes is keyed whole, each pair once.
+        whole <- expectPairwiseGpu(x, 15, metric, label = "random")
+        expect_identical(attr(whole, "timings")$row_tile, nrow(x))
         expectPairwiseGpu(x, 5, metric, min.shared = 20,
                           label = "min.shared 20")
     }
@@ -67,6 +69,13 @@ test_that("pairwise-complete on random data: searches, a graph, devices", {
     steps[11:20, ] <- rep(c(0, 0, 0, 1), length.out = 400)
     for (metric in c("pearson", "bicor")) {
         expectPairwiseGpu(steps, 12, metric, label = "steps")
+    }
+    ## Nodes of 1500 features: the reference's tile too large for shared
+    ## memory, read from global memory instead.
+    wide <- randomMatrix(200, 1500, 89)
+    wide[sample(length(wide), 15000)] <- NA
+    for (metric in c("pearson", "bicor")) {
+        expectPairwiseGpu(wide, 7, metric, label = "wide")
     }
     set.seed(85)
     q <- x[sample(nrow(x), 300), ] + matrix(rnorm(300 * 40, sd = 0.1), 300)
