@@ -126,7 +126,7 @@ wgcnaLabel <- function(x, what = "cor") {
 }
 
 report <- function(case, contender, seconds, same = NA) {
-    cat(sprintf("%-34s %-40s %9.2f s %s\n", case, contender, seconds,
+    cat(sprintf("%-34s %-40s %9.3f s %s\n", case, contender, seconds,
                 if (is.na(same)) "" else
                     sprintf("(same neighbours as WGCNA: %s)", same)))
 }
