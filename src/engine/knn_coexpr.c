@@ -22,36 +22,24 @@
 #include "knn_blas.h"
 #include "knn_coexpr.h"
 #include "knn_exact.h"
+#include "knn_prepare.h"
 #include "knn_pw_key.h"
 #include "knn_threads.h"
-
-/* A present feature of a node and its value, for sorting. */
-typedef struct {
-    double value;
-    int feature;
-} knn_pw_ranked_feature;
-
-static int knn_pw_by_value(const void *a, const void *b)
-{
-    double x = ((const knn_pw_ranked_feature *)a)->value;
-    double y = ((const knn_pw_ranked_feature *)b)->value;
-    return x < y ? -1 : x > y;
-}
 
 /* The present features of x (p values, NaN where missing) in ascending
  * order of value into ord; returns how many. buf: scratch of p. */
 static int knn_pw_order(const double *x, int p, int *ord,
-                        knn_pw_ranked_feature *buf)
+                        knn_ranked *buf)
 {
     int len = 0;
     for (int f = 0; f < p; f++) {
         if (isnan(x[f])) continue;
         buf[len].value = x[f];
-        buf[len].feature = f;
+        buf[len].position = f;
         len++;
     }
-    qsort(buf, (size_t)len, sizeof *buf, knn_pw_by_value);
-    for (int i = 0; i < len; i++) ord[i] = buf[i].feature;
+    qsort(buf, (size_t)len, sizeof *buf, knn_ranked_cmp);
+    for (int i = 0; i < len; i++) ord[i] = buf[i].position;
     return len;
 }
 
@@ -67,7 +55,7 @@ static void knn_scale_node(const double *x, int p, double *out)
  * over all of x's features); all 0 where it is undefined. Returns whether
  * it is defined. ord, buf: scratch of p. */
 static int knn_bicor_node(const double *x, int p, double *out, int *ord,
-                          knn_pw_ranked_feature *buf)
+                          knn_ranked *buf)
 {
     int len = knn_pw_order(x, p, ord, buf);
     knn_pw_form form = knn_pw_form_of(x, 1, NULL, 0, ord, 1, len, p, len);
@@ -88,7 +76,7 @@ int knn_bicor_nodes(const double *x, int p, int n, double *out, int *bad,
     {
         double *scaled = malloc((size_t)p * sizeof(double));
         int *ord = malloc((size_t)p * sizeof(int));
-        knn_pw_ranked_feature *buf = malloc((size_t)p * sizeof *buf);
+        knn_ranked *buf = malloc((size_t)p * sizeof *buf);
         if (!scaled || !ord || !buf) failed = 1;
         #pragma omp for schedule(static)
         for (int j = 0; j < n; j++) {
@@ -175,7 +163,7 @@ static knn_status knn_pw_prepare(knn_pw_nodes *nodes, const double *x, int p,
     int failed = 0;
     #pragma omp parallel num_threads(threads) reduction(| : failed)
     {
-        knn_pw_ranked_feature *buf =
+        knn_ranked *buf =
             bicor ? malloc((size_t)p * sizeof *buf) : NULL;
         if (bicor && !buf) failed = 1;
         #pragma omp for schedule(static)

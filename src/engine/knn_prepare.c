@@ -10,12 +10,7 @@
 #include "knn_prepare.h"
 #include "knn_threads.h"
 
-typedef struct {
-    double value;
-    int position;
-} knn_ranked;
-
-static int knn_ranked_cmp(const void *a, const void *b)
+int knn_ranked_cmp(const void *a, const void *b)
 {
     double x = ((const knn_ranked *)a)->value;
     double y = ((const knn_ranked *)b)->value;

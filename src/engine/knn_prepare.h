@@ -17,6 +17,15 @@
 #include "knn.h"
 #include "knn_pool.h"
 
+/* A value and where it stands, for sorting values (qsort with
+ * knn_ranked_cmp: ascending value; equal values in no set order). */
+typedef struct {
+    double value;
+    int position;
+} knn_ranked;
+
+int knn_ranked_cmp(const void *a, const void *b);
+
 /* What all nodes of one search share. */
 typedef struct {
     knn_metric metric;
