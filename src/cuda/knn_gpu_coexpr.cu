@@ -15,10 +15,10 @@
  * best k from it (knn_select_keys, knn_gpu_select.cu), and their transfer
  * into the engine's pinned host buffer, all queued on the context's
  * stream, whose order keeps the one panel from being overwritten before
- * its rows are chosen. The call returns at once,
- * so the device keys the next block while the engine writes out this one;
- * the engine waits in slices of at most 100 ms (knn_gpu_pw_wait) and polls
- * Ctrl-C between them.
+ * its rows are chosen. The call returns at once; the engine waits in
+ * slices of at most 100 ms (knn_gpu_pw_wait) and polls Ctrl-C between
+ * them, and asks for the next block once it has written out this one, so
+ * that an interrupted search waits for one block at most.
  *
  * A key is the bits of the pair's distance (in [0, 2], so their integer
  * order is the distance order) or KNN_KEY_NONE for a pair without one:
@@ -43,8 +43,8 @@
 #define KNN_PW_ROW_STEPS 4
 /* The most bytes of one chunk's key panel: more rows per chunk only save
  * launches, whose cost is small against a chunk this size. A self search
- * keyed whole, each pair once, may take up to KNN_PW_WHOLE_BYTES for all
- * its keys (16384 nodes), where that halves the work. */
+ * may keep all its keys, each pair keyed once, in up to
+ * KNN_PW_WHOLE_BYTES (16384 nodes), where that halves the work. */
 #define KNN_PW_PANEL_BYTES (256.0 * 1048576.0)
 #define KNN_PW_WHOLE_BYTES (2048.0 * 1048576.0)
 
@@ -55,9 +55,9 @@ struct knn_pw_gpu {
     int bicor, centred, absolute, min_shared;
     int shared_bytes;        /* the key kernel's tile of reference values
                                 in shared memory; 0: read from global */
-    int whole;               /* a self search keyed in one chunk of all
-                                its rows, each pair once (knn_pw_keys'
-                                mirror) */
+    int whole;               /* a self search whose keys all stay on the
+                                device (keys: n_ref x n_ref), each pair
+                                keyed once (knn_pw_keys' mirror) */
     void *block;             /* the one device allocation of: */
     double *ref;             /* p x n_ref, node by node */
     double *ref_t;           /* n_ref x p, feature by feature */
@@ -74,7 +74,7 @@ struct knn_pw_gpu {
     int *pick_j;
     int *best_j;             /* chunk x k: rows' best k, in order */
     double *best_d;
-    knn_pw_gpu_rows host[2]; /* the context's pinned memory */
+    knn_pw_gpu_rows host;    /* the context's pinned memory */
     cudaEvent_t done;        /* recorded after a block's last transfer */
 };
 
@@ -106,12 +106,15 @@ struct knn_pw_sides {
  * reference node self_first + r in a self search (self_first >= 0), which
  * has no key with itself. With SHARED, the block's KNN_PW_COLS reference
  * nodes are first copied into shared memory feature by feature (values,
- * then for bicor orders); else read from global memory. With mirror (a
- * self search of all n_ref rows at once), only the pairs r < j are keyed
- * and each key goes to both of its places: a key does not change when its
- * two nodes trade places (every sum and product in knn_pw_key.h is taken
- * the same way for either order), so this halves the work with the same
- * bits. */
+ * then for bicor orders); else read from global memory.
+ *
+ * With mirror (a self search whose keys all stay on the device: keys is
+ * n_ref x n_ref, row r of the chunk at row first + r), a row is keyed with
+ * the nodes from itself on only, and each key goes to both of its places:
+ * a key does not change when its two nodes trade places (every sum and
+ * product in knn_pw_key.h is taken the same way for either order). The
+ * chunks go in order, so a row's keys with earlier nodes are in place
+ * before it is chosen from: half the work, the same bits. */
 template <bool SHARED, bool BICOR>
 __global__ void __launch_bounds__(KNN_PW_COLS * KNN_PW_ROWS)
 knn_pw_keys(knn_pw_sides s, int first, int rows,
@@ -122,7 +125,7 @@ knn_pw_keys(knn_pw_sides s, int first, int rows,
     extern __shared__ double tile[];
     int col0 = blockIdx.x * KNN_PW_COLS;
     int r0 = blockIdx.y * (KNN_PW_ROWS * KNN_PW_ROW_STEPS);
-    if (mirror && r0 >= col0 + KNN_PW_COLS) return;
+    if (mirror && first + r0 >= col0 + KNN_PW_COLS) return;
     int j = col0 + threadIdx.x;
     const double *b = s.ref_t + j;
     const int *ord_b = BICOR ? s.ref_order_t + j : NULL;
@@ -149,7 +152,7 @@ knn_pw_keys(knn_pw_sides s, int first, int rows,
     for (int step = 0; step < KNN_PW_ROW_STEPS; step++) {
         int r = r0 + step * KNN_PW_ROWS + threadIdx.y;
         if (r >= rows) break;
-        if (mirror && r > j) continue;
+        if (mirror && first + r > j) continue;
         unsigned long long key = KNN_KEY_NONE;
         if (self_first < 0 || self_first + r != j) {
             int qi = first + r;
@@ -164,8 +167,9 @@ knn_pw_keys(knn_pw_sides s, int first, int rows,
                 key = (unsigned long long)__double_as_longlong(
                     knn_pw_distance(v, absolute));
         }
-        keys[(size_t)r * n_ref + j] = key;
-        if (mirror) keys[(size_t)j * n_ref + r] = key;
+        size_t row = mirror ? (size_t)first + r : (size_t)r;
+        keys[row * n_ref + j] = key;
+        if (mirror) keys[(size_t)j * n_ref + row] = key;
     }
 }
 
@@ -189,7 +193,7 @@ static knn_status knn_pw_device(const knn_pw_gpu_request *req, int *device,
     }
 }
 
-/* Frees what gpu holds once its stream is idle: the pinned buffers and
+/* Frees what gpu holds once its stream is idle: the pinned buffer and
  * the stream may still be in the middle of a block. */
 static void knn_pw_free(knn_pw_gpu *gpu, knn_status status)
 {
@@ -209,9 +213,8 @@ static void knn_pw_launch(dim3 blocks, dim3 threads, size_t bytes,
                           int first, int n, int self_first,
                           const knn_pw_gpu *gpu)
 {
-    int mirror = gpu->whole && n == gpu->n_ref;
     knn_pw_keys<SHARED, BICOR><<<blocks, threads, bytes, stream>>>(
-        sides, first, n, self_first, mirror, gpu->n_ref, gpu->p,
+        sides, first, n, self_first, gpu->whole, gpu->n_ref, gpu->p,
         gpu->centred, gpu->absolute, gpu->min_shared, gpu->keys);
 }
 
@@ -261,7 +264,7 @@ static knn_status knn_pw_node_side(int bicor, const double *imax,
     return KNN_OK;
 }
 
-/* The arrays, the values' upload and the host buffers of an opened gpu;
+/* The arrays, the values' upload and the host buffer of an opened gpu;
  * on failure the caller frees it (knn_pw_free). */
 static knn_status knn_pw_setup(knn_pw_gpu *gpu, const knn_pw_gpu_request *req,
                                char *message)
@@ -275,24 +278,24 @@ static knn_status knn_pw_setup(knn_pw_gpu *gpu, const knn_pw_gpu_request *req,
     int n_query = req->query ? req->n_query : 0;
     double budget = 0.0;
     KNN_TRY(knn_device_budget(req->memory_bytes, &budget, message));
-    /* A self search asked for all its rows at once, whose keys fit
-     * KNN_PW_WHOLE_BYTES and the budget, is keyed in one chunk, each pair
-     * once (knn_pw_keys' mirror). Else a chunk's panel stays within
-     * KNN_PW_PANEL_BYTES, and its rows within the key kernel's 65535
-     * blocks of rows. */
-    gpu->whole = n_query == 0 && req->block_rows >= n_ref &&
+    /* A self search whose keys fit KNN_PW_WHOLE_BYTES and the budget
+     * keeps them all on the device and keys each pair once (knn_pw_keys'
+     * mirror), a block of rows at a time. Else a chunk's panel stays
+     * within KNN_PW_PANEL_BYTES. Either way a chunk's rows stay within the
+     * key kernel's 65535 blocks of rows. */
+    gpu->whole = n_query == 0 &&
                  8.0 * n_ref * n_ref <= KNN_PW_WHOLE_BYTES &&
                  knn_pw_chunk_rows(budget, p, req->bicor, n_ref, 0, k,
                                    n_ref) == n_ref;
-    double panel_rows = gpu->whole
-        ? n_ref
-        : fmin(KNN_PW_PANEL_BYTES / (8.0 * n_ref),
-               65535.0 * KNN_PW_ROWS * KNN_PW_ROW_STEPS);
+    double chunk_rows = fmin(gpu->whole ? req->block_rows
+                                        : KNN_PW_PANEL_BYTES / (8.0 * n_ref),
+                             65535.0 * KNN_PW_ROWS * KNN_PW_ROW_STEPS);
     int block_rows = req->block_rows;
-    if (block_rows > panel_rows) block_rows = panel_rows < 1 ? 1
-                                                              : (int)panel_rows;
-    gpu->chunk = knn_pw_chunk_rows(budget, p, req->bicor, n_ref, n_query, k,
-                                   block_rows);
+    if (block_rows > chunk_rows) block_rows = chunk_rows < 1 ? 1
+                                                              : (int)chunk_rows;
+    gpu->chunk = gpu->whole ? block_rows
+                            : knn_pw_chunk_rows(budget, p, req->bicor, n_ref,
+                                                n_query, k, block_rows);
     if (gpu->chunk < 1) {
         knn_pw_no_fit(message, 512, budget > 0 ? budget : 0.0, p, req->bicor,
                       n_ref, n_query, k);
@@ -319,8 +322,8 @@ static knn_status knn_pw_setup(knn_pw_gpu *gpu, const knn_pw_gpu_request *req,
         gpu->query_order = knn_carve<int>(&carve, query_orders);
         gpu->query_present = knn_carve<int>(&carve,
                                             req->bicor ? n_query : 0);
-        gpu->keys = knn_carve<unsigned long long>(&carve,
-                                                  (size_t)gpu->chunk * n_ref);
+        gpu->keys = knn_carve<unsigned long long>(
+            &carve, (size_t)(gpu->whole ? n_ref : gpu->chunk) * n_ref);
         gpu->pick_key = knn_carve<unsigned long long>(&carve, picks);
         gpu->pick_j = knn_carve<int>(&carve, picks);
         gpu->best_j = knn_carve<int>(&carve, picks);
@@ -357,21 +360,17 @@ static knn_status knn_pw_setup(knn_pw_gpu *gpu, const knn_pw_gpu_request *req,
     }
     size_t cells = (size_t)req->block_rows * k;
     void *host = NULL;
-    KNN_TRY(knn_context_host(gpu->ctx, 2 * cells * (sizeof(int) +
-                                                    sizeof(double)),
-                             &host, message));
-    double *distances = (double *)host;
-    int *indices = (int *)(distances + 2 * cells);
-    for (int b = 0; b < 2; b++) {
-        gpu->host[b].distance = distances + b * cells;
-        gpu->host[b].index = indices + b * cells;
-    }
+    KNN_TRY(knn_context_host(gpu->ctx,
+                             cells * (sizeof(int) + sizeof(double)), &host,
+                             message));
+    gpu->host.distance = (double *)host;
+    gpu->host.index = (int *)(gpu->host.distance + cells);
     return KNN_OK;
 }
 
 extern "C" knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req,
                                       knn_pw_gpu **out,
-                                      knn_pw_gpu_rows host[2],
+                                      knn_pw_gpu_rows *host,
                                       int *chunk_rows, knn_report *report)
 {
     *out = NULL;
@@ -401,17 +400,16 @@ extern "C" knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req,
         knn_pw_free(gpu, st);
         return st;
     }
-    host[0] = gpu->host[0];
-    host[1] = gpu->host[1];
+    *host = gpu->host;
     *chunk_rows = gpu->chunk;
     *out = gpu;
     return KNN_OK;
 }
 
 /* Queues the keys and the choice of rows [first, first + n) into chunk
- * panel rows, and their transfer to host buffer `buffer` at row `at`. */
+ * panel rows, and their transfer to the host buffer at row `at`. */
 static knn_status knn_pw_chunk(knn_pw_gpu *gpu, int first, int n, int at,
-                               int buffer, char *message)
+                               char *message)
 {
     cudaStream_t stream = gpu->ctx->stream;
     int self = gpu->query == NULL;
@@ -443,28 +441,30 @@ static knn_status knn_pw_chunk(knn_pw_gpu *gpu, int first, int n, int at,
         knn_pw_launch<false, false>(blocks, threads, 0, stream, sides,
                                     first, n, self_first, gpu);
     KNN_LAUNCH_TRY(message, "knn_pw_keys");
-    KNN_TRY(knn_select_keys(gpu->keys, n, gpu->n_ref, gpu->k, gpu->pick_key,
+    const unsigned long long *keys =
+        gpu->whole ? gpu->keys + (size_t)first * gpu->n_ref : gpu->keys;
+    KNN_TRY(knn_select_keys(keys, n, gpu->n_ref, gpu->k, gpu->pick_key,
                             gpu->pick_j, gpu->best_j, gpu->best_d, message,
                             stream));
     size_t cells = (size_t)n * gpu->k, from = (size_t)at * gpu->k;
     KNN_CUDA_TRY(message,
-                 cudaMemcpyAsync(gpu->host[buffer].index + from, gpu->best_j,
+                 cudaMemcpyAsync(gpu->host.index + from, gpu->best_j,
                                  cells * sizeof(int), cudaMemcpyDeviceToHost,
                                  stream));
     KNN_CUDA_TRY(message,
-                 cudaMemcpyAsync(gpu->host[buffer].distance + from,
+                 cudaMemcpyAsync(gpu->host.distance + from,
                                  gpu->best_d, cells * sizeof(double),
                                  cudaMemcpyDeviceToHost, stream));
     return KNN_OK;
 }
 
 extern "C" knn_status knn_gpu_pw_start(knn_pw_gpu *gpu, int first, int rows,
-                                       int buffer, char *message)
+                                       char *message)
 {
     KNN_CUDA_TRY(message, cudaSetDevice(gpu->device));
     for (int at = 0; at < rows; at += gpu->chunk) {
         int n = rows - at < gpu->chunk ? rows - at : gpu->chunk;
-        KNN_TRY(knn_pw_chunk(gpu, first + at, n, at, buffer, message));
+        KNN_TRY(knn_pw_chunk(gpu, first + at, n, at, message));
     }
     KNN_CUDA_TRY(message, cudaEventRecord(gpu->done, gpu->ctx->stream));
     return KNN_OK;

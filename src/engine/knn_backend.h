@@ -79,21 +79,21 @@ typedef struct {
 /* One pairwise-complete search's state on its device; opaque. */
 typedef struct knn_pw_gpu knn_pw_gpu;
 
-/* Opens a search on a device: its context, the nodes there, and two
- * host buffers of block_rows x k answers each (*host, owned by the
- * device's context: valid until knn_gpu_pw_close). Writes the rows of one
+/* Opens a search on a device: its context, the nodes there, and a host
+ * buffer of block_rows x k answers (*host, owned by the device's context:
+ * valid until knn_gpu_pw_close). Writes the rows of one
  * device chunk (*chunk_rows, knn_pw_chunk_rows of the budget) and
  * report->device. Returns KNN_OK; else KNN_E_NOGPU, KNN_E_INVALID (no
  * such GPU), KNN_E_NOMEM (the nodes do not fit the budget) or
  * KNN_E_DEVICE, report->message set and nothing left allocated. */
 knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req, knn_pw_gpu **gpu,
-                           knn_pw_gpu_rows host[2], int *chunk_rows,
+                           knn_pw_gpu_rows *host, int *chunk_rows,
                            knn_report *report);
 /* Queues the best k of rows [first, first + rows) (query nodes, or
- * reference nodes for a NULL query) into host buffer `buffer` (0 or 1).
- * Returns at once; KNN_OK, or an error with message (512 bytes) set. */
+ * reference nodes for a NULL query) into the host buffer. Returns at
+ * once; KNN_OK, or an error with message (512 bytes) set. */
 knn_status knn_gpu_pw_start(knn_pw_gpu *gpu, int first, int rows,
-                            int buffer, char *message);
+                            char *message);
 /* Waits up to ms milliseconds for the rows queued last: *done is 1 once
  * they are in the host buffer. Returns KNN_OK, or an error with message
  * set. */
@@ -112,10 +112,10 @@ typedef struct {
     void (*query)(knn_gpu_info *info);
     void (*release)(void);
     knn_status (*pw_open)(const knn_pw_gpu_request *req, knn_pw_gpu **gpu,
-                          knn_pw_gpu_rows host[2], int *chunk_rows,
+                          knn_pw_gpu_rows *host, int *chunk_rows,
                           knn_report *report);
     knn_status (*pw_start)(knn_pw_gpu *gpu, int first, int rows,
-                           int buffer, char *message);
+                           char *message);
     knn_status (*pw_wait)(knn_pw_gpu *gpu, int ms, int *done,
                           char *message);
     void (*pw_close)(knn_pw_gpu *gpu, knn_status status);

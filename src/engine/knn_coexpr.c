@@ -1086,14 +1086,16 @@ static int knn_pw_max_miss(const knn_pw_nodes *nodes, int p)
     return most;
 }
 
-/* The most bytes of answers in each of a GPU search's two host buffers
- * (pinned, kept with the device's context). */
+/* The most bytes of answers in a GPU search's host buffer (pinned, kept
+ * with the device's context). */
 #define KNN_PW_HOST_BYTES (64.0 * 1048576.0)
 
-/* Pair visits (pairs times features) per block of rows on a GPU: each
- * block takes a small fraction of a second there, so that Ctrl-C and the
- * progress bar are answered between blocks. */
+/* Pair visits (pairs times features) per block of rows on a GPU, and what
+ * one visit of bicor costs against one of the other measures there
+ * (inst/bench/RESULTS.md): each block takes well under a second, so that
+ * Ctrl-C and the progress bar are answered between blocks. */
 #define KNN_PW_GPU_VISITS 4e10
+#define KNN_PW_GPU_BICOR_COST 13.0
 
 /* Waits for the rows asked of gpu last, asking the interrupt callback
  * every 100 ms meanwhile, so that a long wait never holds Ctrl-C. */
@@ -1132,17 +1134,19 @@ static void knn_pw_gpu_write(const knn_pairwise_request *req,
 }
 
 /* The search on a GPU: every pair keyed there and each row's best k
- * chosen there (knn_gpu_pw_*), in blocks of rows, each asked
- * for one block ahead into the other of two host buffers, so that the
- * device keys the next block while this thread writes out this one. */
+ * chosen there (knn_gpu_pw_*), in blocks of rows, each asked for once the
+ * last is written out, so that an interrupted search waits for one block
+ * at most. */
 static knn_status knn_pw_on_gpu(const knn_pairwise_request *req,
                                 const knn_pw_nodes *ref,
                                 const knn_pw_nodes *query, int n_query,
                                 knn_result *out, knn_report *report)
 {
     double started = knn_seconds();
+    double cost = req->measure == KNN_PAIRWISE_BICOR ? KNN_PW_GPU_BICOR_COST
+                                                     : 1.0;
     int block = (int)fmin(fmax(KNN_PW_GPU_VISITS /
-                               ((double)req->n_ref * req->p), 1.0),
+                               ((double)req->n_ref * req->p * cost), 1.0),
                           KNN_PW_HOST_BYTES / (12.0 * req->k));
     if (block < 1) block = 1;
     if (block > n_query) block = n_query;
@@ -1169,25 +1173,18 @@ static knn_status knn_pw_on_gpu(const knn_pairwise_request *req,
     g.n_devices = req->n_devices;
     memcpy(g.devices, req->devices, sizeof g.devices);
     knn_pw_gpu *gpu = NULL;
-    knn_pw_gpu_rows host[2];
+    knn_pw_gpu_rows host;
     int chunk = 0;
-    knn_status st = knn_gpu_pw_open(&g, &gpu, host, &chunk, report);
+    knn_status st = knn_gpu_pw_open(&g, &gpu, &host, &chunk, report);
     if (st == KNN_OK) st = knn_result_allocate(out, report->message,
                                                sizeof report->message);
-    if (st == KNN_OK) st = knn_gpu_pw_start(gpu, 0, block, 0,
-                                            report->message);
     report->seconds_setup = knn_seconds() - started;
-    for (int first = 0, turn = 0; st == KNN_OK && first < n_query;
-         first += block, turn++) {
+    for (int first = 0; st == KNN_OK && first < n_query; first += block) {
         int last = first + block < n_query ? first + block : n_query;
-        st = knn_pw_gpu_wait(gpu, req, report);
-        if (st == KNN_OK && last < n_query) {
-            int next = last + block < n_query ? block : n_query - last;
-            st = knn_gpu_pw_start(gpu, last, next, (turn + 1) % 2,
-                                  report->message);
-        }
+        st = knn_gpu_pw_start(gpu, first, last - first, report->message);
+        if (st == KNN_OK) st = knn_pw_gpu_wait(gpu, req, report);
         if (st != KNN_OK) break;
-        knn_pw_gpu_write(req, &host[turn % 2], first, last, out, n_query);
+        knn_pw_gpu_write(req, &host, first, last, out, n_query);
         if (req->cb.interrupted && req->cb.interrupted(req->cb.ctx)) {
             st = knn_pw_fail(report, KNN_E_INTERRUPTED,
                              "interrupted by the user");

@@ -101,7 +101,7 @@ void knn_gpu_release(void)
 }
 
 knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req, knn_pw_gpu **gpu,
-                           knn_pw_gpu_rows host[2], int *chunk_rows,
+                           knn_pw_gpu_rows *host, int *chunk_rows,
                            knn_report *report)
 {
     *gpu = NULL;
@@ -113,9 +113,9 @@ knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req, knn_pw_gpu **gpu,
 /* The calls below follow a successful knn_gpu_pw_open: the backend is
  * open. */
 knn_status knn_gpu_pw_start(knn_pw_gpu *gpu, int first, int rows,
-                            int buffer, char *message)
+                            char *message)
 {
-    return knn_cuda->pw_start(gpu, first, rows, buffer, message);
+    return knn_cuda->pw_start(gpu, first, rows, message);
 }
 
 knn_status knn_gpu_pw_wait(knn_pw_gpu *gpu, int ms, int *done,

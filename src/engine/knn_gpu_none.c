@@ -42,7 +42,7 @@ void knn_gpu_release(void)
 }
 
 knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req, knn_pw_gpu **gpu,
-                           knn_pw_gpu_rows host[2], int *chunk_rows,
+                           knn_pw_gpu_rows *host, int *chunk_rows,
                            knn_report *report)
 {
     (void)req;
@@ -54,12 +54,11 @@ knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req, knn_pw_gpu **gpu,
 
 /* Never reached: knn_gpu_pw_open opens nothing here. */
 knn_status knn_gpu_pw_start(knn_pw_gpu *gpu, int first, int rows,
-                            int buffer, char *message)
+                            char *message)
 {
     (void)gpu;
     (void)first;
     (void)rows;
-    (void)buffer;
     return knn_no_cuda(message);
 }
 

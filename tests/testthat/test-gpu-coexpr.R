@@ -58,9 +58,9 @@ test_that("pairwise-complete on random data: searches, a graph, devices", {
     x[sample(length(x), 0.05 * length(x))] <- NA
     x[1:10, 1:30] <- NA
     for (metric in c("pearson", "cosine", "abspearson", "bicor")) {
-        ## A self search of 2500 nodes is keyed whole, each pair once.
-        whole <- expectPairwiseGpu(x, 15, metric, label = "random")
-        expect_identical(attr(whole, "timings")$row_tile, nrow(x))
+        ## A self search this small keeps all its keys on the device,
+        ## each pair keyed once.
+        expectPairwiseGpu(x, 15, metric, label = "random")
         expectPairwiseGpu(x, 5, metric, min.shared = 20,
                           label = "min.shared 20")
     }
@@ -107,6 +107,18 @@ test_that("pairwise-complete on random data: searches, a graph, devices", {
     expect_error(knnSearch(x, k = 5, use = "pairwise.complete.obs",
                            device = "gpu", devices = count),
                  "'devices' must be NULL or distinct GPU ids")
+})
+
+test_that("all keys kept on the device, asked for in two blocks of rows", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## 16000 nodes x 160: every key fits on the device (2 GB), and the
+    ## pair visits (knn_coexpr.c's KNN_PW_GPU_VISITS) part the rows into two
+    ## blocks, whose later rows take their keys with earlier nodes from
+    ## the first block's mirrored writes.
+    x <- randomMatrix(16000, 160, 90)
+    x[sample(length(x), 0.05 * length(x))] <- NA
+    gpu <- expectPairwiseGpu(x, 10, "pearson", label = "two blocks")
+    expect_lt(attr(gpu, "timings")$row_tile, nrow(x))
 })
 
 test_that("a GPU memory budget of a few rows: many chunks, the same bits", {
