@@ -154,7 +154,8 @@ int knn_threads_fitting(int threads, double bytes_each, double share)
 /* Counting this process's runnable threads reads one file per thread
  * (tens of them with OpenMP and BLAS workers), a cost a small search on
  * the GPU would pay in each step that asks for threads; those steps
- * follow each other closely, so a count this recent is taken again. */
+ * follow each other closely, so a count this recent is taken again where
+ * the system's runnable count is still the one it was taken beside. */
 #define KNN_OWN_RUNNABLE_SECONDS 0.02
 
 /* This process's runnable threads, the calling one included, counted up
@@ -183,20 +184,26 @@ static int knn_own_runnable_now(int most)
     return count > 1 ? count : 1;
 }
 
-/* knn_own_runnable_now, or its count of the last
- * KNN_OWN_RUNNABLE_SECONDS. */
-static int knn_own_runnable(int most)
+/* knn_own_runnable_now up to `running`, the system's runnable threads,
+ * or its count of the last KNN_OWN_RUNNABLE_SECONDS where that was taken
+ * beside the same system count. A count taken before a parallel region
+ * does not stand for the time after it, when the region's workers still
+ * spin: the system's count has grown by them, and they are counted
+ * again. */
+static int knn_own_runnable(int running)
 {
     static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
     static double taken = -1.0;
-    static int count = 1;
+    static int count = 1, beside = 0;
     double now = knn_seconds();
     pthread_mutex_lock(&lock);
-    if (taken < 0.0 || now - taken > KNN_OWN_RUNNABLE_SECONDS) {
-        count = knn_own_runnable_now(most);
+    if (taken < 0.0 || now - taken > KNN_OWN_RUNNABLE_SECONDS ||
+        running != beside) {
+        count = knn_own_runnable_now(running);
         taken = now;
+        beside = running;
     }
-    int own = count < most ? count : most;
+    int own = count < running ? count : running;
     pthread_mutex_unlock(&lock);
     return own;
 }

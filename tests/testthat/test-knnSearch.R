@@ -732,6 +732,35 @@ test_that("the search's own spinning threads do not count as load", {
     expect_gt(max(threads), 1L)
 })
 
+test_that("a count of the search's own threads is not taken again stale", {
+    skip_on_os("windows")
+    skip_if_not(file.exists("/proc/loadavg"))
+    skip_if_not_installed("ALL")
+    cores <- parallel::detectCores()
+    skip_if(is.na(cores) || cores < 2L, "one core")
+    load <- as.numeric(strsplit(readLines("/proc/loadavg"), " ")[[1L]][1L])
+    skip_if(load >= cores - 0.5, "a busy machine")
+    ## On ALL with missing values the pairwise-complete search counts its
+    ## threads just after a parallel region of the R layer: a count of
+    ## this process's runnable threads taken before that region, while its
+    ## workers slept, left every search one thread once they spun.
+    code <- c(
+        "suppressPackageStartupMessages(library(ALL))",
+        "data(ALL, envir = environment())",
+        "h <- Biobase::exprs(ALL)",
+        "set.seed(20261126)",
+        "h[sample(length(h), round(0.05 * length(h)))] <- NA",
+        "for (i in 1:5) {",
+        "    r <- knnSearch(h, k = 10, device = 'cpu', progress = FALSE,",
+        "                   use = 'pairwise.complete.obs')",
+        "    cat('PAIRWISE', attr(r, 'device'), '\\n')",
+        "}")
+    out <- grep("^PAIRWISE", rscriptOutput(code), value = TRUE)
+    expect_length(out, 5L)
+    threads <- as.integer(sub(".* cpu \\(([0-9]+) threads.*", "\\1", out))
+    expect_gt(max(threads), 1L)
+})
+
 test_that("under an address-space limit a search ends or names what to lower", {
     skip_if_not(file.exists("/proc/self/status"))
     ## The sanitizers' shadow memory cannot live under a limit.
