@@ -743,22 +743,24 @@ test_that("a count of the search's own threads is not taken again stale", {
     ## On ALL with missing values the pairwise-complete search counts its
     ## threads just after a parallel region of the R layer: a count of
     ## this process's runnable threads taken before that region, while its
-    ## workers slept, left every search one thread once they spun.
+    ## workers slept, left nearly every search one thread once they spun
+    ## (at most 2 of 10 had two). Other processes may take a core at some
+    ## searches, not at most of them on a machine whose load leaves one.
     code <- c(
         "suppressPackageStartupMessages(library(ALL))",
         "data(ALL, envir = environment())",
         "h <- Biobase::exprs(ALL)",
         "set.seed(20261126)",
         "h[sample(length(h), round(0.05 * length(h)))] <- NA",
-        "for (i in 1:5) {",
+        "for (i in 1:10) {",
         "    r <- knnSearch(h, k = 10, device = 'cpu', progress = FALSE,",
         "                   use = 'pairwise.complete.obs')",
         "    cat('PAIRWISE', attr(r, 'device'), '\\n')",
         "}")
     out <- grep("^PAIRWISE", rscriptOutput(code), value = TRUE)
-    expect_length(out, 5L)
+    expect_length(out, 10L)
     threads <- as.integer(sub(".* cpu \\(([0-9]+) threads.*", "\\1", out))
-    expect_gt(max(threads), 1L)
+    expect_gte(sum(threads > 1L), 4L)
 })
 
 test_that("under an address-space limit a search ends or names what to lower", {
