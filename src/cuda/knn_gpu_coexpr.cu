@@ -58,6 +58,7 @@ struct knn_pw_gpu {
     int whole;               /* a self search whose keys all stay on the
                                 device (keys: n_ref x n_ref), each pair
                                 keyed once (knn_pw_keys' mirror) */
+    int next_row;            /* whole: the first row not yet asked for */
     void *block;             /* the one device allocation of: */
     double *ref;             /* p x n_ref, node by node */
     double *ref_t;           /* n_ref x p, feature by feature */
@@ -461,11 +462,19 @@ static knn_status knn_pw_chunk(knn_pw_gpu *gpu, int first, int n, int at,
 extern "C" knn_status knn_gpu_pw_start(knn_pw_gpu *gpu, int first, int rows,
                                        char *message)
 {
+    /* A row kept whole takes its keys with earlier nodes from the
+     * mirrored writes of the rows before it: those rows must have been
+     * asked for first. */
+    if (gpu->whole && first != gpu->next_row)
+        return knn_gpu_fail(message, KNN_E_INVALID, "GPU keys",
+                            "rows asked for out of order", __FILE__,
+                            __LINE__);
     KNN_CUDA_TRY(message, cudaSetDevice(gpu->device));
     for (int at = 0; at < rows; at += gpu->chunk) {
         int n = rows - at < gpu->chunk ? rows - at : gpu->chunk;
         KNN_TRY(knn_pw_chunk(gpu, first + at, n, at, message));
     }
+    gpu->next_row = first + rows;
     KNN_CUDA_TRY(message, cudaEventRecord(gpu->done, gpu->ctx->stream));
     return KNN_OK;
 }

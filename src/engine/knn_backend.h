@@ -90,8 +90,11 @@ knn_status knn_gpu_pw_open(const knn_pw_gpu_request *req, knn_pw_gpu **gpu,
                            knn_pw_gpu_rows *host, int *chunk_rows,
                            knn_report *report);
 /* Queues the best k of rows [first, first + rows) (query nodes, or
- * reference nodes for a NULL query) into the host buffer. Returns at
- * once; KNN_OK, or an error with message (512 bytes) set. */
+ * reference nodes for a NULL query) into the host buffer. A self search
+ * asks for its rows in order, from row 0, each once (a device that keeps
+ * all its keys fills a row's keys with earlier nodes while keying those
+ * nodes' rows; KNN_E_INVALID otherwise). Returns at once; KNN_OK, or an
+ * error with message (512 bytes) set. */
 knn_status knn_gpu_pw_start(knn_pw_gpu *gpu, int first, int rows,
                             char *message);
 /* Waits up to ms milliseconds for the rows queued last: *done is 1 once

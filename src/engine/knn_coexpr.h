@@ -103,12 +103,12 @@ static inline void knn_pw_no_fit(char *message, size_t size, double bytes,
                                  int k)
 {
     snprintf(message, size, "the nodes (%.1f MB) and one row of keys "
-             "(%.1f MB) do not fit the %.1f MB of GPU memory allowed: raise "
+             "(%.1f KB) do not fit the %.1f MB of GPU memory allowed: raise "
              "options(knngpu.gpu.memory), free GPU memory, or use device = "
              "\"cpu\"",
              (2.0 * n_ref + n_query) * knn_pw_node_bytes(p, bicor) /
                  1048576.0,
-             (8.0 * n_ref + 24.0 * k) / 1048576.0, bytes / 1048576.0);
+             (8.0 * n_ref + 24.0 * k) / 1024.0, bytes / 1048576.0);
 }
 
 /* Finds each query node's k best reference nodes by the pairwise-complete

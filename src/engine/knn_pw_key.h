@@ -25,9 +25,9 @@
 #include "knn_metric.h"
 
 /* Whether value x is missing (NaN; the values keyed here are never
- * infinite, so an exponent of all ones means NaN): on a GPU from the
- * exponent's bits on the integer units, which leaves the float64 units to
- * the sums. */
+ * infinite, knn_pairwise_search refusing them first, so an exponent of
+ * all ones means NaN): on a GPU from the exponent's bits on the integer
+ * units, which leaves the float64 units to the sums. */
 #if defined(__CUDA_ARCH__)
 #define KNN_PW_MISSING(x) ((__double2hiint(x) & 0x7ff00000) == 0x7ff00000)
 #else

@@ -160,7 +160,7 @@ test_that("a GPU memory budget of a few rows: many chunks, the same bits", {
     options(knngpu.gpu.memory = chunkBudget(0.5))
     expect_error(knnSearch(x, k = 10, use = "pairwise.complete.obs",
                            device = "gpu", progress = FALSE),
-                 "one row of keys \\(0.0 MB\\) do not fit the 1.4 MB of GPU")
+                 "one row of keys \\(23.7 KB\\) do not fit the 1.4 MB of GPU")
     expect_identical(gpuFreeBytes(), before)
 })
 
