@@ -70,7 +70,7 @@ struct knn_pw_gpu {
                                 nodes */
     double *query_imax;
     int *query_order, *query_present;
-    unsigned long long *keys; /* chunk x n_ref */
+    unsigned long long *keys; /* chunk x n_ref; whole: n_ref x n_ref */
     unsigned long long *pick_key; /* chunk x k: rows' best k, unordered */
     int *pick_j;
     int *best_j;             /* chunk x k: rows' best k, in order */

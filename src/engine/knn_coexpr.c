@@ -248,8 +248,17 @@ static void knn_pw_offer(knn_pw_thread *t, int k, double d, int j)
     knn_pw_sift_down(t, 0);
 }
 
+/* Writes reference node j (0-based; < 0: no neighbour, KNN_NO_NODE and
+ * NaN) at distance d into place `at` of out. */
+static void knn_pw_put(knn_result *out, size_t at, int j, double d)
+{
+    out->index[at] = j < 0 ? KNN_NO_NODE : j + out->index_base;
+    out->distance[at] = j < 0 ? NAN : d;
+    out->weight[at] = j < 0 ? NAN : 1.0 - d;
+}
+
 /* Writes the row's best k (the heap, emptied) to query node qi's places
- * in order; places beyond the heap's size get KNN_NO_NODE. */
+ * in order; places beyond the heap's size get no neighbour. */
 static void knn_pw_write(const knn_pairwise_request *req, knn_pw_thread *t,
                          int qi, knn_result *out, int n_query)
 {
@@ -257,14 +266,10 @@ static void knn_pw_write(const knn_pairwise_request *req, knn_pw_thread *t,
         size_t at = knn_result_at(out, (size_t)n_query, req->k, (size_t)qi,
                                   slot);
         if (slot >= t->size) {
-            out->index[at] = KNN_NO_NODE;
-            out->distance[at] = NAN;
-            out->weight[at] = NAN;
+            knn_pw_put(out, at, -1, NAN);
             continue;
         }
-        out->index[at] = t->heap_j[0] + out->index_base;
-        out->distance[at] = t->heap_d[0];
-        out->weight[at] = 1.0 - t->heap_d[0];
+        knn_pw_put(out, at, t->heap_j[0], t->heap_d[0]);
         t->size--;
         t->heap_d[0] = t->heap_d[t->size];
         t->heap_j[0] = t->heap_j[t->size];
@@ -1124,11 +1129,7 @@ static void knn_pw_gpu_write(const knn_pairwise_request *req,
             size_t from = (size_t)(qi - first) * req->k + slot;
             size_t at = knn_result_at(out, (size_t)n_query, req->k,
                                       (size_t)qi, slot);
-            int j = rows->index[from];
-            double d = rows->distance[from];
-            out->index[at] = j < 0 ? KNN_NO_NODE : j + out->index_base;
-            out->distance[at] = j < 0 ? NAN : d;
-            out->weight[at] = j < 0 ? NAN : 1.0 - d;
+            knn_pw_put(out, at, rows->index[from], rows->distance[from]);
         }
     }
 }

@@ -44,23 +44,21 @@ KNN_HD static inline int knn_pw_exact_pair(int p, double ia, double ib)
                67108864.0;
 }
 
-/* Pearson (centred) or cosine of two nodes of integers over their count
- * shared features, from sums that are exact: r = sign(S) sqrt(S^2 / (Ca
- * Cb)) with S = n sxy - sx sy and C = n sxx - sx^2 (cosine: sxy, sxx,
- * syy), so correlations equal in exact arithmetic are equal bit for bit.
- * NaN where undefined. */
+/* Pearson (centred) or cosine of two nodes of integers over their n
+ * shared features, whose sums sa and sb are given, from sums that are
+ * exact: r = sign(S) sqrt(S^2 / (Ca Cb)) with S = n sxy - sx sy and C =
+ * n sxx - sx^2 (cosine: sxy, sxx, syy), so correlations equal in exact
+ * arithmetic are equal bit for bit. NaN where undefined. */
 KNN_HD static inline double knn_pw_corr_integers(const double *a,
                                                  size_t sa_, const double *b,
                                                  size_t sb_, int p,
-                                                 int centred)
+                                                 int centred, double n,
+                                                 double sa, double sb)
 {
-    double n = 0.0, sa = 0.0, sb = 0.0, saa = 0.0, sbb = 0.0, sab = 0.0;
+    double saa = 0.0, sbb = 0.0, sab = 0.0;
     for (int f = 0; f < p; f++) {
         double x = a[(size_t)f * sa_], y = b[(size_t)f * sb_];
         if (KNN_PW_MISSING(x) || KNN_PW_MISSING(y)) continue;
-        n = KNN_ADD(n, 1.0);
-        sa = KNN_ADD(sa, x);
-        sb = KNN_ADD(sb, y);
         saa = KNN_ADD(saa, KNN_MUL(x, x));
         sbb = KNN_ADD(sbb, KNN_MUL(y, y));
         sab = KNN_ADD(sab, KNN_MUL(x, y));
@@ -95,7 +93,8 @@ KNN_HD static inline double knn_pw_corr(const double *a, size_t sa_,
     }
     if (count < min_shared || count == 0) return NAN;
     if (knn_pw_exact_pair(p, ia, ib))
-        return knn_pw_corr_integers(a, sa_, b, sb_, p, centred);
+        return knn_pw_corr_integers(a, sa_, b, sb_, p, centred,
+                                    (double)count, sa, sb);
     double ma = centred ? KNN_DIV(sa, (double)count) : 0.0;
     double mb = centred ? KNN_DIV(sb, (double)count) : 0.0;
     double sab = 0.0, saa = 0.0, sbb = 0.0;
@@ -181,11 +180,14 @@ KNN_HD static inline double knn_pw_mad(const double *x, size_t sx,
         double du = up < len
             ? fabs(KNN_SUB(x[(size_t)ord[(size_t)up * so] * sx], med))
             : INFINITY;
-        double d = dd <= du ? dd : du;
-        if (dd <= du) down--;
-        else up++;
         lower = upper;
-        upper = d;
+        if (dd <= du) {
+            upper = dd;
+            down--;
+        } else {
+            upper = du;
+            up++;
+        }
     }
     return knn_pw_middle(count, lower, upper);
 }
