@@ -132,12 +132,13 @@ knn_status knn_usable_devices(const int *devices, int n_devices,
     if (usable.empty()) {
         snprintf(rep->message, sizeof rep->message,
                  "no usable GPU: none of the devices has compute capability "
-                 "8.0 or newer");
+                 "%d.0 or newer", KNN_MIN_MAJOR);
         return KNN_E_NOGPU;
     }
     if (n_devices > 0 && usable.size() != ids.size()) {
         snprintf(rep->message, sizeof rep->message,
-                 "a GPU in 'devices' has compute capability below 8.0");
+                 "a GPU in 'devices' has compute capability below %d.0",
+                 KNN_MIN_MAJOR);
         return KNN_E_NOGPU;
     }
     ids = usable;
