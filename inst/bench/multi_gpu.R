@@ -1,29 +1,32 @@
 ## Several GPUs against one: the Euclidean graph (k = 15) of N(0,1) nodes
-## x 50 features on the first GPU and on every GPU, with the edges checked
-## identical, end to end (R matrix in, edge data.frame out).
+## x 50 features on 1, 2, 4, ... of the host's GPUs, with the edges checked
+## identical to one GPU's, end to end (R matrix in, edge data.frame out),
+## and the engine's phases.
 ##
 ## Usage, on a machine with two or more GPUs, from the repository root,
 ## with knngpu installed in R_LIBS:
-##   Rscript inst/bench/multi_gpu.R [--n=1e6,4e6]
+##   Rscript inst/bench/multi_gpu.R [--n=1e6,4e6] [--devices=1,2,4]
+##   --devices  how many GPUs each run takes (the first ones listed by
+##              gpuInfo(); counts beyond the host's are skipped)
 ##
 ## Times: the median of 3 runs where one GPU takes under 5 s, else one
 ## run, after a small search that loads every device. The speed-up is one
-## GPU's time over all of theirs; "each pair once" says whether each
-## search computed each pair once (one GPU's walk, then the walk the GPUs
-## share).
+## GPU's time over that count's; "each pair once" says whether the search
+## computed each pair once (on one GPU, or in the walk the GPUs share).
+## Phases (milliseconds, from the last run's timings): setup, prepare
+## (upload and node preparation), search (candidates), re-rank and
+## copy-out; "R" is what the end-to-end time adds to the engine's.
 
 suppressPackageStartupMessages(library(knngpu))
+source("tools/args.R")
 
-args <- commandArgs(trailingOnly = TRUE)
-argValue <- function(name, default) {
-    hit <- grep(paste0("^--", name, "="), args, value = TRUE)
-    if (length(hit)) sub(paste0("^--", name, "="), "", hit[1L]) else default
-}
 sizes <- as.numeric(strsplit(argValue("n", "1e6,4e6"), ",")[[1L]])
 ids <- gpuInfo()$devices$id
-stopifnot(length(ids) >= 2L)
+counts <- as.integer(strsplit(argValue("devices", "1,2,4"), ",")[[1L]])
+counts <- counts[counts <= length(ids)]
+stopifnot(length(ids) >= 2L, 1L %in% counts)
 
-## Seconds of `reps` graphs on `devices` (the median), and the last graph.
+## `reps` graphs on `devices`: the median seconds and the last graph.
 timeGraph <- function(x, devices, reps) {
     graph <- NULL
     seconds <- vapply(seq_len(reps), function(r) {
@@ -35,27 +38,41 @@ timeGraph <- function(x, devices, reps) {
     list(seconds = stats::median(seconds), graph = graph)
 }
 
+## The phases of a graph's search, milliseconds.
+phases <- function(graph, seconds) {
+    tm <- attr(graph, "timings")
+    engine <- tm$seconds_setup + tm$seconds_prepare + tm$seconds_search +
+        tm$seconds_rerank + tm$seconds_collect
+    sprintf("%.0f / %.0f / %.0f / %.0f / %.0f / %.0f",
+            1000 * tm$seconds_setup, 1000 * tm$seconds_prepare,
+            1000 * tm$seconds_search, 1000 * tm$seconds_rerank,
+            1000 * tm$seconds_collect, 1000 * (seconds - engine))
+}
+
 set.seed(11)
 cat(sprintf("%s; %s\n", paste(gpuInfo()$devices$name, collapse = ", "),
             format(Sys.time(), "%Y-%m-%d %H:%M UTC", tz = "UTC")))
-cat("| n | 1 GPU s | all GPUs s | speed-up | edges identical |",
-    "each pair once |\n")
-cat("|---:|---:|---:|---:|---|---|\n")
-pairsOnce <- function(graph) isTRUE(attr(graph, "timings")$pairs_once)
+cat("| n | GPUs | s | speed-up | edges identical | each pair once |",
+    "setup / prepare / search / re-rank / copy-out / R, ms |\n")
+cat("|---:|---:|---:|---:|---|---|---|\n")
+columns <- c("from", "to", "weight", "distance", "rank")
 for (n in sizes) {
     x <- matrix(rnorm(50 * n), 50)
     invisible(knnSearch(x[, seq_len(5000)], k = 15, by = "columns",
                         device = "gpu", devices = ids, progress = FALSE))
     one <- timeGraph(x, ids[1L], 1L)
     reps <- if (one$seconds < 5) 3L else 1L
-    if (reps > 1L) one <- timeGraph(x, ids[1L], reps)
-    all <- timeGraph(x, ids, reps)
-    columns <- c("from", "to", "weight", "distance", "rank")
-    same <- identical(unclass(one$graph)[columns],
-                      unclass(all$graph)[columns])
-    cat(sprintf("| %g | %.3f | %.3f | %.2f | %s | %s / %s |\n", n,
-                one$seconds, all$seconds, one$seconds / all$seconds, same,
-                pairsOnce(one$graph), pairsOnce(all$graph)))
-    rm(x, one, all)
+    for (count in counts) {
+        run <- if (count == 1L && reps == 1L) one
+               else timeGraph(x, ids[seq_len(count)], reps)
+        if (count == 1L) one <- run
+        same <- identical(unclass(one$graph)[columns],
+                          unclass(run$graph)[columns])
+        cat(sprintf("| %g | %d | %.3f | %.2f | %s | %s | %s |\n", n, count,
+                    run$seconds, one$seconds / run$seconds, same,
+                    isTRUE(attr(run$graph, "timings")$pairs_once),
+                    phases(run$graph, run$seconds)))
+    }
+    rm(x, one, run)
     invisible(gc())
 }

@@ -389,6 +389,34 @@ static knn_status knn_dev_choose_path(knn_gpu_dev *d)
  * search walks plain. */
 #define KNN_PAIRS_MIN_TILE_ROWS 128
 
+/* The entries of a shared walk's list of a node, whose arrays must fit
+ * in `room` bytes; 0 where none do. A list holds the node's candidates
+ * and then a tile's offers, judged against a threshold from fewer nodes,
+ * whose band of margins holds more of them: at first about as many
+ * again, so the lists hold twice a row's slots (lists of 2k + 256
+ * overflow with the second tile's offers in inst/bench/pairs.R's k = 100
+ * cases). Where those do not fit (tens of millions of nodes), they hold
+ * half as many, and half again, down to KNN_PAIRS_MIN_CAP: a list that
+ * overflows makes the search leave the walk (the same bits), which
+ * happens, if at all, in the first tiles, whose thresholds are the
+ * loosest. Halving, rather than taking whatever fits, lets devices of one
+ * kind plan lists alike, which a walk they share needs (knn_team_alike),
+ * though their free memory differs a little. */
+#define KNN_PAIRS_MIN_CAP(k) (4 * (k) + 64)
+static int knn_dev_list_cap(const knn_gpu_dev *d, int slots, int avail,
+                            double room)
+{
+    int k = d->req->k;
+    int least = KNN_PAIRS_MIN_CAP(k) < avail ? KNN_PAIRS_MIN_CAP(k) : avail;
+    for (int cap = 2 * slots < avail ? 2 * slots : avail;; cap /= 2) {
+        if (cap < least) cap = least;
+        if (knn_pairs_bytes(d->req->n_ref, k, cap,
+                            knn_dev_stage_nodes(d, cap)) <= room)
+            return cap;
+        if (cap == least) return 0;
+    }
+}
+
 /* The search is planned again without a shared walk. */
 static knn_status knn_dev_refuse_pairs(knn_gpu_dev *d)
 {
@@ -412,19 +440,16 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
     KNN_TRY(knn_device_budget(req->memory_bytes, &budget, d->message));
     double per_row = knn_row_bytes(knn_dev_panel_ld(d), slots, surv_slots,
                                    k);
-    /* A shared walk's per-node arrays come out of the same budget. A
-     * node's list holds its candidates and then a tile's offers, judged
-     * against a threshold from fewer nodes, whose band of margins holds
-     * more of them: at first about as many again, so the lists hold twice
-     * a row's slots (lists of 2k + 256 overflow with the second tile's
-     * offers in inst/bench/pairs.R's k = 100 cases). */
+    /* A shared walk's per-node arrays come out of the same budget, with
+     * room left for a block of rows. */
     int pairs = knn_dev_wants_pairs(d, 0);
-    int list_cap = 2 * slots < avail ? 2 * slots : avail;
-    int stage_nodes = knn_dev_stage_nodes(d, list_cap);
+    int list_cap = 0, stage_nodes = 0;
     if (pairs) {
+        list_cap = knn_dev_list_cap(d, slots, avail,
+                                    budget - KNN_PAIRS_MIN_TILE_ROWS * per_row);
+        if (list_cap == 0) return knn_dev_refuse_pairs(d);
+        stage_nodes = knn_dev_stage_nodes(d, list_cap);
         budget -= knn_pairs_bytes(req->n_ref, k, list_cap, stage_nodes);
-        if (budget < KNN_PAIRS_MIN_TILE_ROWS * per_row)
-            return knn_dev_refuse_pairs(d);
     }
     double rows = budget / per_row;
     /* A fused tile keeps at least one full wave of blocks, however wide

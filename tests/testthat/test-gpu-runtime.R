@@ -151,8 +151,15 @@ test_that("a self search on one GPU computes each pair once, same bits", {
         expect_identical(pairsOnce(got$gpu), k <= 128, label = paste("k", k))
     }
     ## A budget that holds the per-node arrays (13 MB at k = 32) but not
-    ## a block of rows beside them: the search walks plain.
+    ## a block of rows beside them: the walk takes lists of half as many
+    ## entries (7 MB). One that holds not even the shortest lists (4 MB):
+    ## the search walks plain.
     withOptions(list(knngpu.gpu.memory = 1.4e7), {
+        got <- expectGpuIdentical(x, 32, "euclidean", label = "pairs halved",
+                                  devices = 0)
+    })
+    expect_true(pairsOnce(got$gpu))
+    withOptions(list(knngpu.gpu.memory = 4e6), {
         got <- expectGpuIdentical(x, 32, "euclidean", label = "pairs budget",
                                   devices = 0)
     })
@@ -187,6 +194,15 @@ test_that("a self search on one GPU computes each pair once, same bits", {
         expect_true(pairsOnce(all))
         expect_identical(all$index, one$index)
         expect_identical(all$distance, one$distance)
+        ## Lists of half as many entries, alike on every GPU.
+        withOptions(list(knngpu.gpu.memory = 1.4e7), {
+            halved <- knnSearch(x, k = 32, device = "gpu", devices = ids,
+                                progress = FALSE)
+        })
+        one <- knnSearch(x, k = 32, device = "cpu", progress = FALSE)
+        expect_true(pairsOnce(halved))
+        expect_identical(halved$index, one$index)
+        expect_identical(halved$distance, one$distance)
     }
 })
 
