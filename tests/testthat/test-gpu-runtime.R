@@ -641,12 +641,15 @@ test_that("fused tiles run again for their slots keep the bits", {
     ## thresholds starting at the bounds of the first run. Its candidates,
     ## and so the bits, are the first run's, for a graph and a query
     ## search.
+    ## One GPU: several split the rows, and each device's tiles judge
+    ## local frames for themselves.
     x <- shapeData("cellpcs", 60000, seed = 44)
-    got <- expectGpuIdentical(x, 15, "euclidean", label = "local redo")
+    got <- expectGpuIdentical(x, 15, "euclidean", label = "local redo",
+                              devices = 0)
     expect_match(attr(got$gpu, "precision"), "tf32 tiles in local frames")
     q <- x[seq(1, 60000, by = 6), ] + 1e-3
     expectGpuIdentical(x, 15, "euclidean", query = q,
-                       label = "local redo query")
+                       label = "local redo query", devices = 0)
 })
 
 test_that("TF32 candidates are rescored in float32 before the re-rank", {
