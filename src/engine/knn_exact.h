@@ -479,10 +479,24 @@ KNN_HD static inline double knn_frame_distance(knn_metric m, double score,
  * of scores reports one value (rows at 1e-300, squared distances past
  * 1e308); that range's edge gets a factor of 4 to spare for the rounding
  * at the subnormal boundary. */
+/* Whether a distance metric's score, in the frame scaled by
+ * 2^scale_exp, reports a normal distance for certain: within these
+ * bounds the distance lies between 2^-964 and 2^964 for every metric, so
+ * knn_key_tie_top needs no square root or scaling to know it. Candidate
+ * bounds tighten once per better offer, and this is their common case. */
+KNN_HD static inline int knn_score_far_from_range_edges(double key,
+                                                        int scale_exp)
+{
+    return key >= 0x1p-900 && key <= 0x1p900 && scale_exp >= -32 &&
+           scale_exp <= 32;
+}
+
 KNN_HD static inline double knn_key_tie_top(knn_metric m, double key,
                                             int scale_exp)
 {
     if (knn_is_correlation(m)) return key + 16.0 * KNN_U64;
+    if (knn_score_far_from_range_edges(key, scale_exp))
+        return m == KNN_EUCLIDEAN ? key * (1.0 + 8.0 * KNN_U64) : key;
     double d = knn_frame_distance(m, key > 0.0 ? key : 0.0, scale_exp);
     if (d > DBL_MAX) return INFINITY;
     if (d >= DBL_MIN)
