@@ -690,3 +690,23 @@ test_that("correlations give TF32 up for split TF32 where candidates explode", {
     expect_match(attr(got$gpu, "precision"), "^tf32, then tf32x3")
     expect_lt(attr(got$gpu, "timings")$candidates, 40)
 })
+
+test_that("rows of tens of thousands of candidates keep the bits", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## Heavy tails and five nodes a thousand times further out: those
+    ## nodes' margins hold every node, 40000 candidates a row, whose keys
+    ## many warps of the re-rank share (KNN_KEY_SPAN slots each); the
+    ## rows beside them in one tile keep their own.
+    set.seed(71)
+    x <- matrix(rt(40000 * 20, df = 2), 40000)
+    x[c(1, 777, 20000, 39999, 40000), ] <-
+        x[c(1, 777, 20000, 39999, 40000), ] * 1000
+    got <- expectGpuIdentical(x, 10, "euclidean", label = "outliers",
+                              devices = 0)
+    ## The five rows' 200000 candidates lift the mean past 15: the case
+    ## this test is for.
+    expect_gt(attr(got$gpu, "timings")$candidates, 15)
+    expectGpuIdentical(x, 10, "sqeuclidean", label = "outliers",
+                       devices = 0)
+    expectGpuIdentical(x, 10, "pearson", label = "outliers", devices = 0)
+})
