@@ -1,11 +1,8 @@
 /*
  * knn_gpu_rerank.cu: the exact float64 ranking of a row tile's candidates.
  *
- * 1. Keys: one warp per KNN_KEY_SPAN consecutive slots of the tile (the
- *    rows they fall in, one after another; a row of many candidates, an
- *    outlier's, spread over many warps), a lane per candidate slot, 32
- *    slots at a time. Each lane computes its candidate's canonical key as
- *    the C
+ * 1. Keys: one warp per query row, a lane per candidate slot, 32 slots at
+ *    a time. Each lane computes its candidate's canonical key as the C
  *    engine does (knn_key_corr_of_dot over knn_dot_more, or
  *    knn_key_dist_more and knn_key_dist_finish over the nodes as given, of
  *    knn_exact.h: sequential over the features, rounded operations), so
@@ -34,13 +31,8 @@
 #include <cub/device/device_segmented_sort.cuh>
 #include "knn_gpu_score.cuh"
 
-#define KNN_KEY_WARPS 4  /* spans per block */
+#define KNN_KEY_WARPS 4  /* rows per block */
 #define KNN_KEY_CHUNK 32 /* features staged at a time */
-/* Slots a warp keys: enough that its walk outweighs finding its first
- * row, few enough that a row of a hundred thousand candidates (a node far
- * out in a heavy tail, whose margin holds most nodes) spreads over a
- * hundred warps instead of keeping one busy while the tile waits. */
-#define KNN_KEY_SPAN 1024
 #define KNN_OUT_THREADS 256
 #define KNN_SORT_SHORT 1024 /* slots a row sorted in shared memory holds */
 #define KNN_SORT_THREADS 128
@@ -59,30 +51,21 @@ __device__ __forceinline__ void knn_key_stage(double (*tile)[KNN_KEY_CHUNK + 1],
     }
 }
 
-/* The last row whose slots begin at or before slot s. */
-__device__ __forceinline__ int knn_row_at_slot(const int *offsets, int rows,
-                                               int s)
+__global__ static void __launch_bounds__(KNN_KEY_WARPS * 32)
+knn_key_kernel(knn_rerank_args a)
 {
-    int lo = 0, hi = rows - 1;
-    while (lo < hi) {
-        int mid = (lo + hi + 1) / 2;
-        if (offsets[mid] <= s) lo = mid;
-        else hi = mid - 1;
-    }
-    return lo;
-}
-
-/* Keys of the candidates in slots [lo, hi) of row r, 32 at a time. */
-__device__ __forceinline__ void knn_key_slots(const knn_rerank_args &a,
-                                              double (*tile)[KNN_KEY_CHUNK + 1],
-                                              int r, int lo, int hi, int lane)
-{
+    __shared__ double stage[KNN_KEY_WARPS][32][KNN_KEY_CHUNK + 1];
     const knn_gpu_nodes *nd = &a.nodes;
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    int r = blockIdx.x * KNN_KEY_WARPS + warp;
+    if (r >= a.rows) return; /* the whole warp: only warp syncs below */
+    double (*tile)[KNN_KEY_CHUNK + 1] = stage[warp];
     int p = nd->p, i = a.row_nodes ? a.row_nodes[r] : a.row_node0 + r;
     const double *xi = nd->exact + (size_t)i * p;
     int corr = knn_is_correlation(a.metric);
-    for (int s0 = lo; s0 < hi; s0 += 32) {
-        int n = min(32, hi - s0), s = s0 + lane;
+    int end = a.seg_end[r];
+    for (int s0 = a.offsets[r]; s0 < end; s0 += 32) {
+        int n = min(32, end - s0), s = s0 + lane;
         int j = lane < n ? a.cand_index[s] : 0;
         double dot = 0.0; /* correlations: the dot product */
         knn_dist_acc acc = {0.0}; /* distances: the plain sum */
@@ -108,22 +91,6 @@ __device__ __forceinline__ void knn_key_slots(const knn_rerank_args &a,
         a.cand_key[s] = key;
         a.sort_key[s] = knn_order_bits64(knn_key_distance(a.metric, key));
         a.sort_val[s] = s;
-    }
-}
-
-__global__ static void __launch_bounds__(KNN_KEY_WARPS * 32)
-knn_key_kernel(knn_rerank_args a)
-{
-    __shared__ double stage[KNN_KEY_WARPS][32][KNN_KEY_CHUNK + 1];
-    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    long long c0 = ((long long)blockIdx.x * KNN_KEY_WARPS + warp) *
-                   KNN_KEY_SPAN;
-    if (c0 >= a.n_slots) return; /* the whole warp: only warp syncs below */
-    int c1 = (int)min(c0 + KNN_KEY_SPAN, (long long)a.n_slots);
-    for (int r = knn_row_at_slot(a.offsets, a.rows, (int)c0);
-         r < a.rows && a.offsets[r] < c1; r++) {
-        int lo = max(a.offsets[r], (int)c0), hi = min(a.seg_end[r], c1);
-        if (lo < hi) knn_key_slots(a, stage[warp], r, lo, hi, lane);
     }
 }
 
@@ -213,11 +180,8 @@ knn_status knn_rerank_sort_bytes(int64_t n_slots, int rows, size_t *bytes,
 knn_status knn_rerank(const knn_rerank_args *a, char *message,
                       cudaStream_t stream)
 {
-    int64_t spans = (a->n_slots + KNN_KEY_SPAN - 1) / KNN_KEY_SPAN;
-    if (spans > 0)
-        knn_key_kernel<<<(unsigned)((spans + KNN_KEY_WARPS - 1) /
-                                    KNN_KEY_WARPS),
-                         KNN_KEY_WARPS * 32, 0, stream>>>(*a);
+    knn_key_kernel<<<(a->rows + KNN_KEY_WARPS - 1) / KNN_KEY_WARPS,
+                     KNN_KEY_WARPS * 32, 0, stream>>>(*a);
     KNN_LAUNCH_TRY(message, "knn_key_kernel");
     size_t temp_bytes = 0;
     KNN_TRY(knn_rerank_sort_bytes(a->n_slots, a->rows, &temp_bytes, message));

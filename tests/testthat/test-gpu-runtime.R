@@ -694,9 +694,9 @@ test_that("correlations give TF32 up for split TF32 where candidates explode", {
 test_that("rows of tens of thousands of candidates keep the bits", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     ## Heavy tails and five nodes a thousand times further out: those
-    ## nodes' margins hold every node, 40000 candidates a row, whose keys
-    ## many warps of the re-rank share (KNN_KEY_SPAN slots each); the
-    ## rows beside them in one tile keep their own.
+    ## nodes' margins hold every node, 40000 candidates a row, past their
+    ## tiles' uniform slots, so that their tiles run again with each row's
+    ## exact slots; the rows beside them in one tile keep their own.
     set.seed(71)
     x <- matrix(rt(40000 * 20, df = 2), 40000)
     x[c(1, 777, 20000, 39999, 40000), ] <-
