@@ -470,15 +470,6 @@ KNN_HD static inline double knn_frame_distance(knn_metric m, double score,
     return ldexp(score, scale_exp);
 }
 
-/* The largest score, in the frame of the fast vectors, whose exact value
- * can report the distance that `key` (a score there) does: beyond it the
- * reported distance is larger. Rounding makes this a band: sqrt and 1 - r
- * round distinct values together (relative 4 units for the square root,
- * 8 absolute for correlations, doubled here), and where the reported
- * distance underflows (to subnormals or zero) or overflows, a whole range
- * of scores reports one value (rows at 1e-300, squared distances past
- * 1e308); that range's edge gets a factor of 4 to spare for the rounding
- * at the subnormal boundary. */
 /* Whether a distance metric's score, in the frame scaled by
  * 2^scale_exp, reports a normal distance for certain: within these
  * bounds the distance lies between 2^-964 and 2^964 for every metric, so
@@ -491,16 +482,24 @@ KNN_HD static inline int knn_score_far_from_range_edges(double key,
            scale_exp <= 32;
 }
 
+/* The largest score, in the frame of the fast vectors, whose exact value
+ * can report the distance that `key` (a score there) does: beyond it the
+ * reported distance is larger. Rounding makes this a band: sqrt and 1 - r
+ * round distinct values together (relative 4 units for the square root,
+ * 8 absolute for correlations, doubled here), and where the reported
+ * distance underflows (to subnormals or zero) or overflows, a whole range
+ * of scores reports one value (rows at 1e-300, squared distances past
+ * 1e308); that range's edge gets a factor of 4 to spare for the rounding
+ * at the subnormal boundary. */
 KNN_HD static inline double knn_key_tie_top(knn_metric m, double key,
                                             int scale_exp)
 {
     if (knn_is_correlation(m)) return key + 16.0 * KNN_U64;
-    if (knn_score_far_from_range_edges(key, scale_exp))
-        return m == KNN_EUCLIDEAN ? key * (1.0 + 8.0 * KNN_U64) : key;
+    double normal = m == KNN_EUCLIDEAN ? key * (1.0 + 8.0 * KNN_U64) : key;
+    if (knn_score_far_from_range_edges(key, scale_exp)) return normal;
     double d = knn_frame_distance(m, key > 0.0 ? key : 0.0, scale_exp);
     if (d > DBL_MAX) return INFINITY;
-    if (d >= DBL_MIN)
-        return m == KNN_EUCLIDEAN ? key * (1.0 + 8.0 * KNN_U64) : key;
+    if (d >= DBL_MIN) return normal;
     double low = ldexp(DBL_MIN, -(m == KNN_SQEUCLIDEAN ? 2 : 1) * scale_exp);
     double top = m == KNN_EUCLIDEAN ? 4.0 * low * low : 4.0 * low;
     return key > top ? key : top;
