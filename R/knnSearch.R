@@ -203,9 +203,9 @@
 #'   \code{getOption("knngpu.gpu.memory")}, and the \code{precision}
 #'   attribute says "fp64 pairwise-complete keys on the GPU": the result
 #'   is the same on every device, bit for bit. Ties go to the smaller
-#'   index as always. A pair that shares fewer than \code{min.shared} features, or
-#'   on whose shared features a node is constant, is no pair of
-#'   neighbours: a node with fewer than \code{k} partners has \code{NA}
+#'   index as always. A pair that shares fewer than \code{min.shared}
+#'   features, or on whose shared features a node is constant, is no pair
+#'   of neighbours: a node with fewer than \code{k} partners has \code{NA}
 #'   in its last places of \code{index} and \code{distance}, and
 #'   \code{knnGraph()} gives it fewer edges.
 #'

@@ -23,6 +23,9 @@ source("tools/args.R")
 sizes <- as.numeric(strsplit(argValue("n", "1e6,4e6"), ",")[[1L]])
 ids <- gpuInfo()$devices$id
 counts <- as.integer(strsplit(argValue("devices", "1,2,4"), ",")[[1L]])
+if (anyNA(counts) || any(counts < 1L)) {
+    stop("--devices must be positive whole numbers, e.g. --devices=1,2,4")
+}
 counts <- counts[counts <= length(ids)]
 stopifnot(length(ids) >= 2L, 1L %in% counts)
 
