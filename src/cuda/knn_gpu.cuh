@@ -465,6 +465,13 @@ knn_status knn_pairs_gather(const knn_pairs *p, const knn_select_args *sel,
 knn_status knn_panel_gemm(cublasHandle_t blas, const knn_gpu_nodes *nodes,
                           knn_gemm_mode mode, int node0, int rows,
                           void *panel, size_t ld, char *message);
+/* Float32 products of `rows` fast vectors gathered at rows_fast (ldf
+ * floats apart: rows set apart) against the reference into the panel;
+ * the math mode is the caller's. */
+knn_status knn_panel_gemm_rows(cublasHandle_t blas,
+                               const knn_gpu_nodes *nodes,
+                               const float *rows_fast, int rows,
+                               float *panel, size_t ld, char *message);
 knn_status knn_panel_manhattan(const double *x_rows, const double *x_ref,
                                int p, int rows, int n_ref, int scale_exp,
                                float *panel, size_t ld, char *message,
@@ -515,6 +522,14 @@ knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
                              knn_gpu_nodes *nodes, char *message,
                              cudaStream_t stream);
 void knn_nodes_free(knn_gpu_nodes *nodes);
+/* Rows set apart (knn_gpu_loop.cu): the fast vectors of nodes
+ * rows[0 .. n_rows), and for distances their squared norms and norms,
+ * gathered in that order (sqnorm and norm NULL for correlations), with
+ * twice their float32 margins (margin2_fp32). On the stream. */
+knn_status knn_apart_vectors(const knn_gpu_nodes *nodes, const int *rows,
+                             int n_rows, float *fast, float *sqnorm,
+                             double *norm, double *margin2, char *message,
+                             cudaStream_t stream);
 /* Distances: a tile's local frame (knn_gpu_local.cu) into view, whose
  * fast, sqnorm, norm, norm_max and margin2 hold n_ref + n_rows nodes:
  * centre, the mean of the scaled nodes rows[0 .. n_rows) (device

@@ -268,8 +268,7 @@ static knn_status knn_local_order(knn_gpu_dev *d, int row, size_t n,
                  lf->cut, &failed);
     if (failed) return KNN_E_NOMEM;
     for (size_t i = 0; i < n; i++)
-        nodes[i] = d->self ? lf->place[i]
-                           : req->n_ref + (lf->place[i] - d->q0);
+        nodes[i] = knn_dev_row_node(d, lf->place[i]);
     return KNN_OK;
 }
 
@@ -381,8 +380,9 @@ knn_status knn_dev_leave_local(knn_gpu_dev *d)
     c.local_refused = 1;
     knn_course_set(d, c);
     /* Its rows are searched again from the first, in float64: their
-     * progress too. */
+     * progress too, and none stays apart. */
     knn_meet_progress(d->shared, -d->rows_reported);
+    d->apart.n = 0;
     d->rows_reported = 0;
     d->local_frames = 0;
     d->half_products = 0;

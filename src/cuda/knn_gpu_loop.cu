@@ -193,8 +193,12 @@ static knn_status knn_tile_candidates(knn_gpu_dev *d,
     if (knn_uses_product(req->metric)) {
         KNN_BLAS_TRY(d->message,
                      cublasSetMathMode(d->blas, knn_gemm_math(gemm)));
-        KNN_TRY(knn_panel_gemm(d->blas, nd, gemm, node0, sa->rows, t->panel,
-                               sa->ld, d->message));
+        if (sl->apart)
+            KNN_TRY(knn_panel_gemm_rows(d->blas, nd, sa->row_fast, sa->rows,
+                                        t->panel, sa->ld, d->message));
+        else
+            KNN_TRY(knn_panel_gemm(d->blas, nd, gemm, node0, sa->rows,
+                                   t->panel, sa->ld, d->message));
     }
     else
         KNN_TRY(knn_panel_manhattan(nd->exact + (size_t)node0 * req->p,
@@ -289,21 +293,55 @@ static knn_tile_slots knn_slots_uniform(const knn_gpu_tiles *t, int rows)
     return ts;
 }
 
+/* The arithmetic of a slot's products: float32 for rows apart, TF32 in
+ * a local frame, else the course's when the tile was queued. */
+static knn_gemm_mode knn_slot_gemm(const knn_gpu_slot *sl)
+{
+    return sl->apart ? KNN_GEMM_FP32
+         : sl->d_nodes ? KNN_GEMM_TF32 : sl->course.gemm;
+}
+
 /* What slot sl's tile of rows [row0, row0 + rows) runs on: the course
  * the search is on as it is queued (knn_dev_next_step reads it back),
  * and the slots a row has (knn_tile_slots). */
 void knn_slot_begin(const knn_gpu_dev *d, knn_gpu_slot *sl, int row0,
                     int rows, int slots, int surv_slots)
 {
+    int end = d->q0 + d->nq;
     sl->row0 = row0;
     sl->rows = rows;
     sl->slots = slots;
     sl->surv_slots = surv_slots;
     sl->course = d->course;
-    sl->refined = knn_tile_refined(d, rows, d->course.gemm);
-    int ordered = d->course.local && row0 >= d->local.base;
-    sl->place = ordered ? d->local.place + (row0 - d->local.base) : NULL;
-    sl->d_nodes = ordered ? d->local.nodes + (row0 - d->local.base) : NULL;
+    sl->apart = row0 >= end;
+    int ordered = !sl->apart && d->course.local && row0 >= d->local.base;
+    if (sl->apart) {
+        sl->place = d->apart.rows + (row0 - end);
+        sl->d_nodes = d->apart.nodes + (row0 - end);
+    } else {
+        sl->place = ordered ? d->local.place + (row0 - d->local.base)
+                            : NULL;
+        sl->d_nodes = ordered ? d->local.nodes + (row0 - d->local.base)
+                              : NULL;
+    }
+    sl->refined = knn_tile_refined(d, rows, knn_slot_gemm(sl));
+}
+
+/* The selection arguments of rows apart from the i0-th on: their gathered
+ * vectors, norms and float32 margins stand for their nodes' (sa built on
+ * node 0). */
+static void knn_apart_args(const knn_gpu_dev *d, int i0, knn_select_args *sa)
+{
+    const knn_gpu_apart *a = &d->apart;
+    sa->self_first = -1;
+    sa->row_self = d->self ? a->nodes + i0 : NULL;
+    sa->row_sqnorm = sa->row_sqnorm ? a->sqnorm + i0 : NULL;
+    sa->row_norm = sa->row_norm ? a->norm + i0 : NULL;
+    sa->row_sqnorm64 = NULL;
+    sa->row_margin2 = a->margin2 + i0;
+    sa->row_fast = a->fast + (size_t)i0 * d->nodes.ldf;
+    sa->row_margin2_fp32 = NULL;
+    sa->wide = NULL;
 }
 
 /* Queues tile work for global query rows [row0, row0 + rows) with the given
@@ -312,22 +350,24 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
                                    const knn_tile_slots *ts, int s)
 {
     knn_gpu_slot *sl = &d->t.slot[s];
-    int node0 = d->self ? row0 : d->req->n_ref + (row0 - d->q0);
     knn_slot_begin(d, sl, row0, rows, ts->slots, ts->surv_slots);
+    int node0 = sl->apart ? 0 : knn_dev_row_node(d, row0);
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->start, d->stream));
     /* A tile of the spatial order takes its own frame: its rows follow
      * the ref nodes in the frame's view. */
     const knn_gpu_nodes *nd = &d->nodes;
     int rows_node0 = node0;
-    knn_gemm_mode gemm = sl->course.gemm;
-    if (sl->d_nodes) {
-        gemm = KNN_GEMM_TF32;
+    knn_gemm_mode gemm = knn_slot_gemm(sl);
+    if (sl->d_nodes && !sl->apart) {
         KNN_TRY(knn_local_frame(d, sl->d_nodes, rows, &nd));
         rows_node0 = d->req->n_ref;
     }
     knn_select_args sa = knn_select_args_on(d, nd, row0, rows_node0, rows,
                                             ts->offsets, gemm);
-    if (sl->d_nodes && d->self) sa.row_self = sl->d_nodes;
+    if (sl->apart)
+        knn_apart_args(d, row0 - (d->q0 + d->nq), &sa);
+    else if (sl->d_nodes && d->self)
+        sa.row_self = sl->d_nodes;
     KNN_TRY(knn_tile_candidates(d, nd, gemm, &sa, rows_node0, ts, sl));
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->selected, d->stream));
     KNN_TRY(knn_tile_rerank(d, sl, node0, ts->offsets, ts->n_slots));
@@ -509,6 +549,22 @@ int knn_slot_surv_overflow(const knn_gpu_tiles *t,
     return 0;
 }
 
+/* Whether row r of the slot needed more candidate or survivor slots than
+ * it had. */
+static int knn_row_over(const knn_gpu_tiles *t, const knn_gpu_slot *sl,
+                        int r)
+{
+    return sl->count[r] > sl->slots || knn_row_surv_over(t, sl, r);
+}
+
+/* The rows of the slot that needed more slots than they had. */
+static int knn_slot_rows_over(const knn_gpu_tiles *t, const knn_gpu_slot *sl)
+{
+    int over = 0;
+    for (int r = 0; r < sl->rows; r++) over += knn_row_over(t, sl, r);
+    return over;
+}
+
 /* Whether a row of the slot needed more than its uniform slots; *found
  * gets the candidates of all its rows. */
 static int knn_slot_overflow(const knn_gpu_tiles *t, const knn_gpu_slot *sl,
@@ -516,8 +572,31 @@ static int knn_slot_overflow(const knn_gpu_tiles *t, const knn_gpu_slot *sl,
 {
     *found = knn_slot_found(sl);
     for (int r = 0; r < sl->rows; r++)
-        if (sl->count[r] > sl->slots) return 1;
-    return knn_slot_surv_overflow(t, sl);
+        if (knn_row_over(t, sl, r)) return 1;
+    return 0;
+}
+
+/* The rows of slot sl's tile that overflowed join the rows apart (their
+ * tile's results for them are written over by their own). */
+static knn_status knn_apart_keep(knn_gpu_dev *d, const knn_gpu_slot *sl)
+{
+    knn_gpu_apart *a = &d->apart;
+    for (int r = 0; r < sl->rows; r++) {
+        if (!knn_row_over(&d->t, sl, r)) continue;
+        if (a->n == a->cap) {
+            int cap = a->cap > 0 ? 2 * a->cap : 256;
+            int *rows = (int *)realloc(a->rows, (size_t)cap * sizeof(int));
+            if (!rows) {
+                snprintf(d->message, sizeof d->message,
+                         "out of host memory for the rows set apart");
+                return KNN_E_NOMEM;
+            }
+            a->rows = rows;
+            a->cap = cap;
+        }
+        a->rows[a->n++] = sl->row0 + r;
+    }
+    return KNN_OK;
 }
 
 /* Why a tile is done again: the search changed its course (arithmetic or
@@ -691,14 +770,71 @@ static long long knn_gather_share(int row0, int rows)
     return rows - ((long long)(row0 + rows) / 2 - row0 / 2);
 }
 
-/* Waits for slot s, re-runs its tile if a row overflowed (first with the
- * uniform slots where the search has changed its arithmetic or begun to
- * refine since the tile ran, as often as it changes: a redo must see the
- * counts of the same selection), and copies its rows x k results into the
- * caller's n_query x k arrays. A fused tile that shows the search must
- * refine or climb is not collected: *rewind gets that step (a
- * knn_rung_step), and the search goes on from its first row on the panel
- * path (the fused kernel neither refines nor runs but TF32). */
+/* The policy's word on slot s's tile (knn_dev_next_step), rerunning the
+ * tile with the uniform slots where the search has changed its
+ * arithmetic or begun to refine since the tile ran and a row overflowed,
+ * as often as it changes (a redo must see the counts of the same
+ * selection): *overflow and *found then hold the counts of its last run.
+ * A fused tile that shows the search must refine or climb, or any that
+ * shows it must take or leave local frames, sets *rewind (a
+ * knn_rung_step) and is not collected. */
+static knn_status knn_tile_judge(knn_gpu_dev *d, int s, int *overflow,
+                                 double *found, int *rewind)
+{
+    knn_gpu_slot *sl = &d->t.slot[s];
+    /* A rerun in the search's new course may show it must change again
+     * (TF32, then split TF32, then float64, on data none but float64
+     * resolves): each pass refines or climbs, or leaves the loop. */
+    for (;;) {
+        knn_rung_step step = knn_dev_next_step(
+            d, sl, *found, knn_slot_fused(sl) ? 0 : *overflow);
+        if (step == KNN_RUNG_LOCAL || step == KNN_RUNG_UNLOCAL) {
+            *rewind = (int)step;
+            return KNN_OK;
+        }
+        if (step == KNN_RUNG_REFINE) knn_course_refine(d);
+        if (knn_slot_fused(sl) && step != KNN_RUNG_STAY) {
+            *rewind = (int)step;
+            return KNN_OK;
+        }
+        if (step == KNN_RUNG_CLIMB) KNN_TRY(knn_dev_climb(d));
+        if (!*overflow || (sl->course.gemm == d->course.gemm &&
+                           sl->course.refine == d->course.refine))
+            return KNN_OK;
+        KNN_TRY(knn_tile_again(d, s, KNN_AGAIN_COURSE));
+        *overflow = knn_slot_overflow(&d->t, sl, found);
+    }
+}
+
+/* Gives the rows of slot s's tile that overflowed their slots what they
+ * need: sets them apart where the policy says so (*apart their number),
+ * else runs the tile again with each row's exact slots (*found then its
+ * candidates). */
+static knn_status knn_tile_overflowed(knn_gpu_dev *d, int s, int *apart,
+                                      double *found)
+{
+    knn_gpu_tiles *t = &d->t;
+    knn_gpu_slot *sl = &t->slot[s];
+    int over = knn_slot_rows_over(t, sl);
+    if (knn_rows_go_apart(d, sl, over)) {
+        *apart = over;
+        return knn_apart_keep(d, sl);
+    }
+    int grow = sl->course.local && knn_slot_fused(sl);
+    int surv = grow ? knn_slot_most(sl->survivors, sl->rows) : 0;
+    KNN_TRY(knn_tile_again(d, s, KNN_AGAIN_SLOTS));
+    knn_slot_overflow(t, sl, found); /* the counts of the run again */
+    if (grow)
+        KNN_TRY(knn_grow_uniform(d, knn_slot_most(sl->count, sl->rows),
+                                 surv));
+    return KNN_OK;
+}
+
+/* Waits for slot s, has the policy judge its tile (knn_tile_judge; not
+ * a tile of rows apart, whose rows are crowded by nature), gives rows that
+ * overflowed their slots what they need (knn_tile_overflowed), and copies
+ * its rows x k results into the caller's n_query x k arrays. *rewind:
+ * see knn_tile_judge. */
 static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
 {
     knn_gpu_tiles *t = &d->t;
@@ -715,42 +851,16 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
     d->seconds_rerank += ms_rerank / 1000.0;
 
     double found = 0.0;
-    int overflow = knn_slot_overflow(t, sl, &found);
-    /* A rerun in the search's new course may show it must change again
-     * (TF32, then split TF32, then float64, on data none but float64
-     * resolves): each pass refines or climbs, or leaves the loop. */
-    for (;;) {
-        knn_rung_step step = knn_dev_next_step(
-            d, sl, found, knn_slot_fused(sl) ? 0 : overflow);
-        if (step == KNN_RUNG_LOCAL || step == KNN_RUNG_UNLOCAL) {
-            *rewind = (int)step;
-            return KNN_OK;
-        }
-        if (step == KNN_RUNG_REFINE) knn_course_refine(d);
-        if (knn_slot_fused(sl) && step != KNN_RUNG_STAY) {
-            *rewind = (int)step;
-            return KNN_OK;
-        }
-        if (step == KNN_RUNG_CLIMB) KNN_TRY(knn_dev_climb(d));
-        if (!overflow || (sl->course.gemm == d->course.gemm &&
-                          sl->course.refine == d->course.refine))
-            break;
-        KNN_TRY(knn_tile_again(d, s, KNN_AGAIN_COURSE));
-        overflow = knn_slot_overflow(t, sl, &found);
+    int overflow = knn_slot_overflow(t, sl, &found), apart = 0;
+    if (!sl->apart) {
+        KNN_TRY(knn_tile_judge(d, s, &overflow, &found, rewind));
+        if (*rewind) return KNN_OK;
     }
     /* Only a tile kept says how the result was made: a fused probe that
      * the search rewound to the panel path left no candidate behind. */
     d->half_products |= knn_slot_fused(sl) || knn_slot_gathered(sl);
-    d->local_frames |= sl->d_nodes != NULL;
-    if (overflow) {
-        int grow = sl->course.local && knn_slot_fused(sl);
-        int surv = grow ? knn_slot_most(sl->survivors, sl->rows) : 0;
-        KNN_TRY(knn_tile_again(d, s, KNN_AGAIN_SLOTS));
-        knn_slot_overflow(t, sl, &found); /* the counts of the run again */
-        if (grow)
-            KNN_TRY(knn_grow_uniform(d, knn_slot_most(sl->count, sl->rows),
-                                     surv));
-    }
+    d->local_frames |= sl->d_nodes != NULL && !sl->apart;
+    if (overflow) KNN_TRY(knn_tile_overflowed(d, s, &apart, &found));
     d->refined |= sl->refined && knn_slot_wide(sl, found) > found;
     for (int r = 0; r < sl->rows; r++) {
         if (sl->count[r] < k)
@@ -758,16 +868,20 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
                                 "candidate selection",
                                 "a row has fewer candidates than k",
                                 __FILE__, __LINE__);
-        d->candidates += sl->count[r];
+        /* A row set apart counts its candidates when it is searched. */
+        if (!apart || !knn_row_over(t, sl, r))
+            d->candidates += sl->count[r];
     }
 
     double t0 = knn_seconds();
     KNN_TRY(knn_dev_await_result(d));
     knn_copy_out(d, sl);
     d->seconds_collect += knn_seconds() - t0;
-    /* A shared walk counted half of each row as its tile ran. */
+    /* A shared walk counted half of each row as its tile ran; rows set
+     * apart count when they are searched. */
     long long done = knn_slot_gathered(sl)
-                         ? knn_gather_share(sl->row0, sl->rows) : sl->rows;
+                         ? knn_gather_share(sl->row0, sl->rows)
+                         : sl->rows - apart;
     d->rows_reported += done;
     knn_meet_progress(d->shared, done);
     return KNN_OK;
@@ -785,6 +899,72 @@ knn_status knn_dev_leave_fused(knn_gpu_dev *d, int step)
     if (step == KNN_RUNG_CLIMB) KNN_TRY(knn_dev_climb(d));
     KNN_TRY(knn_dev_plan_tiles(d));
     d->seconds_setup += knn_seconds() - t0;
+    return KNN_OK;
+}
+
+/* The rows apart's device arrays, their vectors gathered (on the
+ * stream, waited for: the host's list of nodes goes out of scope). */
+static knn_status knn_apart_alloc(knn_gpu_dev *d)
+{
+    knn_gpu_apart *a = &d->apart;
+    const knn_gpu_nodes *nd = &d->nodes;
+    size_t n = (size_t)a->n;
+    int dist = nd->sqnorm != NULL;
+    knn_carver c = {NULL, 0};
+    for (int pass = 0; pass < 2; pass++) {
+        c.used = 0;
+        a->nodes = knn_carve<int>(&c, n);
+        a->fast = knn_carve<float>(&c, n * nd->ldf);
+        a->sqnorm = dist ? knn_carve<float>(&c, n) : NULL;
+        a->norm = dist ? knn_carve<double>(&c, n) : NULL;
+        a->margin2 = knn_carve<double>(&c, n);
+        if (pass == 0)
+            KNN_CUDA_TRY(d->message, cudaMalloc(&a->block, c.used));
+        c.block = (char *)a->block;
+    }
+    std::vector<int> nodes(n);
+    for (size_t i = 0; i < n; i++) nodes[i] = knn_dev_row_node(d, a->rows[i]);
+    KNN_CUDA_TRY(d->message,
+                 cudaMemcpyAsync(a->nodes, nodes.data(), n * sizeof(int),
+                                 cudaMemcpyHostToDevice, d->stream));
+    KNN_TRY(knn_apart_vectors(nd, a->nodes, a->n, a->fast, a->sqnorm,
+                              a->norm, a->margin2, d->message, d->stream));
+    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
+    return KNN_OK;
+}
+
+void knn_apart_free(knn_gpu_apart *a)
+{
+    cudaFree(a->block);
+    free(a->rows);
+    memset(a, 0, sizeof *a);
+}
+
+/* The rows set apart, after the device's last tile (knn_gpu_apart):
+ * their arrays first (small), then panel tiles planned for them, each
+ * collected before the next is queued (a tile of them runs again with
+ * each row's exact slots where its rows overflow float32's too). Their
+ * rows stand as rows q0 + nq + i. */
+static knn_status knn_dev_apart(knn_gpu_dev *d)
+{
+    knn_gpu_apart *a = &d->apart;
+    if (a->n == 0) return KNN_OK;
+    double t0 = knn_seconds();
+    KNN_TRY(knn_dev_idle(d));
+    knn_tiles_free(&d->t);
+    knn_local_free(&d->local); /* local tiles are done: room for these */
+    KNN_TRY(knn_apart_alloc(d));
+    KNN_TRY(knn_dev_plan_apart(d, a->n));
+    d->seconds_setup += knn_seconds() - t0;
+    d->rows_apart = a->n;
+    int end = d->q0 + d->nq;
+    for (int i = 0; i < a->n && !d->shared->stop; i += d->t.rows) {
+        int rows = a->n - i < d->t.rows ? a->n - i : d->t.rows;
+        int rewind = KNN_RUNG_STAY;
+        knn_tile_slots ts = knn_slots_uniform(&d->t, rows);
+        KNN_TRY(knn_tile_enqueue(d, end + i, rows, &ts, 0));
+        KNN_TRY(knn_tile_collect(d, 0, &rewind));
+    }
     return KNN_OK;
 }
 
@@ -836,6 +1016,7 @@ knn_status knn_dev_tiles(knn_gpu_dev *d, int probe)
         pending = queued;
         s ^= 1;
     }
+    if (!d->shared->stop) KNN_TRY(knn_dev_apart(d));
     KNN_TRY(knn_dev_idle(d));
     return d->shared->stop ? KNN_E_INTERRUPTED : KNN_OK;
 }

@@ -426,12 +426,13 @@ static knn_status knn_dev_refuse_pairs(knn_gpu_dev *d)
     return knn_dev_plan_tiles(d);
 }
 
-knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
+/* The row tile on the path chosen, for at most `most` rows, and its
+ * buffers. */
+static knn_status knn_dev_plan_rows(knn_gpu_dev *d, int most)
 {
     const knn_request *req = d->req;
     int k = req->k;
     int avail = req->n_ref - (d->self ? 1 : 0);
-    KNN_TRY(knn_dev_choose_path(d));
     int slots = 2 * k + 256 < avail ? 2 * k + 256 : avail;
     knn_pairs_free(&d->pairs);
     int surv_slots = knn_dev_fused(d)
@@ -463,7 +464,7 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
         ? fmax(KNN_FUSED_PAIRS_MAX / req->n_ref, (double)d->wave_rows)
         : KNN_PANEL_FLOATS_MAX / req->n_ref /
               (d->course.gemm == KNN_GEMM_FP64 ? 2 : 1);
-    double limits[] = {(double)d->nq, 2147483647.0 / slots,
+    double limits[] = {(double)most, 2147483647.0 / slots,
                        2147483647.0 / (surv_slots > 0 ? surv_slots : 1),
                        KNN_SLOT_BYTES_MAX / (k * 20.0), tile_rows};
     for (size_t i = 0; i < sizeof limits / sizeof limits[0]; i++)
@@ -471,7 +472,7 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
     int r = rows < 1.0 ? 1 : (int)rows;
     /* Whole waves: a tile of 2.03 waves of fused blocks takes as long as
      * one of 3, its last few blocks running alone. */
-    if (knn_dev_fused(d) && r < d->nq && r > d->wave_rows)
+    if (knn_dev_fused(d) && r < most && r > d->wave_rows)
         r -= r % d->wave_rows;
     if (knn_dev_wants_pairs(d, r)) {
         knn_status st = knn_pairs_alloc(&d->pairs, req->n_ref, k, list_cap,
@@ -496,6 +497,19 @@ knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
         }
         r /= 2;
     }
+}
+
+knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
+{
+    KNN_TRY(knn_dev_choose_path(d));
+    return knn_dev_plan_rows(d, d->nq);
+}
+
+knn_status knn_dev_plan_apart(knn_gpu_dev *d, int rows)
+{
+    knn_course_path(d, KNN_PATH_PANEL);
+    d->wave_rows = 0;
+    return knn_dev_plan_rows(d, rows);
 }
 
 knn_status knn_dev_plan(knn_gpu_dev *d)

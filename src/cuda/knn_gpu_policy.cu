@@ -178,6 +178,22 @@ int knn_refine_possible(const knn_gpu_dev *d, knn_gemm_mode gemm)
            !d->course.local;
 }
 
+/* Rows apart (knn_gpu_apart) for the `over` rows of slot sl's tile that
+ * overflowed their slots, where they are few among its rows
+ * (KNN_APART_SHARE): on the product metrics, the arithmetic left to the
+ * engine (float32 stands in for the course's for those rows only), in a
+ * tile of the device's own rows in node order that took float32 products
+ * or coarser (a float64 tile's crowded rows would crowd float32 too);
+ * the rows a shared walk gathers and local tiles have their own redo, and
+ * rows apart run again with their exact slots. */
+int knn_rows_go_apart(const knn_gpu_dev *d, const knn_gpu_slot *sl, int over)
+{
+    return knn_gemm_adaptive(d->req->precision, d->req->metric) &&
+           sl->course.gemm != KNN_GEMM_FP64 && !knn_slot_gathered(sl) &&
+           !sl->d_nodes && !sl->apart &&
+           (long long)over * KNN_APART_SHARE <= sl->rows;
+}
+
 /* Local frames (knn_gpu_local.cu) for a distance metric whose tiles are
  * crowded: nodes that lie close together relative to their distance from
  * the data's centre (cell types, replicates of a few states, genes at

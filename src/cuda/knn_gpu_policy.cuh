@@ -74,6 +74,13 @@
  * A/B run of RESULTS.md times the growth as a whole. */
 #define KNN_GROW_SLOTS 1.5
 #define KNN_GROW_MEMORY_SHARE 0.25
+/* Rows of a tile that overflow their slots go apart (knn_rows_go_apart)
+ * where they are at most this share of its rows: a row apart costs a
+ * panel row of float32 products and its selection, a few of a fused
+ * tile's rows, where the tile run again costs all of its rows once more
+ * (heavy tails at 1,000,000 nodes ran nearly every tile twice;
+ * inst/bench/shapes.R, RESULTS.md "Rows apart"). */
+#define KNN_APART_SHARE 16
 
 /* A tile is crowded (refine or climb) past knn_rung_too_wide's 4k + 64
  * candidates a row (src/engine/knn.h, shared with the CPU), measured by

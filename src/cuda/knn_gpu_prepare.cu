@@ -474,6 +474,39 @@ knn_status knn_local_vectors(const knn_gpu_nodes *nodes, const int *rows,
     return KNN_OK;
 }
 
+/* Rows set apart: node rows[i]'s fast vector, and for distances its
+ * squared norm and norm, into place i of the gathered arrays; its
+ * float32 margin into margin2[i]. A thread per value of a fast vector. */
+__global__ static void knn_apart_kernel(knn_gpu_nodes nd, const int *rows,
+                                        int n_rows, float *fast,
+                                        float *sqnorm, double *norm,
+                                        double *margin2)
+{
+    size_t g = (size_t)blockIdx.x * blockDim.x + threadIdx.x;
+    size_t i = g / nd.ldf, f = g % nd.ldf;
+    if (i >= (size_t)n_rows) return;
+    size_t node = (size_t)rows[i];
+    fast[i * nd.ldf + f] = nd.fast[node * nd.ldf + f];
+    if (f != 0) return;
+    margin2[i] = nd.margin2_fp32[node];
+    if (sqnorm) {
+        sqnorm[i] = nd.sqnorm[node];
+        norm[i] = nd.norm[node];
+    }
+}
+
+knn_status knn_apart_vectors(const knn_gpu_nodes *nodes, const int *rows,
+                             int n_rows, float *fast, float *sqnorm,
+                             double *norm, double *margin2, char *message,
+                             cudaStream_t stream)
+{
+    size_t n = (size_t)n_rows * nodes->ldf;
+    knn_apart_kernel<<<knn_blocks(n), KNN_PREP_THREADS, 0, stream>>>(
+        *nodes, rows, n_rows, fast, sqnorm, norm, margin2);
+    KNN_LAUNCH_TRY(message, "knn_apart_kernel");
+    return KNN_OK;
+}
+
 /* Twice each node's margin for the arithmetic `gemm` into out. */
 static knn_status knn_margins_into(double *out, knn_metric metric,
                                    const knn_gpu_nodes *nodes,

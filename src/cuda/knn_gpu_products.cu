@@ -134,6 +134,15 @@ static knn_status knn_sgemm(cublasHandle_t blas, const float *ref,
     return KNN_OK;
 }
 
+knn_status knn_panel_gemm_rows(cublasHandle_t blas,
+                               const knn_gpu_nodes *nodes,
+                               const float *rows_fast, int rows,
+                               float *panel, size_t ld, char *message)
+{
+    return knn_sgemm(blas, nodes->fast, rows_fast, nodes->ldf, nodes->ldf,
+                     nodes->n_ref, rows, panel, ld, message);
+}
+
 /* panel = ref^T rows in float64, from the fast vectors' float64 values
  * (knn_nodes_fp64). */
 static knn_status knn_dgemm(cublasHandle_t blas, const knn_gpu_nodes *nodes,

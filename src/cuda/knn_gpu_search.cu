@@ -147,6 +147,7 @@ static void knn_dev_free(knn_gpu_dev *d)
     knn_upload_release(d);
     knn_tiles_free(&d->t);
     knn_local_free(&d->local);
+    knn_apart_free(&d->apart);
     knn_team_release(d);
     knn_pairs_free(&d->pairs);
     knn_nodes_free(&d->nodes);
@@ -234,12 +235,18 @@ static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
     rep->col_tile = devs.empty() ? 0 : devs[0].req->n_ref;
     knn_gemm_precision(m, gemm, before, refined, half_products,
                        rep->precision, sizeof rep->precision);
-    int local = 0;
-    for (const knn_gpu_dev &d : devs) local |= d.local_frames;
+    int local = 0, apart = 0;
+    for (const knn_gpu_dev &d : devs) {
+        local |= d.local_frames;
+        apart |= d.rows_apart > 0;
+    }
     size_t used = strlen(rep->precision);
     if (local)
+        used += snprintf(rep->precision + used, sizeof rep->precision - used,
+                         " (tf32 tiles in local frames)");
+    if (apart && used < sizeof rep->precision)
         snprintf(rep->precision + used, sizeof rep->precision - used,
-                 " (tf32 tiles in local frames)");
+                 " (rows apart: fp32 candidates)");
 }
 
 /* Whether a search runs on the calling thread: one device, and work that

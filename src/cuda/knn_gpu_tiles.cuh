@@ -146,6 +146,8 @@ typedef struct {
     knn_course course;      /* the device's when the tile was queued */
     int refined;            /* its selection may rescore TF32 candidates
                                in float32 (knn_gpu_select.cu, knn_refine) */
+    int apart;              /* its rows are rows set apart (knn_gpu_apart),
+                               place and d_nodes theirs */
     int *index, *count;
     int *wide;              /* TF32 candidates before the refinement */
     int *survivors;         /* fused: the slots each row needed */
@@ -239,6 +241,25 @@ typedef struct {
     void *block;            /* the device arrays' allocation */
 } knn_gpu_local;
 
+/* Rows set apart (knn_gpu_loop.cu): the few rows of a tile that found
+ * far more candidates than their slots hold while its other rows fit
+ * (nodes far out among heavy tails, whose margins grow with their norms;
+ * rows with many exact copies). Their tile keeps its other rows' results
+ * instead of running again whole; after the device's last tile they are
+ * searched together on the panel path in float32, whose margins are a
+ * small fraction of TF32's, from their fast vectors gathered here. Rows
+ * past the device's query rows (q0 + nq + i) stand for rows[i]. */
+typedef struct {
+    int *rows;              /* the caller's query rows, host */
+    int n, cap;
+    int *nodes;             /* their nodes, device */
+    float *fast;            /* their fast vectors, ldf floats each */
+    float *sqnorm;          /* distances: |f|^2; else NULL */
+    double *norm;           /* distances: |node - means|; else NULL */
+    double *margin2;        /* twice their float32 margins */
+    void *block;            /* the device arrays' allocation */
+} knn_gpu_apart;
+
 typedef struct {
     const knn_request *req;
     const knn_knobs *knobs; /* never NULL */
@@ -275,6 +296,7 @@ typedef struct {
     cublasHandle_t blas;
     knn_gpu_nodes nodes;
     knn_gpu_local local;    /* local frames' arrays (knn_gpu_local.cu) */
+    knn_gpu_apart apart;    /* rows set apart (knn_gpu_loop.cu) */
     knn_gpu_tiles t;
     int row_tile;           /* the plan's R, kept after t is freed */
     int copy_threads;       /* host threads for the upload and for
@@ -287,7 +309,15 @@ typedef struct {
     long long rows_reported; /* query rows its tiles reported done */
     int local_frames;       /* a tile whose results were kept took a
                                local frame */
+    int rows_apart;         /* rows its search set apart (knn_gpu_apart) */
 } knn_gpu_dev;
+
+/* The node of the device's query row `row`: the row itself in a self
+ * search, else the row's place after the ref nodes. */
+static inline int knn_dev_row_node(const knn_gpu_dev *d, int row)
+{
+    return d->self ? row : d->req->n_ref + (row - d->q0);
+}
 
 /* What a device's search does after a tile (knn_dev_next_step). */
 typedef enum {
@@ -315,9 +345,11 @@ int knn_dev_reads_peers(const knn_gpu_dev *d);
 void knn_upload_release(knn_gpu_dev *d);
 
 /* knn_gpu_plan.cu: plans the row tile (on the path the policy chose) and
- * allocates the tile's buffers; frees them. */
+ * allocates the tile's buffers; the same on the panel path for at most
+ * `rows` rows set apart (knn_gpu_apart); frees them. */
 knn_status knn_dev_plan(knn_gpu_dev *d);
 knn_status knn_dev_plan_tiles(knn_gpu_dev *d);
+knn_status knn_dev_plan_apart(knn_gpu_dev *d, int rows);
 void knn_tiles_free(knn_gpu_tiles *t);
 /* Candidate slot arrays for n_slots slots, and the sort's scratch for a
  * full tile or `min_temp` bytes, whichever is more; and their release. */
@@ -342,7 +374,9 @@ knn_status knn_dev_idle(knn_gpu_dev *d);
  * tile ran the fused kernel or gathered a walk's lists; and the choices
  * that read the course. Whether a
  * search on the fused path would take a shared walk in tiles of `rows`
- * rows (0: any); whether a tile in `gemm` may refine its TF32 candidates
+ * rows (0: any); whether the `over` rows of slot sl that overflowed
+ * their slots go apart (knn_gpu_apart); whether a tile in `gemm` may
+ * refine its TF32 candidates
  * in float32; the selection kernel of a panel tile of `rows` rows, and
  * whether it refines; a slot's TF32 candidates before any refinement,
  * given `found` after it; what the search does after the tile in slot
@@ -362,6 +396,8 @@ int knn_dev_fused(const knn_gpu_dev *d);
 int knn_slot_fused(const knn_gpu_slot *sl);
 int knn_slot_gathered(const knn_gpu_slot *sl);
 int knn_dev_could_pair(const knn_gpu_dev *d, int rows);
+int knn_rows_go_apart(const knn_gpu_dev *d, const knn_gpu_slot *sl,
+                      int over);
 int knn_refine_possible(const knn_gpu_dev *d, knn_gemm_mode gemm);
 knn_select_algo knn_tile_algo(const knn_gpu_dev *d, int rows);
 int knn_tile_refined(const knn_gpu_dev *d, int rows, knn_gemm_mode gemm);
@@ -381,6 +417,7 @@ knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
  * runs on; the candidates of a slot's rows, and whether one of them
  * overflowed its survivor slots. */
 knn_status knn_dev_tiles(knn_gpu_dev *d, int probe);
+void knn_apart_free(knn_gpu_apart *a);
 knn_status knn_dev_leave_fused(knn_gpu_dev *d, int step);
 knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
                                      int node0, int rows,

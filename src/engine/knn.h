@@ -224,7 +224,7 @@ static inline size_t knn_result_at(const knn_result *out, size_t n_query,
 typedef struct {
     char message[512];      /* error reason, empty on success */
     char device[128];       /* "cpu (4 threads)" or the GPU's name(s) */
-    char precision[128];    /* candidate arithmetic + exact re-rank */
+    char precision[256];    /* candidate arithmetic + exact re-rank */
     double seconds_setup;   /* GPU: stream, cuBLAS, tile buffers */
     double seconds_prepare; /* upload, ranks, normalisation */
     double seconds_search;  /* products, candidate selection */

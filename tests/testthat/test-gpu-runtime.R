@@ -693,20 +693,53 @@ test_that("correlations give TF32 up for split TF32 where candidates explode", {
 
 test_that("rows of tens of thousands of candidates keep the bits", {
     skip_if_not(gpuAvailable(), "no usable GPU")
-    ## Heavy tails and five nodes a thousand times further out: those
-    ## nodes' margins hold every node, 40000 candidates a row, past their
-    ## tiles' uniform slots, so that their tiles run again with each row's
-    ## exact slots; the rows beside them in one tile keep their own.
+    ## Heavy tails and five nodes a thousand times further out: in TF32
+    ## those nodes' margins hold every node, 40000 candidates a row, past
+    ## their tiles' uniform slots. They go apart: their tiles keep the
+    ## other rows' results, and the five are searched on their own in
+    ## float32, whose margins leave them about k candidates.
     set.seed(71)
     x <- matrix(rt(40000 * 20, df = 2), 40000)
     x[c(1, 777, 20000, 39999, 40000), ] <-
         x[c(1, 777, 20000, 39999, 40000), ] * 1000
     got <- expectGpuIdentical(x, 10, "euclidean", label = "outliers",
                               devices = 0)
-    ## The five rows' 200000 candidates lift the mean past 15: the case
-    ## this test is for.
+    expect_match(attr(got$gpu, "precision"), "rows apart: fp32",
+                 fixed = TRUE)
+    expect_lt(attr(got$gpu, "timings")$candidates, 15)
+    got <- expectGpuIdentical(x, 10, "sqeuclidean", label = "outliers",
+                              devices = 0)
+    expect_match(attr(got$gpu, "precision"), "rows apart: fp32",
+                 fixed = TRUE)
+    ## Forced TF32 keeps every row in TF32: the tiles run again.
+    got <- expectGpuIdentical(x, 10, "euclidean", label = "outliers tf32",
+                              devices = 0, gpuPrecision = "tf32")
+    expect_false(grepl("apart", attr(got$gpu, "precision")))
     expect_gt(attr(got$gpu, "timings")$candidates, 15)
-    expectGpuIdentical(x, 10, "sqeuclidean", label = "outliers",
-                       devices = 0)
     expectGpuIdentical(x, 10, "pearson", label = "outliers", devices = 0)
+})
+
+test_that("a row apart whose ties crowd float32 too keeps the bits", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## One node at the centre of 448 nodes at exactly sqrt(3) from it
+    ## (three of eight coordinates +-1 off it), far from 20000 N(0,1)
+    ## nodes: its 448 tied candidates pass its tile's uniform slots in
+    ## every arithmetic, so it goes apart and its tile of rows apart runs
+    ## again with its exact slots. Ties go to the smaller index.
+    set.seed(72)
+    shell <- do.call(rbind, lapply(combn(8, 3, simplify = FALSE),
+                                   function(at) {
+        signs <- as.matrix(expand.grid(rep(list(c(-1, 1)), 3)))
+        m <- matrix(0, nrow(signs), 8)
+        m[, at] <- signs
+        m
+    }))
+    centre <- c(50, rep(0, 7))
+    x <- rbind(matrix(rnorm(20000 * 8), 20000),
+               sweep(shell, 2, centre, "+"), centre)
+    x <- x[sample(nrow(x)), ]
+    got <- expectGpuIdentical(x, 5, "euclidean", label = "tied shell",
+                              devices = 0)
+    expect_match(attr(got$gpu, "precision"), "rows apart: fp32",
+                 fixed = TRUE)
 })
