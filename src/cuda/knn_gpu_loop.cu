@@ -863,14 +863,15 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
     if (overflow) KNN_TRY(knn_tile_overflowed(d, s, &apart, &found));
     d->refined |= sl->refined && knn_slot_wide(sl, found) > found;
     for (int r = 0; r < sl->rows; r++) {
+        /* A row set apart (a fused row whose survivors overflowed may
+         * hold fewer than k) counts when it is searched. */
+        if (apart && knn_row_over(t, sl, r)) continue;
         if (sl->count[r] < k)
             return knn_gpu_fail(d->message, KNN_E_DEVICE,
                                 "candidate selection",
                                 "a row has fewer candidates than k",
                                 __FILE__, __LINE__);
-        /* A row set apart counts its candidates when it is searched. */
-        if (!apart || !knn_row_over(t, sl, r))
-            d->candidates += sl->count[r];
+        d->candidates += sl->count[r];
     }
 
     double t0 = knn_seconds();
