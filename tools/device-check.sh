@@ -77,112 +77,118 @@ run_harness() {
         "$build/gpu-harness" check
 }
 
+# The sanitizers' R script, in a file: Rscript -e takes at most 10000
+# bytes once its spaces are encoded.
+sanitize_script=$(mktemp --suffix=.R)
+cat > "$sanitize_script" <<'RSCRIPT'
+suppressPackageStartupMessages(library(knngpu))
+set.seed(1)
+x <- matrix(rnorm(1500 * 20), 1500)
+t <- matrix(sample(0:2, 1200 * 6, TRUE), 1200)
+t[, 1] <- 0; t[, 2] <- 1
+for (m in c("pearson", "euclidean", "manhattan", "spearman"))
+    g <- knnGraph(x, k = 20, metric = m, device = "gpu",
+                  progress = FALSE)
+g <- knnGraph(x, k = 600, device = "gpu", progress = FALSE)
+g <- knnGraph(t, k = 5, metric = "cosine", device = "gpu",
+              progress = FALSE)
+for (m in c("pearson", "euclidean")) {
+    g <- knnGraph(x, k = 20, metric = m, device = "gpu",
+                  precision = "tf32x3", progress = FALSE)
+    g <- knnGraph(x, k = 20, metric = m, device = "gpu",
+                  precision = "fp64", progress = FALSE)
+}
+## replicates of three profiles: TF32, split TF32, float64
+cl <- x[rep(1:3, 500), ] + rnorm(1500 * 20, sd = 1e-4)
+g <- knnGraph(cl, k = 10, metric = "cosine", device = "gpu",
+              progress = FALSE)
+## Euclidean: split TF32, then local frames (a graph and a
+## query search); exact copies searched once
+g <- knnGraph(cl, k = 10, metric = "euclidean", device = "gpu",
+              progress = FALSE)
+s <- knnSearch(cl, query = cl[1:200, ] + 1e-6, k = 10,
+               device = "gpu", progress = FALSE)
+g <- knnGraph(x[rep(1:30, 50), ], k = 10, device = "gpu",
+              progress = FALSE)
+## local frames on the fused path (four cell types of 1200
+## rows), a graph and a query search
+ct <- matrix(rnorm(4 * 20), 4)[rep(1:4, 1200), ] +
+    rnorm(4800 * 20, sd = 1e-3)
+g <- knnGraph(ct, k = 10, metric = "euclidean", device = "gpu",
+              progress = FALSE)
+s <- knnSearch(ct, query = ct + 1e-5, k = 10,
+               metric = "euclidean", device = "gpu",
+               progress = FALSE)
+## rows apart: three nodes a thousand times out among heavy
+## tails pass their slots in TF32 and are searched in float32
+h <- matrix(rt(3000 * 10, df = 2), 3000)
+h[c(5, 1500, 2999), ] <- h[c(5, 1500, 2999), ] * 1000
+g <- knnGraph(h, k = 10, device = "gpu", progress = FALSE)
+Sys.setenv(KNNGPU_SELECT = "fused")
+for (m in c("pearson", "euclidean"))
+    g <- knnGraph(x, k = 20, metric = m, device = "gpu",
+                  progress = FALSE)
+g <- knnGraph(t, k = 5, metric = "cosine", device = "gpu",
+              progress = FALSE)
+## rows past their slots (400 exact copies of each of three
+## profiles, each searched): the tile runs again, each row
+## from the bound of the first run
+options(knngpu.duplicates = "each")
+g <- knnGraph(x[rep(1:3, 400), ], k = 5, metric = "euclidean",
+              device = "gpu", progress = FALSE)
+options(knngpu.duplicates = NULL)
+## tiles of a few hundred rows beside the per-node arrays:
+## each pair computed once (k = 100: the k smallest of each row in
+## device memory, four entries a lane in the merge)
+options(knngpu.gpu.memory = 1e7)
+for (m in c("pearson", "euclidean"))
+    g <- knnGraph(x, k = 20, metric = m, device = "gpu",
+                  progress = FALSE)
+options(knngpu.gpu.memory = 1.8e7)
+g <- knnGraph(x, k = 100, metric = "euclidean", device = "gpu",
+              progress = FALSE)
+## pairwise-complete: every pair keyed in chunks of 9 rows
+## (knn_pw_chunk_rows), Pearson and bicor, then whole, then
+## query searches in one chunk, the reference tile in shared
+## memory and (p = 1500) in global memory
+h <- x
+h[sample(length(h), 1500)] <- NA
+options(knngpu.gpu.memory = 2 * 1500 * (8 * 20 + 8) + 4096 +
+                            9 * (8 * 1500 + 24 * 10))
+g <- knnGraph(h, k = 10, use = "pairwise.complete.obs",
+              device = "gpu", progress = FALSE)
+options(knngpu.gpu.memory = 2 * 1500 * (12 * 20 + 12) + 4096 +
+                            9 * (8 * 1500 + 24 * 10))
+g <- knnGraph(h, k = 10, metric = "bicor", progress = FALSE,
+              use = "pairwise.complete.obs", device = "gpu")
+options(knngpu.gpu.memory = NULL)
+## a self search keyed whole, each pair once
+for (m in c("pearson", "bicor"))
+    g <- knnGraph(h, k = 10, metric = m, progress = FALSE,
+                  use = "pairwise.complete.obs", device = "gpu")
+for (m in c("cosine", "bicor"))
+    s <- knnSearch(h, query = h[1:100, ], k = 10, metric = m,
+                   use = "pairwise.complete.obs", device = "gpu",
+                   progress = FALSE)
+w <- matrix(rnorm(60 * 1500), 60)
+w[sample(length(w), 4000)] <- NA
+s <- knnSearch(w, k = 5, use = "pairwise.complete.obs",
+               device = "gpu", progress = FALSE)
+cat("sanitized run done\n")
+RSCRIPT
+
 sanitize() {
     local tool=$1
     compute-sanitizer --tool "$tool" --error-exitcode 9 \
         --target-processes all \
-        env R_LIBS="$lib" Rscript -e '
-            suppressPackageStartupMessages(library(knngpu))
-            set.seed(1)
-            x <- matrix(rnorm(1500 * 20), 1500)
-            t <- matrix(sample(0:2, 1200 * 6, TRUE), 1200)
-            t[, 1] <- 0; t[, 2] <- 1
-            for (m in c("pearson", "euclidean", "manhattan", "spearman"))
-                g <- knnGraph(x, k = 20, metric = m, device = "gpu",
-                              progress = FALSE)
-            g <- knnGraph(x, k = 600, device = "gpu", progress = FALSE)
-            g <- knnGraph(t, k = 5, metric = "cosine", device = "gpu",
-                          progress = FALSE)
-            for (m in c("pearson", "euclidean")) {
-                g <- knnGraph(x, k = 20, metric = m, device = "gpu",
-                              precision = "tf32x3", progress = FALSE)
-                g <- knnGraph(x, k = 20, metric = m, device = "gpu",
-                              precision = "fp64", progress = FALSE)
-            }
-            ## replicates of three profiles: TF32, split TF32, float64
-            cl <- x[rep(1:3, 500), ] + rnorm(1500 * 20, sd = 1e-4)
-            g <- knnGraph(cl, k = 10, metric = "cosine", device = "gpu",
-                          progress = FALSE)
-            ## Euclidean: split TF32, then local frames (a graph and a
-            ## query search); exact copies searched once
-            g <- knnGraph(cl, k = 10, metric = "euclidean", device = "gpu",
-                          progress = FALSE)
-            s <- knnSearch(cl, query = cl[1:200, ] + 1e-6, k = 10,
-                           device = "gpu", progress = FALSE)
-            g <- knnGraph(x[rep(1:30, 50), ], k = 10, device = "gpu",
-                          progress = FALSE)
-            ## local frames on the fused path (four cell types of 1200
-            ## rows), a graph and a query search
-            ct <- matrix(rnorm(4 * 20), 4)[rep(1:4, 1200), ] +
-                rnorm(4800 * 20, sd = 1e-3)
-            g <- knnGraph(ct, k = 10, metric = "euclidean", device = "gpu",
-                          progress = FALSE)
-            s <- knnSearch(ct, query = ct + 1e-5, k = 10,
-                           metric = "euclidean", device = "gpu",
-                           progress = FALSE)
-            ## rows apart: three nodes a thousand times out among heavy
-            ## tails pass their slots in TF32 and are searched in float32
-            h <- matrix(rt(3000 * 10, df = 2), 3000)
-            h[c(5, 1500, 2999), ] <- h[c(5, 1500, 2999), ] * 1000
-            g <- knnGraph(h, k = 10, device = "gpu", progress = FALSE)
-            Sys.setenv(KNNGPU_SELECT = "fused")
-            for (m in c("pearson", "euclidean"))
-                g <- knnGraph(x, k = 20, metric = m, device = "gpu",
-                              progress = FALSE)
-            g <- knnGraph(t, k = 5, metric = "cosine", device = "gpu",
-                          progress = FALSE)
-            ## rows past their slots (400 exact copies of each of three
-            ## profiles, each searched): the tile runs again, each row
-            ## from the bound of the first run
-            options(knngpu.duplicates = "each")
-            g <- knnGraph(x[rep(1:3, 400), ], k = 5, metric = "euclidean",
-                          device = "gpu", progress = FALSE)
-            options(knngpu.duplicates = NULL)
-            ## tiles of a few hundred rows beside the per-node arrays:
-            ## each pair computed once (k = 100: the k smallest of each row in
-            ## device memory, four entries a lane in the merge)
-            options(knngpu.gpu.memory = 1e7)
-            for (m in c("pearson", "euclidean"))
-                g <- knnGraph(x, k = 20, metric = m, device = "gpu",
-                              progress = FALSE)
-            options(knngpu.gpu.memory = 1.8e7)
-            g <- knnGraph(x, k = 100, metric = "euclidean", device = "gpu",
-                          progress = FALSE)
-            ## pairwise-complete: every pair keyed in chunks of 9 rows
-            ## (knn_pw_chunk_rows), Pearson and bicor, then whole, then
-            ## query searches in one chunk, the reference tile in shared
-            ## memory and (p = 1500) in global memory
-            h <- x
-            h[sample(length(h), 1500)] <- NA
-            options(knngpu.gpu.memory = 2 * 1500 * (8 * 20 + 8) + 4096 +
-                                        9 * (8 * 1500 + 24 * 10))
-            g <- knnGraph(h, k = 10, use = "pairwise.complete.obs",
-                          device = "gpu", progress = FALSE)
-            options(knngpu.gpu.memory = 2 * 1500 * (12 * 20 + 12) + 4096 +
-                                        9 * (8 * 1500 + 24 * 10))
-            g <- knnGraph(h, k = 10, metric = "bicor", progress = FALSE,
-                          use = "pairwise.complete.obs", device = "gpu")
-            options(knngpu.gpu.memory = NULL)
-            ## a self search keyed whole, each pair once
-            for (m in c("pearson", "bicor"))
-                g <- knnGraph(h, k = 10, metric = m, progress = FALSE,
-                              use = "pairwise.complete.obs", device = "gpu")
-            for (m in c("cosine", "bicor"))
-                s <- knnSearch(h, query = h[1:100, ], k = 10, metric = m,
-                               use = "pairwise.complete.obs", device = "gpu",
-                               progress = FALSE)
-            w <- matrix(rnorm(60 * 1500), 60)
-            w[sample(length(w), 4000)] <- NA
-            s <- knnSearch(w, k = 5, use = "pairwise.complete.obs",
-                           device = "gpu", progress = FALSE)
-            cat("sanitized run done\n")' &&
+        env R_LIBS="$lib" Rscript "$sanitize_script" &&
         { [ ! -x "$harness_build/gpu-harness" ] ||
           compute-sanitizer --tool "$tool" --error-exitcode 9 \
               "$harness_build/gpu-harness" walk; }
 }
 
 # Steps run in child shells, under a time limit.
-export lib jobs harness_build
+export lib jobs harness_build sanitize_script
 export -f install_pkg run_tests run_harness sanitize
 
 nvidia-smi -L > "$OUT/device.txt" 2>&1
