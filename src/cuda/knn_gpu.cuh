@@ -393,18 +393,23 @@ typedef struct {
                            float; NaN before its own tile has run */
     uint64_t *list;     /* [n][cap]: (knn_order_bits(score) << 32) | node,
                            every node seen at or below the threshold */
-    int *count;         /* [n]: entries listed (past cap: lost; *overflow
-                           is set) */
+    int *count;         /* [n]: entries listed (past cap: lost, and the
+                           node marked in `lost`) */
     int *merged;        /* [n]: entries already merged into best */
-    int *overflow;      /* 1 once a list overflowed */
+    unsigned *lost;     /* [n / 32 + 1]: bit j set where node j's list
+                           lost entries, or its own row's survivors
+                           overflowed: its list misses candidates, and the
+                           node is searched apart (knn_gpu_apart) */
+    int *lost_nodes;    /* the bits set */
     /* Several devices, one of whose memory this device cannot read:
      * that device's lists and counts of stage_nodes nodes at a time,
-     * copied here (knn_pairs_absorb), and its thresholds [n]
-     * (knn_pairs_tighten); else none. */
+     * copied here (knn_pairs_absorb), its thresholds [n]
+     * (knn_pairs_tighten) and its lost bits; else none. */
     int stage_nodes;
     uint64_t *stage_list;
     int *stage_count;
     float *stage_threshold;
+    unsigned *stage_lost;
     void *block;        /* the one allocation of the arrays above */
 } knn_pairs;
 
@@ -448,10 +453,17 @@ knn_status knn_pairs_tighten(const knn_pairs *p, const float *other,
  * from_count[i] of them: the other device's arrays where this one reads
  * them directly, else staged copies) that are at or below this device's
  * thresholds, appended to its lists as new offers (knn_pairs_merge then
- * takes them). */
+ * takes them); a node the other device lost (from_lost, its lost bits,
+ * indexed by node) is lost here too. */
 knn_status knn_pairs_absorb(const knn_pairs *p, int node0, int nodes,
                             const uint64_t *from_list, const int *from_count,
-                            char *message, cudaStream_t stream);
+                            const unsigned *from_lost, char *message,
+                            cudaStream_t stream);
+/* The words of a walk's lost bits over n nodes. */
+static inline size_t knn_pairs_lost_words(int n)
+{
+    return (size_t)n / 32 + 1;
+}
 /* After the walk: the candidates of a tile of sel->rows rows from node
  * node0, in ascending node order, as knn_select_candidates gives them
  * (as many as sel's offsets give each row slots; a row counts all of its

@@ -729,7 +729,9 @@ __device__ void knn_owner_tile(const knn_fused_args &a,
 
 /* A shared walk's row after its walk: its k smallest and threshold
  * become its node's, from which later tiles' offers are judged (the
- * candidates are already in its list, `kept` of them). */
+ * candidates are already in its list, `kept` of them; the node is lost
+ * where they are more than the list holds or its survivors overflowed
+ * their slots, since then some are missing). */
 __device__ void knn_owner_to_node(const knn_fused_args &a,
                                   const knn_fused_shared &sh,
                                   const knn_owner *o, int node, int kept,
@@ -742,7 +744,7 @@ __device__ void knn_owner_to_node(const knn_fused_args &a,
     p.threshold[node] = __double2float_rd(bound);
     p.count[node] = kept;
     p.merged[node] = kept;
-    if (kept > p.cap) *p.overflow = 1;
+    if (kept > p.cap || o->survivors > o->sslots) knn_pairs_lose(p, node);
 }
 
 /* After the last column block: the final bound from the row's k smallest,
@@ -870,7 +872,8 @@ __device__ __forceinline__ void knn_fused_list(const knn_select_args &s,
 }
 
 /* A shared walk's offer of row node `node`, at score v, to node j's list
- * (a full list sets the walk's overflow flag). */
+ * (a full list loses node j: the offer that first finds it full marks
+ * it). */
 __device__ __forceinline__ void knn_pairs_offer(const knn_pairs &p, int j,
                                                 float v, int node)
 {
@@ -878,8 +881,8 @@ __device__ __forceinline__ void knn_pairs_offer(const knn_pairs &p, int j,
     if (pos < p.cap)
         p.list[(size_t)j * p.cap + pos] =
             ((uint64_t)knn_order_bits(v) << 32) | (unsigned)node;
-    else
-        *p.overflow = 1;
+    else if (pos == p.cap)
+        knn_pairs_lose(p, j);
 }
 
 /* The score of entry (mt, h) of column (nt, e), for a column that passed

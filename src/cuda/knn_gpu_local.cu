@@ -380,9 +380,8 @@ knn_status knn_dev_leave_local(knn_gpu_dev *d)
     c.local_refused = 1;
     knn_course_set(d, c);
     /* Its rows are searched again from the first, in float64: their
-     * progress too, and none stays apart. */
+     * progress too. */
     knn_meet_progress(d->shared, -d->rows_reported);
-    d->apart.n = 0;
     d->rows_reported = 0;
     d->local_frames = 0;
     d->half_products = 0;

@@ -549,54 +549,81 @@ int knn_slot_surv_overflow(const knn_gpu_tiles *t,
     return 0;
 }
 
-/* Whether row r of the slot needed more candidate or survivor slots than
- * it had. */
-static int knn_row_over(const knn_gpu_tiles *t, const knn_gpu_slot *sl,
-                        int r)
+/* Whether row r of slot sl's tile is set apart (its results there are
+ * written over by its own). */
+static int knn_row_apart(const knn_gpu_dev *d, const knn_gpu_slot *sl,
+                         int r)
 {
-    return sl->count[r] > sl->slots || knn_row_surv_over(t, sl, r);
+    if (sl->apart || !d->apart.mark) return 0;
+    int row = sl->place ? sl->place[r] : sl->row0 + r;
+    return d->apart.mark[row - d->q0];
+}
+
+/* Whether row r of the slot, not set apart, needed more candidate or
+ * survivor slots than it had. */
+static int knn_row_over(const knn_gpu_dev *d, const knn_gpu_slot *sl, int r)
+{
+    return (sl->count[r] > sl->slots || knn_row_surv_over(&d->t, sl, r)) &&
+           !knn_row_apart(d, sl, r);
 }
 
 /* The rows of the slot that needed more slots than they had. */
-static int knn_slot_rows_over(const knn_gpu_tiles *t, const knn_gpu_slot *sl)
+static int knn_slot_rows_over(const knn_gpu_dev *d, const knn_gpu_slot *sl)
 {
     int over = 0;
-    for (int r = 0; r < sl->rows; r++) over += knn_row_over(t, sl, r);
+    for (int r = 0; r < sl->rows; r++) over += knn_row_over(d, sl, r);
     return over;
 }
 
 /* Whether a row of the slot needed more than its uniform slots; *found
  * gets the candidates of all its rows. */
-static int knn_slot_overflow(const knn_gpu_tiles *t, const knn_gpu_slot *sl,
+static int knn_slot_overflow(const knn_gpu_dev *d, const knn_gpu_slot *sl,
                              double *found)
 {
     *found = knn_slot_found(sl);
     for (int r = 0; r < sl->rows; r++)
-        if (knn_row_over(t, sl, r)) return 1;
+        if (knn_row_over(d, sl, r)) return 1;
     return 0;
 }
 
-/* The rows of slot sl's tile that overflowed join the rows apart (their
- * tile's results for them are written over by their own). */
-static knn_status knn_apart_keep(knn_gpu_dev *d, const knn_gpu_slot *sl)
+knn_status knn_apart_add(knn_gpu_dev *d, int row)
 {
     knn_gpu_apart *a = &d->apart;
-    for (int r = 0; r < sl->rows; r++) {
-        if (!knn_row_over(&d->t, sl, r)) continue;
-        if (a->n == a->cap) {
-            int cap = a->cap > 0 ? 2 * a->cap : 256;
-            int *rows = (int *)realloc(a->rows, (size_t)cap * sizeof(int));
-            if (!rows) {
-                snprintf(d->message, sizeof d->message,
-                         "out of host memory for the rows set apart");
-                return KNN_E_NOMEM;
-            }
+    if (!a->mark) a->mark = (unsigned char *)calloc((size_t)d->nq, 1);
+    if (a->n == a->cap) {
+        int cap = a->cap > 0 ? 2 * a->cap : 256;
+        int *rows = (int *)realloc(a->rows, (size_t)cap * sizeof(int));
+        if (rows) {
             a->rows = rows;
             a->cap = cap;
         }
-        a->rows[a->n++] = sl->row0 + r;
     }
+    if (!a->mark || a->n == a->cap) {
+        snprintf(d->message, sizeof d->message,
+                 "out of host memory for the rows set apart");
+        return KNN_E_NOMEM;
+    }
+    if (a->mark[row - d->q0]) return KNN_OK;
+    a->mark[row - d->q0] = 1;
+    a->rows[a->n++] = row;
     return KNN_OK;
+}
+
+/* The rows of slot sl's tile that overflowed join the rows apart. */
+static knn_status knn_apart_keep(knn_gpu_dev *d, const knn_gpu_slot *sl)
+{
+    for (int r = 0; r < sl->rows; r++)
+        if (knn_row_over(d, sl, r)) KNN_TRY(knn_apart_add(d, sl->row0 + r));
+    return KNN_OK;
+}
+
+/* No row apart any more: the device's rows are searched again from the
+ * first. */
+static void knn_apart_clear(knn_gpu_dev *d)
+{
+    knn_gpu_apart *a = &d->apart;
+    if (a->mark) memset(a->mark, 0, (size_t)d->nq);
+    a->n = 0;
 }
 
 /* Why a tile is done again: the search changed its course (arithmetic or
@@ -802,28 +829,23 @@ static knn_status knn_tile_judge(knn_gpu_dev *d, int s, int *overflow,
                            sl->course.refine == d->course.refine))
             return KNN_OK;
         KNN_TRY(knn_tile_again(d, s, KNN_AGAIN_COURSE));
-        *overflow = knn_slot_overflow(&d->t, sl, found);
+        *overflow = knn_slot_overflow(d, sl, found);
     }
 }
 
 /* Gives the rows of slot s's tile that overflowed their slots what they
- * need: sets them apart where the policy says so (*apart their number),
- * else runs the tile again with each row's exact slots (*found then its
- * candidates). */
-static knn_status knn_tile_overflowed(knn_gpu_dev *d, int s, int *apart,
-                                      double *found)
+ * need: sets them apart where the policy says so, else runs the tile
+ * again with each row's exact slots (*found then its candidates). */
+static knn_status knn_tile_overflowed(knn_gpu_dev *d, int s, double *found)
 {
     knn_gpu_tiles *t = &d->t;
     knn_gpu_slot *sl = &t->slot[s];
-    int over = knn_slot_rows_over(t, sl);
-    if (knn_rows_go_apart(d, sl, over)) {
-        *apart = over;
+    if (knn_rows_go_apart(d, sl, knn_slot_rows_over(d, sl)))
         return knn_apart_keep(d, sl);
-    }
     int grow = sl->course.local && knn_slot_fused(sl);
     int surv = grow ? knn_slot_most(sl->survivors, sl->rows) : 0;
     KNN_TRY(knn_tile_again(d, s, KNN_AGAIN_SLOTS));
-    knn_slot_overflow(t, sl, found); /* the counts of the run again */
+    knn_slot_overflow(d, sl, found); /* the counts of the run again */
     if (grow)
         KNN_TRY(knn_grow_uniform(d, knn_slot_most(sl->count, sl->rows),
                                  surv));
@@ -851,7 +873,7 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
     d->seconds_rerank += ms_rerank / 1000.0;
 
     double found = 0.0;
-    int overflow = knn_slot_overflow(t, sl, &found), apart = 0;
+    int overflow = knn_slot_overflow(d, sl, &found);
     if (!sl->apart) {
         KNN_TRY(knn_tile_judge(d, s, &overflow, &found, rewind));
         if (*rewind) return KNN_OK;
@@ -860,12 +882,13 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
      * the search rewound to the panel path left no candidate behind. */
     d->half_products |= knn_slot_fused(sl) || knn_slot_gathered(sl);
     d->local_frames |= sl->d_nodes != NULL && !sl->apart;
-    if (overflow) KNN_TRY(knn_tile_overflowed(d, s, &apart, &found));
+    if (overflow) KNN_TRY(knn_tile_overflowed(d, s, &found));
     d->refined |= sl->refined && knn_slot_wide(sl, found) > found;
     for (int r = 0; r < sl->rows; r++) {
-        /* A row set apart (a fused row whose survivors overflowed may
-         * hold fewer than k) counts when it is searched. */
-        if (apart && knn_row_over(t, sl, r)) continue;
+        /* A row set apart (a fused row whose survivors overflowed, or a
+         * walk's lost node, may hold fewer than k) counts when it is
+         * searched. */
+        if (knn_row_apart(d, sl, r)) continue;
         if (sl->count[r] < k)
             return knn_gpu_fail(d->message, KNN_E_DEVICE,
                                 "candidate selection",
@@ -878,11 +901,11 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
     KNN_TRY(knn_dev_await_result(d));
     knn_copy_out(d, sl);
     d->seconds_collect += knn_seconds() - t0;
-    /* A shared walk counted half of each row as its tile ran; rows set
-     * apart count when they are searched. */
+    /* A shared walk counted half of each row as its tile ran; a tile's
+     * rows set apart count with it, not again when they are searched. */
     long long done = knn_slot_gathered(sl)
                          ? knn_gather_share(sl->row0, sl->rows)
-                         : sl->rows - apart;
+                         : sl->apart ? 0 : sl->rows;
     d->rows_reported += done;
     knn_meet_progress(d->shared, done);
     return KNN_OK;
@@ -938,6 +961,7 @@ void knn_apart_free(knn_gpu_apart *a)
 {
     cudaFree(a->block);
     free(a->rows);
+    free(a->mark);
     memset(a, 0, sizeof *a);
 }
 
@@ -1005,6 +1029,7 @@ knn_status knn_dev_tiles(knn_gpu_dev *d, int probe)
                 KNN_TRY(knn_dev_go_local(d, next));
             } else if (rewind == KNN_RUNG_UNLOCAL) {
                 KNN_TRY(knn_dev_leave_local(d));
+                knn_apart_clear(d);
                 next = d->q0;
             } else {
                 KNN_TRY(knn_dev_leave_fused(d, rewind));

@@ -20,8 +20,13 @@
  * bound: the argument of the fused kernel, now over offers as well. The
  * candidates are thus those under the final bound, and the float64
  * re-rank gives the same bits as every other path. A list that overflows
- * its entries loses offers: the device then leaves the shared walk and
- * searches again without it (knn_gpu_walk.cu).
+ * its entries loses offers, and so does a node whose own row's survivors
+ * overflowed its walk: the node is marked lost (knn_pairs_lose) and
+ * searched apart after the walk (knn_gpu_apart), or, where many are, the
+ * device leaves the shared walk and searches again without it
+ * (knn_gpu_walk.cu). A lost node's k smallest and threshold come from
+ * fewer pairs than it met, so they bound its k-th from above, as every
+ * threshold does: the other nodes' offers stay proven.
  *
  * Thresholds tighten as the search goes: tile 0's rows know only their
  * own tile's nodes when tile 1 makes its offers, so each node sees about
@@ -66,11 +71,14 @@ static void knn_pairs_carve(knn_pairs *p, knn_carver *c)
     p->list = knn_carve<uint64_t>(c, n * p->cap);
     p->count = knn_carve<int>(c, n);
     p->merged = knn_carve<int>(c, n);
-    p->overflow = knn_carve<int>(c, 1);
+    p->lost = knn_carve<unsigned>(c, knn_pairs_lost_words(p->n));
+    p->lost_nodes = knn_carve<int>(c, 1);
     size_t stage = (size_t)p->stage_nodes;
     p->stage_list = stage ? knn_carve<uint64_t>(c, stage * p->cap) : NULL;
     p->stage_count = stage ? knn_carve<int>(c, stage) : NULL;
     p->stage_threshold = stage ? knn_carve<float>(c, n) : NULL;
+    p->stage_lost = stage
+        ? knn_carve<unsigned>(c, knn_pairs_lost_words(p->n)) : NULL;
 }
 
 /* +inf into n floats. */
@@ -141,7 +149,11 @@ knn_status knn_pairs_alloc(knn_pairs *p, int n, int k, int cap,
                                           (size_t)n * sizeof(int), stream));
     KNN_CUDA_TRY(message, cudaMemsetAsync(p->merged, 0,
                                           (size_t)n * sizeof(int), stream));
-    KNN_CUDA_TRY(message, cudaMemsetAsync(p->overflow, 0, sizeof(int),
+    KNN_CUDA_TRY(message, cudaMemsetAsync(p->lost, 0,
+                                          knn_pairs_lost_words(n) *
+                                              sizeof(unsigned),
+                                          stream));
+    KNN_CUDA_TRY(message, cudaMemsetAsync(p->lost_nodes, 0, sizeof(int),
                                           stream));
     return knn_pairs_load_kernels(message);
 }
@@ -293,13 +305,15 @@ knn_status knn_pairs_tighten(const knn_pairs *p, const float *other,
 }
 
 /* One warp per node: the other device's entries at or below the node's
- * threshold appended to its list, in their order (entries past cap set
- * the overflow flag). The other device's lists are merged already, so
- * they hold its k smallest; those under this device's threshold are all
- * that can still be candidates. */
+ * threshold appended to its list, in their order (entries past cap lose
+ * the node, as does the other device's having lost it). The other
+ * device's lists are merged already, so they hold its k smallest; those
+ * under this device's threshold are all that can still be
+ * candidates. */
 __global__ static void __launch_bounds__(KNN_PAIRS_WARPS * 32)
 knn_pairs_absorb_kernel(knn_pairs p, int node0, int nodes,
-                        const uint64_t *from_list, const int *from_count)
+                        const uint64_t *from_list, const int *from_count,
+                        const unsigned *from_lost)
 {
     int lane = threadIdx.x & 31;
     int i = blockIdx.x * KNN_PAIRS_WARPS + (threadIdx.x >> 5);
@@ -312,18 +326,20 @@ knn_pairs_absorb_kernel(knn_pairs p, int node0, int nodes,
                                lane);
     if (lane == 0) {
         p.count[j] = at;
-        if (at > p.cap) *p.overflow = 1;
+        if (at > p.cap || (from_lost[j >> 5] >> (j & 31) & 1u))
+            knn_pairs_lose(p, j);
     }
 }
 
 knn_status knn_pairs_absorb(const knn_pairs *p, int node0, int nodes,
                             const uint64_t *from_list, const int *from_count,
-                            char *message, cudaStream_t stream)
+                            const unsigned *from_lost, char *message,
+                            cudaStream_t stream)
 {
     if (nodes <= 0) return KNN_OK;
     unsigned blocks = (nodes + KNN_PAIRS_WARPS - 1) / KNN_PAIRS_WARPS;
     knn_pairs_absorb_kernel<<<blocks, KNN_PAIRS_WARPS * 32, 0, stream>>>(
-        *p, node0, nodes, from_list, from_count);
+        *p, node0, nodes, from_list, from_count, from_lost);
     KNN_LAUNCH_TRY(message, "knn_pairs_absorb_kernel");
     return KNN_OK;
 }

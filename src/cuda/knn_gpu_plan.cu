@@ -434,7 +434,6 @@ static knn_status knn_dev_plan_rows(knn_gpu_dev *d, int most)
     int k = req->k;
     int avail = req->n_ref - (d->self ? 1 : 0);
     int slots = 2 * k + 256 < avail ? 2 * k + 256 : avail;
-    knn_pairs_free(&d->pairs);
     int surv_slots = knn_dev_fused(d)
         ? knn_fused_survivor_slots(k, req->n_ref, avail) : 0;
     double budget = 0.0;
@@ -502,9 +501,12 @@ static knn_status knn_dev_plan_rows(knn_gpu_dev *d, int most)
 knn_status knn_dev_plan_tiles(knn_gpu_dev *d)
 {
     KNN_TRY(knn_dev_choose_path(d));
+    knn_pairs_free(&d->pairs);
     return knn_dev_plan_rows(d, d->nq);
 }
 
+/* A shared walk's lists stay: in a walk of several devices the others
+ * may still read them (knn_team_release). */
 knn_status knn_dev_plan_apart(knn_gpu_dev *d, int rows)
 {
     knn_course_path(d, KNN_PATH_PANEL);

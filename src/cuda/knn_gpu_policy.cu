@@ -194,6 +194,18 @@ int knn_rows_go_apart(const knn_gpu_dev *d, const knn_gpu_slot *sl, int over)
            (long long)over * KNN_APART_SHARE <= sl->rows;
 }
 
+/* Whether a shared walk with `lost` nodes lost (knn_pairs.lost: their
+ * lists miss candidates) is left for the plain walk: any, where rows may
+ * not go apart (knn_rows_go_apart: the arithmetic forced); else more than
+ * a KNN_APART_SHARE-th of the nodes, which searched apart would cost
+ * about what the plain walk's second product of every pair does. */
+int knn_walk_too_lossy(const knn_gpu_dev *d, int lost)
+{
+    if (lost == 0) return 0;
+    return !knn_gemm_adaptive(d->req->precision, d->req->metric) ||
+           (long long)lost * KNN_APART_SHARE > d->req->n_ref;
+}
+
 /* Local frames (knn_gpu_local.cu) for a distance metric whose tiles are
  * crowded: nodes that lie close together relative to their distance from
  * the data's centre (cell types, replicates of a few states, genes at

@@ -75,11 +75,13 @@
 #define KNN_GROW_SLOTS 1.5
 #define KNN_GROW_MEMORY_SHARE 0.25
 /* Rows of a tile that overflow their slots go apart (knn_rows_go_apart)
- * where they are at most this share of its rows: a row apart costs a
- * panel row of float32 products and its selection, a few of a fused
- * tile's rows, where the tile run again costs all of its rows once more
- * (heavy tails at 1,000,000 nodes ran nearly every tile twice;
- * inst/bench/shapes.R, RESULTS.md "Rows apart"). */
+ * where they are at most this share of its rows, and a shared walk's lost
+ * nodes where they are at most this share of the nodes
+ * (knn_walk_too_lossy): a row apart costs a panel row of float32 products
+ * and its selection, a few of a fused tile's rows, where the tile run
+ * again costs all of its rows once more (heavy tails at 1,000,000 nodes
+ * ran nearly every tile twice; inst/bench/shapes_ab.R, RESULTS.md "Rows
+ * apart"). */
 #define KNN_APART_SHARE 16
 
 /* A tile is crowded (refine or climb) past knn_rung_too_wide's 4k + 64

@@ -10,6 +10,15 @@
 
 #include "knn_gpu.cuh"
 
+/* A shared walk's node j misses candidates (its list lost entries, or
+ * its own row's survivors overflowed): its lost bit set, and counted
+ * once. */
+__device__ __forceinline__ void knn_pairs_lose(const knn_pairs &p, int j)
+{
+    unsigned bit = 1u << (j & 31);
+    if (!(atomicOr(&p.lost[j >> 5], bit) & bit)) atomicAdd(p.lost_nodes, 1);
+}
+
 /* Rounded operations of float32 and float64 scores, by overload. */
 __device__ __forceinline__ float knn_fma_rn(float a, float b, float c)
 {

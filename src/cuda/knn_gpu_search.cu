@@ -73,9 +73,10 @@ static knn_status knn_dev_open(knn_gpu_dev *d)
 
 /* One device's course through its rows: a shared walk where its plan
  * took one (agreed with the other devices first), whose tiles then
- * gather their candidates from the walk's lists; else, or where the walk
- * had to be left, the row tiles of the plain course, starting with a
- * probe where the fused path may still change course (knn_dev_tiles). */
+ * gather their candidates from the walk's lists, its lost nodes apart;
+ * else, or where the walk had to be left, the row tiles of the plain
+ * course, starting with a probe where the fused path may still change
+ * course (knn_dev_tiles). */
 static knn_status knn_dev_search(knn_gpu_dev *d)
 {
     if (d->walkers > 1) KNN_TRY(knn_team_agree(d));
@@ -85,6 +86,7 @@ static knn_status knn_dev_search(knn_gpu_dev *d)
         if (d->shared->stop) return KNN_E_INTERRUPTED;
         if (!left && d->team_walk) KNN_TRY(knn_team_exchange(d, &left));
         if (!left) {
+            KNN_TRY(knn_walk_set_apart(d));
             knn_course_path(d, KNN_PATH_GATHER);
             d->pairs_once = 1;
             knn_status st = knn_dev_tiles(d, 0);

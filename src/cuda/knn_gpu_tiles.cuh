@@ -247,11 +247,13 @@ typedef struct {
  * rows with many exact copies). Their tile keeps its other rows' results
  * instead of running again whole; after the device's last tile they are
  * searched together on the panel path in float32, whose margins are a
- * small fraction of TF32's, from their fast vectors gathered here. Rows
- * past the device's query rows (q0 + nq + i) stand for rows[i]. */
+ * small fraction of TF32's, from their fast vectors gathered here. A
+ * shared walk's lost nodes (knn_pairs.lost) join them after the walk.
+ * Rows past the device's query rows (q0 + nq + i) stand for rows[i]. */
 typedef struct {
     int *rows;              /* the caller's query rows, host */
     int n, cap;
+    unsigned char *mark;    /* [nq]: 1 where row q0 + i is apart, host */
     int *nodes;             /* their nodes, device */
     float *fast;            /* their fast vectors, ldf floats each */
     float *sqnorm;          /* distances: |f|^2; else NULL */
@@ -398,6 +400,7 @@ int knn_slot_gathered(const knn_gpu_slot *sl);
 int knn_dev_could_pair(const knn_gpu_dev *d, int rows);
 int knn_rows_go_apart(const knn_gpu_dev *d, const knn_gpu_slot *sl,
                       int over);
+int knn_walk_too_lossy(const knn_gpu_dev *d, int lost);
 int knn_refine_possible(const knn_gpu_dev *d, knn_gemm_mode gemm);
 knn_select_algo knn_tile_algo(const knn_gpu_dev *d, int rows);
 int knn_tile_refined(const knn_gpu_dev *d, int rows, knn_gemm_mode gemm);
@@ -417,6 +420,9 @@ knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
  * runs on; the candidates of a slot's rows, and whether one of them
  * overflowed its survivor slots. */
 knn_status knn_dev_tiles(knn_gpu_dev *d, int probe);
+/* Rows apart: the device's query row `row` joins them (once); their
+ * arrays' release. */
+knn_status knn_apart_add(knn_gpu_dev *d, int row);
 void knn_apart_free(knn_gpu_apart *a);
 knn_status knn_dev_leave_fused(knn_gpu_dev *d, int step);
 knn_select_args knn_tile_select_args(const knn_gpu_dev *d, int row0,
@@ -454,15 +460,17 @@ int knn_local_possible(const knn_gpu_dev *d);
  * says whether its plan took one; they walk together only where all did,
  * and a device that planned one alone plans again without it). The walk
  * of every tile: *left gets why it was left (a knn_rung_step where the
- * search must refine or climb, -1 where a list overflowed), 0 when it is
- * done. Several devices, after the walk: each takes the others' lists of
- * its rows' nodes (*left as the walk's). Leaving a walk that could not
- * finish: the search starts again from its first row. A device done
- * reading the others' lists: where they read its own, it waits until
+ * search must refine or climb, -1 where too many nodes are lost), 0 when
+ * it is done. Several devices, after the walk: each takes the others'
+ * lists of its rows' nodes (*left as the walk's). A walk done: the lost
+ * nodes of the device's rows join its rows apart. Leaving a walk that
+ * could not finish: the search starts again from its first row. A device
+ * done reading the others' lists: where they read its own, it waits until
  * every device is done with them. */
 knn_status knn_team_agree(knn_gpu_dev *d);
 knn_status knn_pairs_walk_all(knn_gpu_dev *d, int *left);
 knn_status knn_team_exchange(knn_gpu_dev *d, int *left);
+knn_status knn_walk_set_apart(knn_gpu_dev *d);
 knn_status knn_dev_leave_pairs(knn_gpu_dev *d, int left);
 void knn_team_release(knn_gpu_dev *d);
 

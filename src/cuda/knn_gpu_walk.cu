@@ -23,6 +23,7 @@
  * have read them.
  */
 #include <stdio.h>
+#include <vector>
 #include "knn_gpu_tiles.cuh"
 
 /* Progress of a shared walk: half of each node, counted by node (the
@@ -86,8 +87,8 @@ static knn_status knn_team_tighten(knn_gpu_dev *d, int row0)
  * judged through slot 0: the fused kernel over the nodes up to the tile's
  * end, offering to the earlier tiles' nodes, then those nodes' merge;
  * waits for both. The slot gets the rows' own candidate and survivor
- * counts (the policy's and the redo's inputs on the plain walk), *lost
- * whether a list overflowed. */
+ * counts (the policy's input on the plain walk), *lost the nodes lost so
+ * far (knn_pairs.lost). */
 static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
                                       int *lost)
 {
@@ -117,7 +118,7 @@ static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
     size_t r = (size_t)mine;
     KNN_TRY(knn_copy_back(d, sl->count, t->count, r * sizeof(int)));
     KNN_TRY(knn_copy_back(d, sl->survivors, t->survivors, r * sizeof(int)));
-    KNN_TRY(knn_copy_back(d, t->h_pairs_lost, d->pairs.overflow,
+    KNN_TRY(knn_copy_back(d, t->h_pairs_lost, d->pairs.lost_nodes,
                           sizeof(int)));
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->done, d->stream));
     KNN_CUDA_TRY(d->message, cudaEventSynchronize(sl->done));
@@ -140,9 +141,9 @@ static int knn_team_leave(knn_gpu_dev *d, int left)
 /* The walk of every tile (on several devices, of every row: each walks
  * its share of each tile, the tiles in step). Each tile is judged as it
  * ends, as the plain walk's are: *left gets the step (a knn_rung_step)
- * where the search must refine or climb, or -1 where a row's survivors,
- * candidates or list overflowed (a rerun would offer its pairs twice); 0
- * when the walk is done. Devices sharing the walk leave it together, for
+ * where the search must refine or climb, or -1 where too many nodes are
+ * lost to search them apart (knn_walk_too_lossy; a rerun would offer
+ * their pairs twice); 0 when the walk is done. Devices sharing the walk leave it together, for
  * the first one's reason. Its share of half of each walked row counts as
  * progress; a walk that is left takes it back. */
 knn_status knn_pairs_walk_all(knn_gpu_dev *d, int *left)
@@ -165,13 +166,14 @@ knn_status knn_pairs_walk_all(knn_gpu_dev *d, int *left)
         if (!*left) {
             KNN_TRY(knn_pairs_walk_tile(d, row0, rows, &lost));
             /* A row's candidates past the tile's slots stay in its
-             * node's list, whose own overflow is `lost`; the gather's
-             * redo gives them slots. */
+             * node's list, which holds more; a node whose list or
+             * survivors overflowed is lost (`lost` so far), and goes
+             * apart. */
             double found = knn_slot_found(sl);
             knn_rung_step step = knn_dev_next_step(d, sl, found, 0);
-            int overflow = knn_slot_surv_overflow(t, sl) || lost;
+            int lossy = knn_walk_too_lossy(d, lost);
             *left = knn_team_leave(d, step != KNN_RUNG_STAY ? (int)step
-                                      : overflow ? -1 : 0);
+                                      : lossy ? -1 : 0);
         }
         if (*left) {
             knn_meet_progress(d->shared, -credited);
@@ -229,7 +231,8 @@ knn_status knn_team_agree(knn_gpu_dev *d)
 /* Device w's lists of this device's rows' nodes, absorbed as offers and
  * merged: read where they lie, in one pass, where this device reads w's
  * memory (only the entries in use cross between the GPUs), else a piece
- * at a time through the staging buffer (whole lists). */
+ * at a time through the staging buffer (whole lists); w's lost nodes are
+ * lost here too. */
 static knn_status knn_team_take_from(knn_gpu_dev *d, int w,
                                      const knn_select_args *all)
 {
@@ -237,6 +240,9 @@ static knn_status knn_team_take_from(knn_gpu_dev *d, int w,
     knn_pairs *p = &d->pairs;
     int end = d->q0 + d->nq;
     int step = d->team_reads >> w & 1u ? d->nq : p->stage_nodes;
+    const unsigned *lost = NULL;
+    KNN_TRY(knn_team_view(d, w, (const unsigned *)peer->lost,
+                          knn_pairs_lost_words(p->n), p->stage_lost, &lost));
     for (int c0 = d->q0; c0 < end; c0 += step) {
         int nodes = end - c0 < step ? end - c0 : step;
         const uint64_t *list = NULL;
@@ -247,8 +253,8 @@ static knn_status knn_team_take_from(knn_gpu_dev *d, int w,
                               (size_t)nodes * p->cap, p->stage_list, &list));
         KNN_TRY(knn_team_view(d, w, (const int *)peer->count + c0,
                               (size_t)nodes, p->stage_count, &count));
-        KNN_TRY(knn_pairs_absorb(p, c0, nodes, list, count, d->message,
-                                 d->stream));
+        KNN_TRY(knn_pairs_absorb(p, c0, nodes, list, count, lost,
+                                 d->message, d->stream));
         KNN_TRY(knn_pairs_merge(p, all, c0, c0 + nodes, d->message,
                                 d->stream));
     }
@@ -256,7 +262,7 @@ static knn_status knn_team_take_from(knn_gpu_dev *d, int w,
 }
 
 /* The other devices' lists of this device's rows' nodes, each device's
- * absorbed and merged in turn; *lost whether a list overflowed. */
+ * absorbed and merged in turn; *lost the nodes lost here then. */
 static knn_status knn_team_take_lists(knn_gpu_dev *d, int *lost)
 {
     knn_pairs *p = &d->pairs;
@@ -268,7 +274,7 @@ static knn_status knn_team_take_lists(knn_gpu_dev *d, int *lost)
     KNN_TRY(knn_team_tighten(d, d->req->n_ref));
     for (int w = 0; w < d->walkers; w++)
         if (w != d->walker) KNN_TRY(knn_team_take_from(d, w, &all));
-    KNN_TRY(knn_copy_back(d, t->h_pairs_lost, p->overflow, sizeof(int)));
+    KNN_TRY(knn_copy_back(d, t->h_pairs_lost, p->lost_nodes, sizeof(int)));
     KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
     *lost = *t->h_pairs_lost;
     return KNN_OK;
@@ -296,9 +302,9 @@ void knn_team_release(knn_gpu_dev *d)
 
 /* After a shared walk: once every device has walked, the lists of this
  * device's rows' nodes take the others' (*left as knn_pairs_walk_all's:
- * -1 where a list overflowed, another device's reason where it left the
- * walk). The others are done reading this device's lists before it
- * leaves the walk, which frees them. */
+ * -1 where too many nodes are lost, another device's reason where it
+ * left the walk). The others are done reading this device's lists before
+ * it leaves the walk, which frees them. */
 knn_status knn_team_exchange(knn_gpu_dev *d, int *left)
 {
     double t0 = knn_seconds();
@@ -307,7 +313,7 @@ knn_status knn_team_exchange(knn_gpu_dev *d, int *left)
     if (*left) return KNN_OK;
     int lost = 0;
     KNN_TRY(knn_team_take_lists(d, &lost));
-    if (lost) {
+    if (knn_walk_too_lossy(d, lost)) {
         *left = -1;
         knn_team_release(d);
     } else {
@@ -317,10 +323,27 @@ knn_status knn_team_exchange(knn_gpu_dev *d, int *left)
     return KNN_OK;
 }
 
+knn_status knn_walk_set_apart(knn_gpu_dev *d)
+{
+    if (*d->t.h_pairs_lost == 0) return KNN_OK;
+    size_t w0 = (size_t)d->q0 >> 5;
+    size_t words = ((size_t)(d->q0 + d->nq) >> 5) + 1 - w0;
+    std::vector<unsigned> bits(words);
+    KNN_CUDA_TRY(d->message,
+                 cudaMemcpyAsync(bits.data(), d->pairs.lost + w0,
+                                 words * sizeof(unsigned),
+                                 cudaMemcpyDeviceToHost, d->stream));
+    KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
+    for (int row = d->q0; row < d->q0 + d->nq; row++)
+        if (bits[(row >> 5) - w0] >> (row & 31) & 1u)
+            KNN_TRY(knn_apart_add(d, row));
+    return KNN_OK;
+}
+
 /* Leaves a shared walk that could not finish (left: see
  * knn_pairs_walk_all): the search starts again from its first row,
- * refining or climbing as the walk's tile showed, or, where a list
- * overflowed, on the plain walk. */
+ * refining or climbing as the walk's tile showed, or, where too many
+ * nodes were lost, on the plain walk. */
 knn_status knn_dev_leave_pairs(knn_gpu_dev *d, int left)
 {
     if (left == KNN_RUNG_LOCAL) return knn_dev_go_local(d, d->q0);

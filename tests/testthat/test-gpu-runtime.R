@@ -203,6 +203,20 @@ test_that("a self search on one GPU computes each pair once, same bits", {
         expect_true(pairsOnce(halved))
         expect_identical(halved$index, one$index)
         expect_identical(halved$distance, one$distance)
+        ## Nodes far out whose lists overflow on every GPU: each GPU
+        ## takes the others' lost marks with their lists, and the walk
+        ## goes on, its lost nodes searched apart.
+        set.seed(73)
+        h <- matrix(rt(30000 * 20, df = 2), 30000)
+        h[c(2, 15000, 29999), ] <- h[c(2, 15000, 29999), ] * 1000
+        all <- knnSearch(h, k = 10, device = "gpu", devices = ids,
+                         progress = FALSE)
+        one <- knnSearch(h, k = 10, device = "cpu", progress = FALSE)
+        expect_true(pairsOnce(all))
+        expect_match(attr(all, "precision"), "rows apart: fp32",
+                     fixed = TRUE)
+        expect_identical(all$index, one$index)
+        expect_identical(all$distance, one$distance)
     }
 })
 
@@ -695,7 +709,8 @@ test_that("rows of tens of thousands of candidates keep the bits", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     ## Heavy tails and five nodes a thousand times further out: in TF32
     ## those nodes' margins hold every node, 40000 candidates a row, past
-    ## their tiles' uniform slots. They go apart: their tiles keep the
+    ## their lists in the shared walk and their tiles' uniform slots on
+    ## the plain walk. They go apart: the walk goes on, the tiles keep the
     ## other rows' results, and the five are searched on their own in
     ## float32, whose margins are 2^-13 of TF32's.
     set.seed(71)
@@ -706,8 +721,15 @@ test_that("rows of tens of thousands of candidates keep the bits", {
                               devices = 0)
     expect_match(attr(got$gpu, "precision"), "rows apart: fp32",
                  fixed = TRUE)
+    expect_true(attr(got$gpu, "timings")$pairs_once)
+    ## The plain walk (each pair twice): their tiles' rows go apart.
+    old <- Sys.getenv("KNNGPU_SELECT")
+    on.exit(Sys.setenv(KNNGPU_SELECT = old))
+    Sys.setenv(KNNGPU_SELECT = "fused_rows")
     got <- expectGpuIdentical(x, 10, "sqeuclidean", label = "outliers",
                               devices = 0)
+    Sys.setenv(KNNGPU_SELECT = old)
+    expect_false(attr(got$gpu, "timings")$pairs_once)
     expect_match(attr(got$gpu, "precision"), "rows apart: fp32",
                  fixed = TRUE)
     ## Forced TF32 keeps every row in TF32: the tiles run again.
