@@ -872,8 +872,7 @@ __device__ __forceinline__ void knn_fused_list(const knn_select_args &s,
 }
 
 /* A shared walk's offer of row node `node`, at score v, to node j's list
- * (a full list loses node j: the offer that first finds it full marks
- * it). */
+ * (past a full list only counted: the merge marks the node lost). */
 __device__ __forceinline__ void knn_pairs_offer(const knn_pairs &p, int j,
                                                 float v, int node)
 {
@@ -881,8 +880,6 @@ __device__ __forceinline__ void knn_pairs_offer(const knn_pairs &p, int j,
     if (pos < p.cap)
         p.list[(size_t)j * p.cap + pos] =
             ((uint64_t)knn_order_bits(v) << 32) | (unsigned)node;
-    else if (pos == p.cap)
-        knn_pairs_lose(p, j);
 }
 
 /* The score of entry (mt, h) of column (nt, e), for a column that passed

@@ -224,7 +224,9 @@ __device__ __forceinline__ int knn_warp_append_under(const uint64_t *from,
 }
 
 /* One warp per node: its new offers into its k smallest, its threshold
- * from their bound, its list cut to the entries under it. */
+ * from their bound, its list cut to the entries under it; a node offered
+ * more than its list holds is lost (knn_pairs_lose: the offer kernel only
+ * counts them, which keeps its hot loop free of the marking). */
 __global__ static void __launch_bounds__(KNN_PAIRS_WARPS * 32)
 knn_pairs_merge_kernel(knn_pairs p, knn_select_args sel, int node0,
                        int node_end)
@@ -232,6 +234,7 @@ knn_pairs_merge_kernel(knn_pairs p, knn_select_args sel, int node0,
     int lane = threadIdx.x & 31;
     int j = node0 + blockIdx.x * KNN_PAIRS_WARPS + (threadIdx.x >> 5);
     if (j >= node_end) return; /* the whole warp */
+    if (lane == 0 && p.count[j] > p.cap) knn_pairs_lose(p, j);
     int listed = min(p.count[j], p.cap), from = p.merged[j];
     if (listed == from) return;
     uint64_t *list = p.list + (size_t)j * p.cap;
