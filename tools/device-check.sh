@@ -14,7 +14,7 @@
 #     tar -xJf .device/r.tar.xz -C / && /opt/r-compat/setup && \
 #       tools/device-check.sh
 # Options: KNNGPU_CHECK_STEPS="install tests harness sanitizer" (default
-# all), KNNGPU_TEST_FILTER (a testthat filter, e.g. "gpu"), KNNGPU_LIB (the
+# all; "memcheck" runs the sanitizer step's memcheck alone), KNNGPU_TEST_FILTER (a testthat filter, e.g. "gpu"), KNNGPU_LIB (the
 # library to install into), KNNGPU_STEP_SECONDS (limit per step, 300).
 set -u
 OUT=${OUT:-/tmp/knngpu-check}
@@ -201,6 +201,7 @@ for s in $steps; do
     sanitizer)
         step memcheck sanitize memcheck
         step racecheck sanitize racecheck ;;
+    memcheck) step memcheck sanitize memcheck ;;
     esac
 done
 cat "$OUT/device.txt" "$summary"
