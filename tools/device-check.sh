@@ -14,7 +14,8 @@
 #     tar -xJf .device/r.tar.xz -C / && /opt/r-compat/setup && \
 #       tools/device-check.sh
 # Options: KNNGPU_CHECK_STEPS="install tests harness sanitizer" (default
-# all; "memcheck" runs the sanitizer step's memcheck alone), KNNGPU_TEST_FILTER (a testthat filter, e.g. "gpu"), KNNGPU_LIB (the
+# all; "memcheck" runs the sanitizer step's memcheck alone),
+# KNNGPU_TEST_FILTER (a testthat filter, e.g. "gpu"), KNNGPU_LIB (the
 # library to install into), KNNGPU_STEP_SECONDS (limit per step, 300).
 set -u
 OUT=${OUT:-/tmp/knngpu-check}
