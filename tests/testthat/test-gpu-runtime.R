@@ -203,9 +203,10 @@ test_that("a self search on one GPU computes each pair once, same bits", {
         expect_true(pairsOnce(halved))
         expect_identical(halved$index, one$index)
         expect_identical(halved$distance, one$distance)
-        ## Nodes far out whose lists overflow on every GPU: each GPU
-        ## takes the others' lost marks with their lists, and the walk
-        ## goes on, its lost nodes searched apart.
+        ## Nodes far out among heavy tails, whose lists overflow on one
+        ## GPU: the walk goes on. On several each GPU's lists take a
+        ## share of the offers between merges, and a node lost on any
+        ## is lost on its rows' GPU too (the marks go with the lists).
         set.seed(73)
         h <- matrix(rt(30000 * 20, df = 2), 30000)
         h[c(2, 15000, 29999), ] <- h[c(2, 15000, 29999), ] * 1000
@@ -213,8 +214,6 @@ test_that("a self search on one GPU computes each pair once, same bits", {
                          progress = FALSE)
         one <- knnSearch(h, k = 10, device = "cpu", progress = FALSE)
         expect_true(pairsOnce(all))
-        expect_match(attr(all, "precision"), "rows apart: fp32",
-                     fixed = TRUE)
         expect_identical(all$index, one$index)
         expect_identical(all$distance, one$distance)
     }
