@@ -194,15 +194,20 @@ test_that("a self search on one GPU computes each pair once, same bits", {
         expect_true(pairsOnce(all))
         expect_identical(all$index, one$index)
         expect_identical(all$distance, one$distance)
+        ## A search on all the GPUs that shares one walk, with the CPU's
+        ## bits.
+        expectWalkedAsCpu <- function(x, k, memory = NULL) {
+            withOptions(list(knngpu.gpu.memory = memory), {
+                gpu <- knnSearch(x, k = k, device = "gpu", devices = ids,
+                                 progress = FALSE)
+            })
+            cpu <- knnSearch(x, k = k, device = "cpu", progress = FALSE)
+            expect_true(pairsOnce(gpu))
+            expect_identical(gpu$index, cpu$index)
+            expect_identical(gpu$distance, cpu$distance)
+        }
         ## Lists of half as many entries, alike on every GPU.
-        withOptions(list(knngpu.gpu.memory = 1.4e7), {
-            halved <- knnSearch(x, k = 32, device = "gpu", devices = ids,
-                                progress = FALSE)
-        })
-        one <- knnSearch(x, k = 32, device = "cpu", progress = FALSE)
-        expect_true(pairsOnce(halved))
-        expect_identical(halved$index, one$index)
-        expect_identical(halved$distance, one$distance)
+        expectWalkedAsCpu(x, 32, memory = 1.4e7)
         ## Nodes far out among heavy tails, whose lists overflow on one
         ## GPU: the walk goes on. On several each GPU's lists take a
         ## share of the offers between merges, and a node lost on any
@@ -210,12 +215,7 @@ test_that("a self search on one GPU computes each pair once, same bits", {
         set.seed(73)
         h <- matrix(rt(30000 * 20, df = 2), 30000)
         h[c(2, 15000, 29999), ] <- h[c(2, 15000, 29999), ] * 1000
-        all <- knnSearch(h, k = 10, device = "gpu", devices = ids,
-                         progress = FALSE)
-        one <- knnSearch(h, k = 10, device = "cpu", progress = FALSE)
-        expect_true(pairsOnce(all))
-        expect_identical(all$index, one$index)
-        expect_identical(all$distance, one$distance)
+        expectWalkedAsCpu(h, 10)
     }
 })
 
