@@ -45,7 +45,8 @@ for (kind in kinds) {
     seconds <- vapply(seq_len(reps), function(i)
         system.time(got <<- search(x))[["elapsed"]], 0)
     tm <- attr(got, "timings")
-    cat(sprintf("| %s | %d x %d | %.3f | %.3f | %.3f | %.1f | %s | %.0f | %s |\n",
+    cat(sprintf(paste("| %s | %d x %d | %.3f | %.3f | %.3f | %.1f | %s |",
+                      "%.0f | %s |\n"),
                 kind, ncol(x), nrow(x), min(seconds), tm$seconds_search,
                 tm$seconds_rerank, tm$candidates, tm$pairs_once,
                 checksum(got$index), attr(got, "precision")))

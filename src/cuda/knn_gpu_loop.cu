@@ -540,14 +540,6 @@ static int knn_slot_most(const int *counts, int rows)
     return most;
 }
 
-/* Whether a row of the slot needed more survivor slots than it had. */
-int knn_slot_surv_overflow(const knn_gpu_tiles *t,
-                                  const knn_gpu_slot *sl)
-{
-    for (int r = 0; r < sl->rows; r++)
-        if (knn_row_surv_over(t, sl, r)) return 1;
-    return 0;
-}
 
 /* Whether row r of slot sl's tile is set apart (its results there are
  * written over by its own). */

@@ -417,8 +417,8 @@ knn_rung_step knn_dev_next_step(const knn_gpu_dev *d,
  * selection arguments (rows from global query row row0, node node0, slot
  * offsets, arithmetic); the fused kernel's scratch with these survivor
  * slots; a device-to-host copy on the stream; the course a slot's tile
- * runs on; the candidates of a slot's rows, and whether one of them
- * overflowed its survivor slots. */
+ * runs on; the candidates of a slot's rows. The rows apart of a device
+ * (knn_gpu_apart) are searched at the end of knn_dev_tiles. */
 knn_status knn_dev_tiles(knn_gpu_dev *d, int probe);
 /* Rows apart: the device's query row `row` joins them (once); their
  * arrays' release. */
@@ -436,7 +436,6 @@ knn_status knn_copy_back(knn_gpu_dev *d, void *dst, const void *src,
 void knn_slot_begin(const knn_gpu_dev *d, knn_gpu_slot *sl, int row0,
                     int rows, int slots, int surv_slots);
 double knn_slot_found(const knn_gpu_slot *sl);
-int knn_slot_surv_overflow(const knn_gpu_tiles *t, const knn_gpu_slot *sl);
 
 /* knn_gpu_local.cu: local frames. Going local from row `row` (the tiles
  * in flight dropped; where the arrays do not fit, the search climbs

@@ -143,9 +143,10 @@ static int knn_team_leave(knn_gpu_dev *d, int left)
  * ends, as the plain walk's are: *left gets the step (a knn_rung_step)
  * where the search must refine or climb, or -1 where too many nodes are
  * lost to search them apart (knn_walk_too_lossy; a rerun would offer
- * their pairs twice); 0 when the walk is done. Devices sharing the walk leave it together, for
- * the first one's reason. Its share of half of each walked row counts as
- * progress; a walk that is left takes it back. */
+ * their pairs twice); 0 when the walk is done. Devices sharing the walk
+ * leave it together, for the first one's reason. Its share of half of
+ * each walked row counts as progress; a walk that is left takes it
+ * back. */
 knn_status knn_pairs_walk_all(knn_gpu_dev *d, int *left)
 {
     knn_gpu_tiles *t = &d->t;
