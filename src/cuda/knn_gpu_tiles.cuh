@@ -244,7 +244,7 @@ typedef struct {
 /* Rows set apart (knn_gpu_loop.cu): the few rows of a tile that found
  * far more candidates than their slots hold while its other rows fit
  * (nodes far out among heavy tails, whose margins grow with their norms;
- * rows with many exact copies). Their tile keeps its other rows' results
+ * rows with many exact ties). Their tile keeps its other rows' results
  * instead of running again whole; after the device's last tile they are
  * searched together on the panel path in float32, whose margins are a
  * small fraction of TF32's, from their fast vectors gathered here. A
@@ -374,16 +374,15 @@ knn_status knn_dev_idle(knn_gpu_dev *d);
 /* knn_gpu_policy.cu: the one change of a device's course; whether the
  * device is on the fused path (a shared walk's too), whether a slot's
  * tile ran the fused kernel or gathered a walk's lists; and the choices
- * that read the course. Whether a
- * search on the fused path would take a shared walk in tiles of `rows`
- * rows (0: any); whether the `over` rows of slot sl that overflowed
- * their slots go apart (knn_gpu_apart); whether a tile in `gemm` may
- * refine its TF32 candidates
- * in float32; the selection kernel of a panel tile of `rows` rows, and
- * whether it refines; a slot's TF32 candidates before any refinement,
- * given `found` after it; what the search does after the tile in slot
- * sl (found: its rows' candidates; overflow: a row overflowed its
- * slots). */
+ * that read the course. Whether a search on the fused path would take a
+ * shared walk in tiles of `rows` rows (0: any); whether the `over` rows
+ * of slot sl that overflowed their slots go apart (knn_gpu_apart), and
+ * whether a shared walk with `lost` nodes lost is left; whether a tile
+ * in `gemm` may refine its TF32 candidates in float32; the selection
+ * kernel of a panel tile of `rows` rows, and whether it refines; a
+ * slot's TF32 candidates before any refinement, given `found` after it;
+ * what the search does after the tile in slot sl (found: its rows'
+ * candidates; overflow: a row overflowed its slots). */
 void knn_course_set(knn_gpu_dev *d, knn_course next);
 /* Whether the request's work ends in milliseconds on one device; how many
  * of `visible` GPUs a request that left them to the engine uses. */
