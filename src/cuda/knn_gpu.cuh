@@ -116,6 +116,20 @@ knn_status knn_context_acquire(int device, knn_gpu_context **ctx,
  * next search or destroys it (after its stream is idle). */
 void knn_context_release(knn_gpu_context *ctx, knn_status status);
 
+/* A search's device array on the current device, zeroed, from the
+ * device's pool (knn_gpu_context.cu: what a successful search gives back
+ * is kept for the next one), ordered on `stream`; cudaMalloc's errors. */
+cudaError_t knn_device_alloc(void **ptr, size_t bytes, cudaStream_t stream);
+/* Gives an array of knn_device_alloc back once the current device's work
+ * is done, as cudaFree does. NULL does nothing. */
+void knn_device_free(void *ptr);
+/* Bytes the pool of `device` keeps that no search uses: free for a
+ * search's plan and in gpuInfo(). */
+size_t knn_device_idle_bytes(int device);
+/* Lets the kernels of `reader` use the arrays of `owner`'s pool (peer
+ * access between the two enabled). */
+knn_status knn_device_share(int owner, int reader, char *message);
+
 /* A pinned host block of at least `bytes` for a search's result slots
  * (or a pairwise-complete search's products, knn_gpu_coexpr.cu), kept
  * with ctx for later searches (replaced by a larger one when a search
@@ -124,8 +138,9 @@ knn_status knn_context_host(knn_gpu_context *ctx, size_t bytes, void **block,
                             char *message);
 
 /* The bytes a search may use on the current device: its free memory
- * less a reserve and 5% of the total, at most `requested` where that is
- * positive (options(knngpu.gpu.memory)); knn_gpu_plan.cu. */
+ * (with its pool's idle bytes) less a reserve and 5% of the total, at
+ * most `requested` where that is positive (options(knngpu.gpu.memory));
+ * knn_gpu_plan.cu. */
 knn_status knn_device_budget(double requested, double *budget,
                              char *message);
 /* knn_gpu_query.cu: the devices a search may use, into ids: every one of

@@ -201,7 +201,7 @@ static void knn_pw_free(knn_pw_gpu *gpu, knn_status status)
     cudaSetDevice(gpu->device);
     if (gpu->ctx) cudaStreamSynchronize(gpu->ctx->stream);
     if (gpu->done) cudaEventDestroy(gpu->done);
-    if (gpu->block) cudaFree(gpu->block);
+    knn_device_free(gpu->block);
     cudaGetLastError();
     knn_context_release(gpu->ctx, status);
     free(gpu);
@@ -308,7 +308,8 @@ static knn_status knn_pw_setup(knn_pw_gpu *gpu, const knn_pw_gpu_request *req,
     knn_carver carve = {NULL, 0};
     for (int pass = 0; pass < 2; pass++) {
         if (pass == 1) {
-            KNN_CUDA_TRY(message, cudaMalloc(&gpu->block, carve.used));
+            KNN_CUDA_TRY(message,
+                         knn_device_alloc(&gpu->block, carve.used, stream));
             carve.block = (char *)gpu->block;
             carve.used = 0;
         }

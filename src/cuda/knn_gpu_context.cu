@@ -12,6 +12,17 @@
  * a context made by such a search is destroyed with it, and one that
  * existed before is kept (unless the device faulted).
  *
+ * Device memory: a search's arrays (its nodes, their prepared vectors, the
+ * tiles' panel and slots) would each cost a cudaMalloc and a cudaFree,
+ * which map and unmap their pages and synchronise the device: together
+ * more than a small search's products. They come instead from a pool of
+ * the device's own (CUDA's stream-ordered allocator), which keeps what a
+ * successful search gives back, up to KNN_KEEP_BYTES_MAX and a
+ * KNN_KEEP_FRACTION of the device, for the next search. A search that
+ * fails or is interrupted gives all of it back to the device. Free memory
+ * as searches and gpuInfo() count it includes what the pool keeps idle,
+ * so that a search plans as if nothing were kept.
+ *
  * The upload: R's memory is pageable, which the driver copies through its
  * own staging on one thread. Up to 8 OpenMP threads instead copy 1 MB
  * parts into the ring's pinned slots and queue each slot's transfer as
@@ -39,6 +50,171 @@
 static std::mutex knn_context_lock;
 static knn_gpu_context *knn_kept[KNN_MAX_DEVICES];
 static bool knn_kept_busy[KNN_MAX_DEVICES];
+
+/* ---- device memory kept between searches ------------------------------ */
+
+#define KNN_KEEP_BYTES_MAX ((uint64_t)1 << 30)
+#define KNN_KEEP_FRACTION 16
+
+/* Each device's pool, made by the first search that allocates on it (or
+ * shares it with another device) and destroyed with the package. */
+static std::mutex knn_pool_lock;
+static cudaMemPool_t knn_pools[KNN_MAX_DEVICES];
+
+/* Runs f with `device` current, then makes the previous one current. */
+template <typename F>
+static cudaError_t knn_on_device(int device, F f)
+{
+    int current = -1;
+    cudaGetDevice(&current);
+    cudaError_t e = current == device ? cudaSuccess : cudaSetDevice(device);
+    if (e == cudaSuccess) e = f();
+    if (current >= 0 && current != device) cudaSetDevice(current);
+    return e;
+}
+
+/* What the pool of a device of `total` bytes keeps after a search. */
+static uint64_t knn_keep_bytes(size_t total)
+{
+    uint64_t share = (uint64_t)total / KNN_KEEP_FRACTION;
+    return share < KNN_KEEP_BYTES_MAX ? share : KNN_KEEP_BYTES_MAX;
+}
+
+/* The pool of `device`, made where it has none yet. */
+static cudaError_t knn_pool_of(int device, cudaMemPool_t *pool)
+{
+    std::lock_guard<std::mutex> g(knn_pool_lock);
+    if (knn_pools[device] != NULL) {
+        *pool = knn_pools[device];
+        return cudaSuccess;
+    }
+    size_t free_b = 0, total_b = 0;
+    cudaError_t e = knn_on_device(device, [&] {
+        return cudaMemGetInfo(&free_b, &total_b);
+    });
+    cudaMemPoolProps props;
+    memset(&props, 0, sizeof props);
+    props.allocType = cudaMemAllocationTypePinned;
+    props.location.type = cudaMemLocationTypeDevice;
+    props.location.id = device;
+    cudaMemPool_t made = NULL;
+    if (e == cudaSuccess) e = cudaMemPoolCreate(&made, &props);
+    uint64_t keep = knn_keep_bytes(total_b);
+    if (e == cudaSuccess)
+        e = cudaMemPoolSetAttribute(made, cudaMemPoolAttrReleaseThreshold,
+                                    &keep);
+    if (e != cudaSuccess) {
+        if (made) cudaMemPoolDestroy(made);
+        return e;
+    }
+    *pool = knn_pools[device] = made;
+    return cudaSuccess;
+}
+
+cudaError_t knn_device_alloc(void **ptr, size_t bytes, cudaStream_t stream)
+{
+    int device = -1;
+    cudaMemPool_t pool = NULL;
+    cudaError_t e = cudaGetDevice(&device);
+    if (e == cudaSuccess) e = knn_pool_of(device, &pool);
+    if (e != cudaSuccess) return e;
+    if (bytes == 0) bytes = 1;
+    e = cudaMallocFromPoolAsync(ptr, bytes, pool, stream);
+    if (e == cudaErrorMemoryAllocation) {
+        /* What the pool keeps may be in pieces too small: give them back
+         * to the device and try once more. */
+        cudaGetLastError();
+        cudaStreamSynchronize(stream);
+        cudaMemPoolTrimTo(pool, 0);
+        e = cudaMallocFromPoolAsync(ptr, bytes, pool, stream);
+    }
+    /* Zeroed, as the device's fresh pages are: an array's contents never
+     * depend on what an earlier search left in the pool. */
+    if (e != cudaSuccess) return e;
+    e = cudaMemsetAsync(*ptr, 0, bytes, stream);
+    if (e != cudaSuccess) {
+        cudaFreeAsync(*ptr, stream);
+        *ptr = NULL;
+    }
+    return e;
+}
+
+void knn_device_free(void *ptr)
+{
+    if (ptr == NULL) return;
+    cudaDeviceSynchronize();
+    cudaFreeAsync(ptr, 0);
+}
+
+size_t knn_device_idle_bytes(int device)
+{
+    cudaMemPool_t pool = NULL;
+    {
+        std::lock_guard<std::mutex> g(knn_pool_lock);
+        pool = knn_pools[device];
+    }
+    uint64_t reserved = 0, used = 0;
+    if (pool == NULL ||
+        cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReservedMemCurrent,
+                                &reserved) != cudaSuccess ||
+        cudaMemPoolGetAttribute(pool, cudaMemPoolAttrUsedMemCurrent,
+                                &used) != cudaSuccess) {
+        cudaGetLastError();
+        return 0;
+    }
+    return reserved > used ? (size_t)(reserved - used) : 0;
+}
+
+knn_status knn_device_share(int owner, int reader, char *message)
+{
+    cudaMemPool_t pool = NULL;
+    KNN_CUDA_TRY(message, knn_pool_of(owner, &pool));
+    cudaMemAccessDesc access;
+    memset(&access, 0, sizeof access);
+    access.location.type = cudaMemLocationTypeDevice;
+    access.location.id = reader;
+    access.flags = cudaMemAccessFlagsProtReadWrite;
+    KNN_CUDA_TRY(message, cudaMemPoolSetAccess(pool, &access, 1));
+    return KNN_OK;
+}
+
+/* After a search on `device` has given its arrays back: a successful one
+ * leaves the pool what it keeps, a failed one nothing. */
+static void knn_device_settle(int device, knn_status status)
+{
+    cudaMemPool_t pool = NULL;
+    {
+        std::lock_guard<std::mutex> g(knn_pool_lock);
+        pool = knn_pools[device];
+    }
+    if (pool == NULL) return;
+    uint64_t keep = 0;
+    if (status == KNN_OK)
+        cudaMemPoolGetAttribute(pool, cudaMemPoolAttrReleaseThreshold, &keep);
+    knn_on_device(device, [&] {
+        cudaDeviceSynchronize();
+        return cudaMemPoolTrimTo(pool, (size_t)keep);
+    });
+    cudaGetLastError();
+}
+
+/* Gives every pool's memory back (no search holds any). */
+static void knn_pools_destroy(void)
+{
+    std::lock_guard<std::mutex> g(knn_pool_lock);
+    for (int d = 0; d < KNN_MAX_DEVICES; d++) {
+        if (knn_pools[d] == NULL) continue;
+        knn_on_device(d, [&] {
+            cudaDeviceSynchronize();
+            cudaMemPoolTrimTo(knn_pools[d], 0);
+            return cudaMemPoolDestroy(knn_pools[d]);
+        });
+        knn_pools[d] = NULL;
+    }
+    cudaGetLastError();
+}
+
+/* ---- the kept context ------------------------------------------------- */
 
 static void knn_context_destroy(knn_gpu_context *c)
 {
@@ -118,7 +294,9 @@ void knn_context_release(knn_gpu_context *c, knn_status status)
         knn_kept_busy[c->device] = false;
     }
     c->fresh = 0;
+    int device = c->device;
     if (!keep) knn_context_destroy(c);
+    knn_device_settle(device, status);
 }
 
 extern "C" void knn_gpu_release(void)
@@ -131,6 +309,7 @@ extern "C" void knn_gpu_release(void)
         knn_context_destroy(knn_kept[d]);
         knn_kept[d] = NULL;
     }
+    knn_pools_destroy();
 }
 
 knn_status knn_context_host(knn_gpu_context *c, size_t bytes, void **block,

@@ -238,7 +238,7 @@ static void knn_kd_order(const double *x, int p, int *rows, int n,
 
 void knn_local_free(knn_gpu_local *lf)
 {
-    cudaFree(lf->block);
+    knn_device_free(lf->block);
     free(lf->place);
     free(lf->cut);
     memset(lf, 0, sizeof *lf);
@@ -313,7 +313,8 @@ static knn_status knn_local_alloc(knn_gpu_dev *d, int row)
         lf->view.norm_max = knn_carve<double>(&c, 1);
         lf->view.half_unscale = fused ? knn_carve<float>(&c, views) : NULL;
         lf->view.half = fused ? knn_carve<__half>(&c, views * ldh) : NULL;
-        if (pass == 0 && cudaMalloc(&lf->block, c.used) != cudaSuccess) {
+        if (pass == 0 && knn_device_alloc(&lf->block, c.used, d->stream) !=
+                             cudaSuccess) {
             cudaGetLastError();
             lf->block = NULL;
             return KNN_E_NOMEM;

@@ -749,7 +749,7 @@ static knn_status knn_dev_leave_fp32(knn_gpu_dev *d, knn_gemm_mode *next)
 {
     if (d->nodes.split) {
         KNN_TRY(knn_dev_idle(d));
-        cudaFree(d->nodes.split);
+        knn_device_free(d->nodes.split);
         d->nodes.split = NULL;
     }
     knn_status st = knn_dev_try_fp64(d);
@@ -935,7 +935,8 @@ static knn_status knn_apart_alloc(knn_gpu_dev *d)
         a->norm = dist ? knn_carve<double>(&c, n) : NULL;
         a->margin2 = knn_carve<double>(&c, n);
         if (pass == 0)
-            KNN_CUDA_TRY(d->message, cudaMalloc(&a->block, c.used));
+            KNN_CUDA_TRY(d->message,
+                         knn_device_alloc(&a->block, c.used, d->stream));
         c.block = (char *)a->block;
     }
     std::vector<int> nodes(n);
@@ -951,7 +952,7 @@ static knn_status knn_apart_alloc(knn_gpu_dev *d)
 
 void knn_apart_free(knn_gpu_apart *a)
 {
-    cudaFree(a->block);
+    knn_device_free(a->block);
     free(a->rows);
     free(a->mark);
     memset(a, 0, sizeof *a);

@@ -110,7 +110,7 @@ double knn_pairs_bytes(int n, int k, int cap, int stage_nodes)
 
 void knn_pairs_free(knn_pairs *p)
 {
-    cudaFree(p->block);
+    knn_device_free(p->block);
     memset(p, 0, sizeof *p);
 }
 
@@ -123,13 +123,13 @@ knn_status knn_pairs_alloc(knn_pairs *p, int n, int k, int cap,
     knn_pairs_size(p, n, k, cap, stage_nodes);
     knn_carver c = {NULL, 0};
     knn_pairs_carve(p, &c);
-    cudaError_t e = cudaMalloc(&p->block, c.used);
+    cudaError_t e = knn_device_alloc(&p->block, c.used, stream);
     if (e != cudaSuccess) {
         cudaGetLastError();
         p->block = NULL;
         return e == cudaErrorMemoryAllocation
             ? KNN_E_NOMEM
-            : knn_gpu_fail_cuda(message, e, "cudaMalloc(pairs)", __FILE__,
+            : knn_gpu_fail_cuda(message, e, "knn_device_alloc(pairs)", __FILE__,
                                 __LINE__);
     }
     c.block = (char *)p->block;

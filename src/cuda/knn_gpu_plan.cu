@@ -97,7 +97,7 @@ static double knn_row_bytes(size_t ld, int slots, int surv_slots, int k)
 
 void knn_slots_free(knn_gpu_tiles *t)
 {
-    cudaFree(t->slots_block);
+    knn_device_free(t->slots_block);
     t->slots_block = NULL;
     knn_carver none = {NULL, 0};
     knn_slots_carve(t, 0, &none);
@@ -108,7 +108,7 @@ void knn_tiles_free(knn_gpu_tiles *t)
 {
     knn_slots_free(t);
     knn_survivors_free(t);
-    cudaFree(t->device_block);
+    knn_device_free(t->device_block);
     if (t->host_own == KNN_HOST_PINNED) cudaFreeHost(t->host_block);
     else if (t->host_own == KNN_HOST_PLAIN) free(t->host_block);
     for (int s = 0; s < 2; s++) {
@@ -123,7 +123,7 @@ void knn_tiles_free(knn_gpu_tiles *t)
 
 void knn_survivors_free(knn_gpu_tiles *t)
 {
-    cudaFree(t->surv_block);
+    knn_device_free(t->surv_block);
     t->surv_block = NULL;
     t->survivor = NULL;
     t->surv_alloc = 0;
@@ -133,7 +133,8 @@ knn_status knn_survivors_alloc(knn_gpu_dev *d, int64_t n)
 {
     knn_gpu_tiles *t = &d->t;
     KNN_CUDA_TRY(d->message,
-                 cudaMalloc(&t->surv_block, (size_t)n * sizeof(uint64_t)));
+                 knn_device_alloc(&t->surv_block, (size_t)n * sizeof(uint64_t),
+                                  d->stream));
     t->survivor = (uint64_t *)t->surv_block;
     t->surv_alloc = n;
     return KNN_OK;
@@ -148,7 +149,8 @@ knn_status knn_slots_alloc(knn_gpu_dev *d, int64_t n_slots,
     if (min_temp > t->sort_temp_bytes) t->sort_temp_bytes = min_temp;
     knn_carver c = {NULL, 0};
     knn_slots_carve(t, (size_t)n_slots, &c);
-    KNN_CUDA_TRY(d->message, cudaMalloc(&t->slots_block, c.used));
+    KNN_CUDA_TRY(d->message,
+                 knn_device_alloc(&t->slots_block, c.used, d->stream));
     c.block = (char *)t->slots_block;
     c.used = 0;
     knn_slots_carve(t, (size_t)n_slots, &c);
@@ -214,7 +216,8 @@ static knn_status knn_tiles_alloc(knn_gpu_dev *d, int rows, int slots,
     t->surv_slots = surv_slots;
     knn_carver dev = {NULL, 0}, host = {NULL, 0};
     knn_tiles_carve(t, ld, k, &dev, &host);
-    KNN_CUDA_TRY(d->message, cudaMalloc(&t->device_block, dev.used));
+    KNN_CUDA_TRY(d->message,
+                 knn_device_alloc(&t->device_block, dev.used, d->stream));
     KNN_TRY(knn_host_slots(d, host.used));
     dev.block = (char *)t->device_block;
     host.block = (char *)t->host_block;
@@ -274,15 +277,15 @@ static knn_status knn_uniform_swap(knn_gpu_dev *d, int slots, int surv)
     if (st == KNN_OK)
         st = knn_survivors_alloc(d, (int64_t)t->rows * surv);
     if (st != KNN_OK) {
-        cudaFree(t->slots_block);
-        cudaFree(t->surv_block);
+        knn_device_free(t->slots_block);
+        knn_device_free(t->surv_block);
         cudaGetLastError();
         *t = old;
         d->message[0] = '\0';
         return KNN_E_NOMEM;
     }
-    cudaFree(old.slots_block);
-    cudaFree(old.surv_block);
+    knn_device_free(old.slots_block);
+    knn_device_free(old.surv_block);
     t->slots = slots;
     t->surv_slots = surv;
     KNN_TRY(knn_offsets_uniform(d, t->offsets_uniform, t->h_offsets, t->rows,
@@ -537,7 +540,10 @@ knn_status knn_device_budget(double requested, double *budget,
                              char *message)
 {
     size_t free_b = 0, total_b = 0;
+    int device = 0;
+    KNN_CUDA_TRY(message, cudaGetDevice(&device));
     KNN_CUDA_TRY(message, cudaMemGetInfo(&free_b, &total_b));
+    free_b += knn_device_idle_bytes(device);
     *budget = (double)free_b - KNN_RESERVE_BYTES - 0.05 * total_b;
     if (requested > 0 && requested < *budget) *budget = requested;
     return KNN_OK;

@@ -296,9 +296,10 @@ __global__ static void knn_fp64_kernel(knn_metric m, const double *x, int p,
     if (lane == 0) sqnorm64[g] = ss;
 }
 
-static knn_status knn_alloc(void **ptr, size_t bytes, char *message)
+static knn_status knn_alloc(void **ptr, size_t bytes, char *message,
+                            cudaStream_t stream)
 {
-    KNN_CUDA_TRY(message, cudaMalloc(ptr, bytes > 0 ? bytes : 1));
+    KNN_CUDA_TRY(message, knn_device_alloc(ptr, bytes, stream));
     return KNN_OK;
 }
 
@@ -341,7 +342,7 @@ static knn_status knn_prepare_corr(knn_metric m, double *x, knn_gpu_nodes *nd,
     size_t n_vals = (size_t)nd->p * nd->n_nodes;
     if (m == KNN_SPEARMAN) {
         KNN_TRY(knn_alloc((void **)&nd->exact, n_vals * sizeof(double),
-                          message));
+                          message, stream));
         knn_rank_kernel<<<knn_blocks(n_vals), KNN_PREP_THREADS, 0, stream>>>(
             x, nd->p, n_vals, nd->exact);
         KNN_LAUNCH_TRY(message, "knn_rank_kernel");
@@ -551,8 +552,9 @@ knn_status knn_nodes_half(knn_metric metric, knn_gpu_nodes *nodes,
     /* The unscales first: 16-byte aligned halves follow them. */
     size_t unscale_bytes = dist ? (n * sizeof(float) + 15) / 16 * 16 : 0;
     char *block = NULL;
-    if (cudaMalloc((void **)&block, unscale_bytes + n_vals * sizeof(__half))
-        != cudaSuccess) {
+    if (knn_device_alloc((void **)&block,
+                         unscale_bytes + n_vals * sizeof(__half),
+                         stream) != cudaSuccess) {
         cudaGetLastError();
         return knn_gpu_fail(message, KNN_E_NOMEM, "fp16 vectors",
                             "out of GPU memory", __FILE__, __LINE__);
@@ -584,8 +586,8 @@ knn_status knn_nodes_split(knn_gpu_nodes *nodes, char *message,
                            cudaStream_t stream)
 {
     size_t n_vals = (size_t)nodes->ldf * nodes->n_nodes;
-    if (cudaMalloc((void **)&nodes->split, 4 * n_vals * sizeof(float)) !=
-        cudaSuccess) {
+    if (knn_device_alloc((void **)&nodes->split, 4 * n_vals * sizeof(float),
+                         stream) != cudaSuccess) {
         cudaGetLastError();
         nodes->split = NULL;
         return knn_gpu_fail(message, KNN_E_NOMEM, "split TF32 arrays",
@@ -605,7 +607,7 @@ knn_status knn_nodes_fp64(knn_metric metric, knn_gpu_nodes *nodes,
     knn_carver c = {NULL, 0};
     knn_carve<double>(&c, n_vals);
     knn_carve<double>(&c, dist ? n : 0);
-    if (cudaMalloc(&nodes->block64, c.used) != cudaSuccess) {
+    if (knn_device_alloc(&nodes->block64, c.used, stream) != cudaSuccess) {
         cudaGetLastError();
         nodes->block64 = NULL;
         return knn_gpu_fail(message, KNN_E_NOMEM, "fp64 arrays",
@@ -640,7 +642,7 @@ knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
     knn_prep_scratch sc = {NULL, NULL, NULL, NULL};
     knn_carver c = {NULL, 0};
     knn_nodes_carve(metric, nodes, &sc, &c);
-    KNN_TRY(knn_alloc(&nodes->block, c.used, message));
+    KNN_TRY(knn_alloc(&nodes->block, c.used, message, stream));
     c.block = (char *)nodes->block;
     c.used = 0;
     knn_nodes_carve(metric, nodes, &sc, &c);
@@ -681,11 +683,11 @@ knn_status knn_prepare_nodes(knn_metric metric, double *x, int p, int n_ref,
 
 void knn_nodes_free(knn_gpu_nodes *nodes)
 {
-    cudaFree(nodes->exact);
-    cudaFree(nodes->block);
-    cudaFree(nodes->half_block);
-    cudaFree(nodes->split);
-    cudaFree(nodes->block64);
+    knn_device_free(nodes->exact);
+    knn_device_free(nodes->block);
+    knn_device_free(nodes->half_block);
+    knn_device_free(nodes->split);
+    knn_device_free(nodes->block64);
     nodes->half_block = NULL;
     nodes->half = NULL;
     nodes->half_unscale = NULL;

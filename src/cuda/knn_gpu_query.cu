@@ -35,7 +35,7 @@ static void knn_query_device(int d, knn_gpu_device *out)
     size_t free_b = 0, total_b = 0;
     if (cudaSetDevice(d) == cudaSuccess &&
         cudaMemGetInfo(&free_b, &total_b) == cudaSuccess)
-        out->memory_free = (double)free_b;
+        out->memory_free = (double)(free_b + knn_device_idle_bytes(d));
     cudaGetLastError();
 }
 

@@ -158,6 +158,15 @@ __global__ static void knn_output_kernel(knn_rerank_args a)
     if (t >= (size_t)a.rows * a.k) return;
     int r = (int)(a.by_row ? t / a.k : t % a.rows);
     int rank = (int)(a.by_row ? t % a.k : t / a.rows);
+    /* A row with fewer than k candidates (one set apart, searched again
+     * later) has no sorted slot here: its place says "no node" until
+     * then. */
+    if (rank >= a.seg_end[r] - a.offsets[r]) {
+        a.out_index[t] = -1;
+        a.out_distance[t] = 0.0;
+        a.out_weight[t] = 0.0;
+        return;
+    }
     int s = a.sort_val_out[a.offsets[r] + rank];
     double distance, weight;
     knn_key_output(a.metric, a.cand_key[s], &distance, &weight);

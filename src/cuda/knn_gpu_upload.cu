@@ -15,7 +15,8 @@
  * through this device's buffers (knn_team_view), CUDA staging its copies
  * through host memory; so where the knobs ask for staging (stage_peers),
  * the harness's way to run that path on one GPU. Once enabled, access
- * stays so for the process. */
+ * (to the peer's pool too, where its arrays come from) stays so for the
+ * process. */
 static knn_status knn_dev_enable_peer(knn_gpu_dev *d, int peer, int *reads)
 {
     int can = 0;
@@ -27,6 +28,7 @@ static knn_status knn_dev_enable_peer(knn_gpu_dev *d, int peer, int *reads)
                             : cudaErrorPeerAccessUnsupported;
         *reads = e == cudaSuccess || e == cudaErrorPeerAccessAlreadyEnabled;
         if (e != cudaSuccess) cudaGetLastError();
+        if (*reads) KNN_TRY(knn_device_share(peer, d->device, d->message));
     }
     if (d->knobs->stage_peers) *reads = 0;
     return KNN_OK;
@@ -119,7 +121,8 @@ static knn_status knn_upload_nodes(knn_gpu_dev *d, double **x)
     int shared = d->walkers > 1 && knn_dev_reads_peers(d);
     if (shared) knn_upload_slice(d, d->walker, &first, &end);
     KNN_CUDA_TRY(d->message,
-                 cudaMalloc((void **)x, p * d->n_nodes * sizeof(double)));
+                 knn_device_alloc((void **)x, p * d->n_nodes * sizeof(double),
+                                  d->stream));
     knn_upload_part parts[2] = {
         {*x + p * first, req->ref + p * first, p * (end - first)},
         {*x + p * req->n_ref,
@@ -159,7 +162,7 @@ knn_status knn_dev_prepare(knn_gpu_dev *d)
                                d->n_nodes, d->query_max_abs, d->course.gemm,
                                &d->nodes,
                                d->message, d->stream);
-    if (x != d->nodes.exact) cudaFree(x);
+    if (x != d->nodes.exact) knn_device_free(x);
     d->seconds_prepare = knn_seconds() - t0;
     return st;
 }
