@@ -13,8 +13,13 @@
 #'   memory on an H200, which \code{free_gb} then no longer counts) and
 #'   pinned host memory for uploads and results (32 MB, and up to 192 MB
 #'   more); a small search would otherwise spend a third of its time making
-#'   them. They are released when the package is unloaded. A search that
-#'   fails or is interrupted leaves the GPU's memory as it found it.
+#'   them. A search also keeps the device memory it gave back, up to
+#'   1 GiB and at most a sixteenth of the GPU, for the next search to take
+#'   again (allocating it anew costs a small search a fifth of its time);
+#'   \code{free_gb} counts that memory as free, as searches do. All of it
+#'   is released when the package is unloaded. A search that fails or is
+#'   interrupted gives the kept device memory back, and leaves the GPU's
+#'   memory as it found it.
 #' @examples
 #' gpuInfo()
 #' gpuAvailable()
