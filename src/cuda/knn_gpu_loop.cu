@@ -540,7 +540,6 @@ static int knn_slot_most(const int *counts, int rows)
     return most;
 }
 
-
 /* Whether row r of slot sl's tile is set apart (its results there are
  * written over by its own). */
 static int knn_row_apart(const knn_gpu_dev *d, const knn_gpu_slot *sl,
