@@ -118,7 +118,8 @@ void knn_context_release(knn_gpu_context *ctx, knn_status status);
 
 /* A search's device array on the current device, zeroed, from the
  * device's pool (knn_gpu_context.cu: what a successful search gives back
- * is kept for the next one), ordered on `stream`; cudaMalloc's errors. */
+ * is kept for the next one), or from cudaMalloc where it is larger than
+ * the pool keeps; ordered on `stream`; cudaMalloc's errors. */
 cudaError_t knn_device_alloc(void **ptr, size_t bytes, cudaStream_t stream);
 /* Gives an array of knn_device_alloc back once the current device's work
  * is done, as cudaFree does. NULL does nothing. */

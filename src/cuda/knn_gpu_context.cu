@@ -21,7 +21,12 @@
  * KNN_KEEP_FRACTION of the device, for the next search. A search that
  * fails or is interrupted gives all of it back to the device. Free memory
  * as searches and gpuInfo() count it includes what the pool keeps idle,
- * so that a search plans as if nothing were kept.
+ * so that a search plans as if nothing were kept. An array larger than
+ * the pool keeps (a large search's lists and tiles) comes from cudaMalloc
+ * instead: the pool would give it back at the end all the same, and it
+ * maps and unmaps such arrays several times slower than cudaMalloc and
+ * cudaFree, the more so on several devices at once
+ * (tools/alloc-costs.cu).
  *
  * The upload: R's memory is pageable, which the driver copies through its
  * own staging on one thread. Up to 8 OpenMP threads instead copy 1 MB
@@ -37,6 +42,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <mutex>
+#include <vector>
 #include "knn_gpu.cuh"
 #ifdef _OPENMP
 #include <omp.h>
@@ -57,9 +63,15 @@ static bool knn_kept_busy[KNN_MAX_DEVICES];
 #define KNN_KEEP_FRACTION 16
 
 /* Each device's pool, made by the first search that allocates on it (or
- * shares it with another device) and destroyed with the package. */
+ * shares it with another device) and destroyed with the package, and the
+ * bytes it keeps. */
 static std::mutex knn_pool_lock;
 static cudaMemPool_t knn_pools[KNN_MAX_DEVICES];
+static uint64_t knn_pool_keeps[KNN_MAX_DEVICES];
+
+/* The arrays of knn_device_alloc that came from cudaMalloc. */
+static std::mutex knn_large_lock;
+static std::vector<void *> knn_large;
 
 /* Runs f with `device` current, then makes the previous one current. */
 template <typename F>
@@ -80,12 +92,15 @@ static uint64_t knn_keep_bytes(size_t total)
     return share < KNN_KEEP_BYTES_MAX ? share : KNN_KEEP_BYTES_MAX;
 }
 
-/* The pool of `device`, made where it has none yet. */
-static cudaError_t knn_pool_of(int device, cudaMemPool_t *pool)
+/* The pool of `device`, made where it has none yet, and (keep, where
+ * not NULL) the bytes it keeps. */
+static cudaError_t knn_pool_of(int device, cudaMemPool_t *pool,
+                               uint64_t *keep_bytes = NULL)
 {
     std::lock_guard<std::mutex> g(knn_pool_lock);
     if (knn_pools[device] != NULL) {
         *pool = knn_pools[device];
+        if (keep_bytes) *keep_bytes = knn_pool_keeps[device];
         return cudaSuccess;
     }
     size_t free_b = 0, total_b = 0;
@@ -108,32 +123,76 @@ static cudaError_t knn_pool_of(int device, cudaMemPool_t *pool)
         return e;
     }
     *pool = knn_pools[device] = made;
+    knn_pool_keeps[device] = keep;
+    if (keep_bytes) *keep_bytes = keep;
     return cudaSuccess;
+}
+
+/* An array larger than the pool keeps, from cudaMalloc; a failure to
+ * note it frees it again. */
+static cudaError_t knn_large_alloc(void **ptr, size_t bytes)
+{
+    cudaError_t e = cudaMalloc(ptr, bytes);
+    if (e != cudaSuccess) return e;
+    try {
+        std::lock_guard<std::mutex> g(knn_large_lock);
+        knn_large.push_back(*ptr);
+    } catch (...) {
+        cudaFree(*ptr);
+        *ptr = NULL;
+        return cudaErrorMemoryAllocation;
+    }
+    return cudaSuccess;
+}
+
+/* Whether ptr came from knn_large_alloc; forgets it if so. */
+static bool knn_large_forget(void *ptr)
+{
+    std::lock_guard<std::mutex> g(knn_large_lock);
+    for (size_t i = 0; i < knn_large.size(); i++)
+        if (knn_large[i] == ptr) {
+            knn_large[i] = knn_large.back();
+            knn_large.pop_back();
+            return true;
+        }
+    return false;
+}
+
+/* The array from the pool, or from cudaMalloc where it is larger than
+ * the pool keeps. */
+static cudaError_t knn_device_take(void **ptr, size_t bytes,
+                                   cudaMemPool_t pool, uint64_t keep,
+                                   cudaStream_t stream)
+{
+    return bytes > keep ? knn_large_alloc(ptr, bytes)
+                        : cudaMallocFromPoolAsync(ptr, bytes, pool, stream);
 }
 
 cudaError_t knn_device_alloc(void **ptr, size_t bytes, cudaStream_t stream)
 {
     int device = -1;
     cudaMemPool_t pool = NULL;
+    uint64_t keep = 0;
     cudaError_t e = cudaGetDevice(&device);
-    if (e == cudaSuccess) e = knn_pool_of(device, &pool);
+    if (e == cudaSuccess) e = knn_pool_of(device, &pool, &keep);
     if (e != cudaSuccess) return e;
     if (bytes == 0) bytes = 1;
-    e = cudaMallocFromPoolAsync(ptr, bytes, pool, stream);
+    e = knn_device_take(ptr, bytes, pool, keep, stream);
     if (e == cudaErrorMemoryAllocation) {
-        /* What the pool keeps may be in pieces too small: give them back
-         * to the device and try once more. */
+        /* What the pool keeps may be in pieces too small, or take the
+         * room: give it back to the device and try once more. */
         cudaGetLastError();
         cudaStreamSynchronize(stream);
         cudaMemPoolTrimTo(pool, 0);
-        e = cudaMallocFromPoolAsync(ptr, bytes, pool, stream);
+        e = knn_device_take(ptr, bytes, pool, keep, stream);
     }
     /* Zeroed, as the device's fresh pages are: an array's contents never
      * depend on what an earlier search left in the pool. */
     if (e != cudaSuccess) return e;
     e = cudaMemsetAsync(*ptr, 0, bytes, stream);
     if (e != cudaSuccess) {
-        cudaFreeAsync(*ptr, stream);
+        cudaStreamSynchronize(stream);
+        knn_device_free(*ptr);
         *ptr = NULL;
     }
     return e;
@@ -142,6 +201,10 @@ cudaError_t knn_device_alloc(void **ptr, size_t bytes, cudaStream_t stream)
 void knn_device_free(void *ptr)
 {
     if (ptr == NULL) return;
+    if (knn_large_forget(ptr)) {
+        cudaFree(ptr);
+        return;
+    }
     cudaDeviceSynchronize();
     cudaFreeAsync(ptr, 0);
 }

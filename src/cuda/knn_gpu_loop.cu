@@ -581,6 +581,7 @@ knn_status knn_apart_add(knn_gpu_dev *d, int row)
 {
     knn_gpu_apart *a = &d->apart;
     if (!a->mark) a->mark = (unsigned char *)calloc((size_t)d->nq, 1);
+    if (a->mark && a->mark[row - d->q0]) return KNN_OK;
     if (a->n == a->cap) {
         int cap = a->cap > 0 ? 2 * a->cap : 256;
         int *rows = (int *)realloc(a->rows, (size_t)cap * sizeof(int));
@@ -594,7 +595,6 @@ knn_status knn_apart_add(knn_gpu_dev *d, int row)
                  "out of host memory for the rows set apart");
         return KNN_E_NOMEM;
     }
-    if (a->mark[row - d->q0]) return KNN_OK;
     a->mark[row - d->q0] = 1;
     a->rows[a->n++] = row;
     return KNN_OK;
