@@ -44,6 +44,8 @@
                          progress = progress, edges = edges,
                          algorithm = algorithm, precision = precision,
                          select = .envChoice("KNNGPU_SELECT", .gpuSelects),
+                         rowsApart = .envChoice("KNNGPU_ROWS_APART",
+                                                .rowsApart),
                          block = .blockNodes(),
                          duplicates = .duplicatesChoice())
     if (!is.null(res$problem)) {
@@ -101,6 +103,11 @@
 ## (knn_select_force, in order).
 .gpuSelects <- c("auto", "warp", "radix", "fused", "fused_rows")
 
+## Whether the GPU sets a tile's crowded rows apart where few ("auto") or
+## always runs the tile again for them ("never"; knn_knobs'
+## keep_rows_in_tiles), for the tests of that path.
+.rowsApart <- c("auto", "never")
+
 ## The rungs of the candidate arithmetic (knn_precision, in order): "auto"
 ## climbs from the cheapest as the data asks; the others force one.
 .precisions <- c("auto", "tf32", "fp32", "fp64", "tf32x3")
@@ -116,19 +123,21 @@
 ## double matrices (query NULL for a self search); the rest as the engine
 ## takes them (src/glue.c, C_knn_search), checked by the caller. The one
 ## place that knows the .Call's arguments, for the verbs and the benchmark
-## scripts. select, block, stagePeers and duplicates are the engine's test
-## and tuning knobs (knn_knobs in src/engine/knn.h), apart from the search's
-## own arguments: the GPU's selection forced (.gpuSelects), nodes per block
-## of a streamed search, (stagePeers, for measurements) several GPUs
-## staging each other's arrays as GPUs without peer access do, and how
-## exact copies are searched (.duplicates).
+## scripts. select, rowsApart, block, stagePeers and duplicates are the
+## engine's test and tuning knobs (knn_knobs in src/engine/knn.h), apart
+## from the search's own arguments: the GPU's selection forced
+## (.gpuSelects), whether it sets crowded rows apart (.rowsApart), nodes
+## per block of a streamed search, (stagePeers, for measurements) several
+## GPUs staging each other's arrays as GPUs without peer access do, and
+## how exact copies are searched (.duplicates).
 .engineSearch <- function(ref, query = NULL, k, metric, gpu = FALSE,
                           threads = 0L, memory = 0, devices = integer(),
                           progress = FALSE, edges = FALSE,
                           algorithm = "auto", precision = "auto",
-                          select = "auto", block = 0L, stagePeers = FALSE,
-                          duplicates = "auto") {
+                          select = "auto", rowsApart = "auto", block = 0L,
+                          stagePeers = FALSE, duplicates = "auto") {
     knobs <- c(select = match(select, .gpuSelects) - 1L,
+               keep_rows_in_tiles = as.integer(rowsApart == "never"),
                block_nodes = as.integer(block),
                stage_peers = as.integer(stagePeers),
                duplicates = match(duplicates, .duplicates) - 1L)

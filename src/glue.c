@@ -181,7 +181,7 @@ static int knn_knob(SEXP knobs, const char *name)
  * edge list; algorithm, precision: the codes of knn_algorithm and
  * knn_precision; knobs: a named integer vector of the test and tuning
  * overrides (knn_knobs: select, block_nodes, stage_peers,
- * duplicates). R/engine.R's
+ * duplicates, keep_rows_in_tiles). R/engine.R's
  * .engineSearch() is the one caller, with every value checked. Returns
  * list(index, distance, weight, info) with n x k matrices, or
  * list(from, to, weight, distance, rank, info) with one element per edge,
@@ -248,6 +248,7 @@ SEXP C_knn_search(SEXP ref, SEXP query, SEXP k, SEXP metric, SEXP backend,
     tuning.block_nodes = knn_knob(knobs, "block_nodes");
     tuning.stage_peers = knn_knob(knobs, "stage_peers");
     tuning.duplicates = knn_knob(knobs, "duplicates");
+    tuning.keep_rows_in_tiles = knn_knob(knobs, "keep_rows_in_tiles");
     req.memory_bytes = asReal(memory);
     knn_request_devices(&req, devices);
     int nq = isNull(query) ? req.n_ref : req.n_query;

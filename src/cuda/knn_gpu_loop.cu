@@ -540,14 +540,19 @@ static int knn_slot_most(const int *counts, int rows)
     return most;
 }
 
+/* The query row of row r of slot sl: its place in a spatial order. */
+static int knn_slot_row(const knn_gpu_slot *sl, int r)
+{
+    return sl->place ? sl->place[r] : sl->row0 + r;
+}
+
 /* Whether row r of slot sl's tile is set apart (its results there are
  * written over by its own). */
 static int knn_row_apart(const knn_gpu_dev *d, const knn_gpu_slot *sl,
                          int r)
 {
     if (sl->apart || !d->apart.mark) return 0;
-    int row = sl->place ? sl->place[r] : sl->row0 + r;
-    return d->apart.mark[row - d->q0];
+    return d->apart.mark[knn_slot_row(sl, r) - d->q0];
 }
 
 /* Whether row r of the slot, not set apart, needed more candidate or
@@ -604,7 +609,8 @@ knn_status knn_apart_add(knn_gpu_dev *d, int row)
 static knn_status knn_apart_keep(knn_gpu_dev *d, const knn_gpu_slot *sl)
 {
     for (int r = 0; r < sl->rows; r++)
-        if (knn_row_over(d, sl, r)) KNN_TRY(knn_apart_add(d, sl->row0 + r));
+        if (knn_row_over(d, sl, r))
+            KNN_TRY(knn_apart_add(d, knn_slot_row(sl, r)));
     return KNN_OK;
 }
 

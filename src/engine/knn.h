@@ -157,6 +157,10 @@ typedef struct {
                              access, on any machine) */
     int duplicates;       /* knn_duplicates: how exact copies among the
                              reference nodes are searched */
+    int keep_rows_in_tiles; /* GPU backend: nonzero runs a tile again for
+                               its rows past their slots, never setting
+                               them apart (the path of tiles whose many
+                               rows overflow, on any data) */
 } knn_knobs;
 
 /* Exact copies among the reference nodes (knn_dedup.c): AUTO searches

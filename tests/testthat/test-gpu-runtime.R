@@ -650,19 +650,40 @@ test_that("fused tiles run again for their slots keep the bits", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     ## Cell types on falling PC scales: local tiles that hold parts of two
     ## types leave some rows thousands of candidates, past their uniform
-    ## slots, and the tile runs again with each row's exact slots, its
+    ## slots. Kept in their tiles (the knob of tiles whose many rows
+    ## overflow), the tile runs again with each row's exact slots, its
     ## thresholds starting at the bounds of the first run. Its candidates,
     ## and so the bits, are the first run's, for a graph and a query
     ## search.
     ## One GPU: several split the rows, and each device's tiles judge
     ## local frames for themselves.
+    old <- Sys.getenv("KNNGPU_ROWS_APART")
+    on.exit(Sys.setenv(KNNGPU_ROWS_APART = old))
+    Sys.setenv(KNNGPU_ROWS_APART = "never")
     x <- shapeData("cellpcs", 60000, seed = 44)
     got <- expectGpuIdentical(x, 15, "euclidean", label = "local redo",
                               devices = 0)
     expect_match(attr(got$gpu, "precision"), "tf32 tiles in local frames")
+    expect_no_match(attr(got$gpu, "precision"), "rows apart")
     q <- x[seq(1, 60000, by = 6), ] + 1e-3
     expectGpuIdentical(x, 15, "euclidean", query = q,
                        label = "local redo query", devices = 0)
+})
+
+test_that("a local tile's crowded rows go apart and keep the bits", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## The same cell types: the few rows of a local tile past their slots
+    ## (far from the tile's translation) go apart, searched after the
+    ## last tile in float32 in the global frame, and the tile keeps its
+    ## other rows' results.
+    x <- shapeData("cellpcs", 60000, seed = 44)
+    got <- expectGpuIdentical(x, 15, "euclidean", label = "local apart",
+                              devices = 0)
+    expect_match(attr(got$gpu, "precision"),
+                 "tf32 tiles in local frames.*rows apart: fp32")
+    q <- x[seq(1, 60000, by = 6), ] + 1e-3
+    expectGpuIdentical(x, 15, "euclidean", query = q,
+                       label = "local apart query", devices = 0)
 })
 
 test_that("TF32 candidates are rescored in float32 before the re-rank", {
