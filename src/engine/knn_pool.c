@@ -53,19 +53,33 @@ void knn_pool_bound_by_row(knn_pool *pool, double norm, double unit,
     pool->row_norm = norm;
     pool->row_unit = unit;
     pool->row_floor = floor;
+    pool->row_kth = INFINITY;
+    pool->row_bound = INFINITY;
 }
+
+/* The row's own bound (knn_dist_row_bound, two square roots and a tie
+ * search) is computed again only once the k-th best score has fallen by
+ * a tenth since it last was: most improvements of a filling pool are
+ * small, and the bound it keeps meanwhile, from a larger k-th score, is
+ * looser but holds (the bound never rises). */
+#define KNN_ROW_BOUND_STEP 0.9
 
 /* Tightens the bound to what a k-th best fast score of kth allows. */
 static void knn_pool_tighten(knn_pool *pool, double kth)
 {
     double bound = knn_candidate_bound(pool->metric, kth, pool->margin2,
                                        pool->scale_exp);
-    if (pool->row_unit > 0.0)
-        bound = fmin(bound, knn_dist_row_bound(pool->metric, kth,
-                                               pool->row_norm,
-                                               pool->row_unit,
-                                               pool->row_floor,
-                                               pool->scale_exp));
+    if (pool->row_unit > 0.0) {
+        if (!(kth >= KNN_ROW_BOUND_STEP * pool->row_kth)) {
+            pool->row_bound = knn_dist_row_bound(pool->metric, kth,
+                                                 pool->row_norm,
+                                                 pool->row_unit,
+                                                 pool->row_floor,
+                                                 pool->scale_exp);
+            pool->row_kth = kth;
+        }
+        bound = fmin(bound, pool->row_bound);
+    }
     if (bound < pool->bound) pool->bound = bound;
 }
 

@@ -50,6 +50,8 @@ typedef struct {
     double row_norm;    /* distance metrics: the node's fast norm and */
     double row_unit;    /* knn_margin_dist_unit and knn_margin_floor, for */
     double row_floor;   /* knn_dist_row_bound; row_unit 0: not used */
+    double row_kth;     /* the k-th best score row_bound was computed at */
+    double row_bound;   /* knn_dist_row_bound there (INFINITY: none yet) */
 } knn_pool;
 
 /* Entries a pool starts with: room for k and as many more within the
