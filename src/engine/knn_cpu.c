@@ -453,6 +453,13 @@ static void knn_cpu_direct(const knn_cpu *cpu, int q0, int nr, int c0,
  * shorter. */
 #define KNN_BLOCK 16
 
+/* The float32 test runs first on groups of this many scores (a few
+ * blocks), so that the mask of a group that holds none that can pass
+ * (nearly all of them) is reduced to one flag once, not once a block;
+ * a group that may pass is scanned block by block, as it would be
+ * alone. */
+#define KNN_GROUP (4 * KNN_BLOCK)
+
 #if defined(__GNUC__)
 #define KNN_INLINE static inline __attribute__((always_inline))
 #else
@@ -636,6 +643,17 @@ KNN_SCAN int knn_cpu_offer_row(const knn_cpu *cpu, const void *tile,
     float floor = knn_cpu_floor(cpu, base, pool->bound);
     int itself = cpu->self ? qi : -1;
     int failed = 0, j0 = 0;
+    for (; j0 + KNN_GROUP <= nc; j0 += KNN_GROUP) {
+        if (knn_cpu_pretest(cpu) &&
+            !knn_row_may_pass(cpu->score, (const float *)tile + row + j0,
+                              KNN_GROUP, floor,
+                              cpu->halves ? cpu->halves + c0 + j0 : NULL))
+            continue;
+        for (int b = 0; b < KNN_GROUP; b += KNN_BLOCK)
+            failed |= knn_cpu_offer_block(cpu, tile, pool, &floor, base,
+                                          itself, row + j0 + b,
+                                          c0 + j0 + b, KNN_BLOCK);
+    }
     for (; j0 + KNN_BLOCK <= nc; j0 += KNN_BLOCK)
         failed |= knn_cpu_offer_block(cpu, tile, pool, &floor, base, itself,
                                       row + j0, c0 + j0, KNN_BLOCK);
@@ -712,7 +730,20 @@ KNN_SCAN int knn_cpu_offer_column_range(const knn_cpu *cpu, const void *tile,
     for (int i = 0; i < nr; i++) {
         double base = knn_cpu_norm(&cpu->ref, q0 + i);
         size_t row = (size_t)i * nc;
+        float half = cpu->halves ? cpu->halves[q0 + i] : 0.0f;
         int j0 = a;
+        for (; j0 + KNN_GROUP <= b; j0 += KNN_GROUP) {
+            if (knn_cpu_pretest(cpu) &&
+                !knn_columns_may_pass(cpu->score,
+                                      (const float *)tile + row + j0,
+                                      KNN_GROUP, bounds.floor + (j0 - a),
+                                      half))
+                continue;
+            for (int g = 0; g < KNN_GROUP; g += KNN_BLOCK)
+                failed |= knn_cpu_offer_to_columns(
+                    cpu, tile, base, row + j0 + g, c0 + j0 + g, q0 + i,
+                    knn_column_bounds_from(bounds, j0 + g - a), KNN_BLOCK);
+        }
         for (; j0 + KNN_BLOCK <= b; j0 += KNN_BLOCK)
             failed |= knn_cpu_offer_to_columns(
                 cpu, tile, base, row + j0, c0 + j0, q0 + i,
