@@ -158,9 +158,10 @@ typedef struct {
     int duplicates;       /* knn_duplicates: how exact copies among the
                              reference nodes are searched */
     int keep_rows_in_tiles; /* GPU backend: nonzero runs a tile again for
-                               its rows past their slots, never setting
-                               them apart (the path of tiles whose many
-                               rows overflow, on any data) */
+                               its rows past their slots rather than
+                               setting them apart (the path of tiles
+                               whose many rows overflow, on any data); a
+                               shared walk's lost nodes go apart still */
 } knn_knobs;
 
 /* Exact copies among the reference nodes (knn_dedup.c): AUTO searches
