@@ -108,6 +108,8 @@ typedef struct {
     double *pool_best;       /* the pools' k best scores, one allocation */
     double *column_bound;    /* symmetric, not streamed: col_tile pool */
     float *column_floor;     /* bounds and closeness floors, scratch */
+    float *pool_floor;       /* each pool's closeness floor (knn_cpu_floor) */
+    double *pool_floored;    /* the bound it is of (NaN: none since reset) */
     int n_pools;
     double seconds_rerank;   /* spent in knn_cpu_finish, all row tiles */
 } knn_cpu;
@@ -210,6 +212,8 @@ static void knn_cpu_free(knn_cpu *cpu)
     free(cpu->pools);
     free(cpu->pool_items);
     free(cpu->pool_best);
+    free(cpu->pool_floor);
+    free(cpu->pool_floored);
     free(cpu->tile);
     free(cpu->scratch);
     free(cpu->halves);
@@ -293,8 +297,12 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
     cpu->pool_items = malloc((size_t)cpu->n_pools * first_cap *
                              sizeof(knn_cand));
     cpu->pool_best = malloc((size_t)cpu->n_pools * req->k * sizeof(double));
-    if (!cpu->pools || !cpu->pool_items || !cpu->pool_best)
+    cpu->pool_floor = malloc((size_t)cpu->n_pools * sizeof(float));
+    cpu->pool_floored = malloc((size_t)cpu->n_pools * sizeof(double));
+    if (!cpu->pools || !cpu->pool_items || !cpu->pool_best ||
+        !cpu->pool_floor || !cpu->pool_floored)
         return KNN_E_NOMEM;
+    for (int i = 0; i < cpu->n_pools; i++) cpu->pool_floored[i] = NAN;
     for (int i = 0; i < cpu->n_pools; i++)
         knn_pool_init(&cpu->pools[i], req->k, req->metric,
                       cpu->space.scale_exp, cpu->pool_items + i * first_cap,
@@ -373,6 +381,7 @@ static void knn_cpu_reset_pool(const knn_cpu *cpu, knn_pool *pool, int qi)
 {
     knn_pool_reset(pool, qi, knn_cpu_margin(cpu, qi), knn_cpu_order_value,
                    cpu);
+    cpu->pool_floored[pool - cpu->pools] = NAN;
     if (cpu->score == KNN_SCORE_DIST)
         knn_pool_bound_by_row(pool, sqrt(cpu->query->norm2[qi]),
                               knn_margin_dist_unit(cpu->space.p,
@@ -563,6 +572,22 @@ static float knn_cpu_floor(const knn_cpu *cpu, double norm2, double bound)
                          0x1p-40 * fabs(bound) - 0x1p-148);
 }
 
+/* The closeness floor of a pool's current bound, its node's squared norm
+ * norm2: computed again only when the bound has moved since (the scans
+ * ask at every stretch of every row and column, the bound moves far less
+ * often). A pool's node, and so norm2, stays until its reset, which
+ * forgets the floor. */
+static float knn_cpu_pool_floor(const knn_cpu *cpu, const knn_pool *pool,
+                                double norm2)
+{
+    size_t i = (size_t)(pool - cpu->pools);
+    if (cpu->pool_floored[i] == pool->bound) return cpu->pool_floor[i];
+    float floor = knn_cpu_floor(cpu, norm2, pool->bound);
+    cpu->pool_floor[i] = floor;
+    cpu->pool_floored[i] = pool->bound;
+    return floor;
+}
+
 /* Whether some product t[0..n) of a float32 tile may be as close as its
  * row's floor (for distances, less the columns' halves[j]). Each kind has
  * its own loop, with no load that depends on the kind, so that the
@@ -628,7 +653,7 @@ KNN_INLINE int knn_cpu_offer_block(const knn_cpu *cpu, const void *tile,
     for (int j = 0; j < n; j++)
         if (s[j] <= pool->bound && c + j != itself)
             failed |= knn_pool_offer(pool, s[j], c + j);
-    *floor = knn_cpu_floor(cpu, base, pool->bound);
+    *floor = knn_cpu_pool_floor(cpu, pool, base);
     return failed;
 }
 
@@ -640,7 +665,7 @@ KNN_SCAN int knn_cpu_offer_row(const knn_cpu *cpu, const void *tile,
 {
     knn_pool *pool = knn_cpu_pool(cpu, qi, q0);
     double base = knn_cpu_norm(cpu->query, qi);
-    float floor = knn_cpu_floor(cpu, base, pool->bound);
+    float floor = knn_cpu_pool_floor(cpu, pool, base);
     int itself = cpu->self ? qi : -1;
     int failed = 0, j0 = 0;
     for (; j0 + KNN_GROUP <= nc; j0 += KNN_GROUP) {
@@ -697,8 +722,8 @@ KNN_INLINE int knn_cpu_offer_to_columns(const knn_cpu *cpu, const void *tile,
         knn_pool *pool = &cpu->pools[c + j];
         failed |= knn_pool_offer(pool, s[j], qi);
         bound[j] = pool->bound;
-        bounds.floor[j] = knn_cpu_floor(cpu, knn_cpu_norm(&cpu->ref, c + j),
-                                        bound[j]);
+        bounds.floor[j] = knn_cpu_pool_floor(cpu, pool,
+                                             knn_cpu_norm(&cpu->ref, c + j));
     }
     return failed;
 }
@@ -721,10 +746,10 @@ KNN_SCAN int knn_cpu_offer_column_range(const knn_cpu *cpu, const void *tile,
                                         knn_column_bounds bounds)
 {
     for (int j = a; j < b; j++) {
-        bounds.bound[j - a] = cpu->pools[c0 + j].bound;
-        bounds.floor[j - a] = knn_cpu_floor(cpu,
-                                            knn_cpu_norm(&cpu->ref, c0 + j),
-                                            bounds.bound[j - a]);
+        const knn_pool *pool = &cpu->pools[c0 + j];
+        bounds.bound[j - a] = pool->bound;
+        bounds.floor[j - a] = knn_cpu_pool_floor(
+            cpu, pool, knn_cpu_norm(&cpu->ref, c0 + j));
     }
     int failed = 0;
     for (int i = 0; i < nr; i++) {
