@@ -384,14 +384,35 @@ typedef struct {
     float *bound;
     int seeded;
 } knn_fused_scratch;
+/* A pruned walk (local frames on the fused path, knn_gpu_local.cu): the
+ * frame's column j is node col_node[j] and node i is column col_pos[i],
+ * the reference in a k-d order, so that each block of KNN_FUSED_COLS
+ * columns lies in a small ball; so do the tile's blocks of rows (rows
+ * from 128 b). A block of rows skips a column block where the balls prove
+ * that no score of theirs passes the rows' thresholds
+ * (knn_fused_kernel). Balls are in the nodes' exact units (centres
+ * feature-major: centre[f * blocks + b]), radii rounded up; norm_max: the
+ * largest fast norm of each block in the tile's frame; skip_floor:
+ * scratch of col_blocks floats for each block of the launch. */
+typedef struct {
+    const int *col_node, *col_pos;
+    const double *col_centre, *col_radius, *col_norm_max;
+    const double *row_centre, *row_radius, *row_norm_max;
+    float *skip_floor;
+    int p, col_blocks, row_blocks;
+} knn_fused_prune;
+
 /* Candidates of a row tile as knn_select_candidates gives them (sel's
  * panel unused), from the nodes' fp16 vectors (nodes->half, which
  * knn_nodes_half must have made): the reference's first n_cols nodes and
- * the tile's rows from node0. */
+ * the tile's rows from node0; with `prune` (else NULL), the columns of
+ * a pruned walk, each row's candidates then in the order its column
+ * blocks were visited, not by node. */
 knn_status knn_fused_candidates(const knn_select_args *sel,
                                 const knn_gpu_nodes *nodes, int node0,
                                 const knn_fused_scratch *scratch,
                                 const struct knn_pairs_walk *walk,
+                                const knn_fused_prune *prune,
                                 char *message, cudaStream_t stream);
 
 /* A self search computes each pair of nodes once (knn_gpu_pairs.cu):
@@ -527,6 +548,9 @@ typedef struct {
     uint64_t *sort_key, *sort_key_out;
     int *sort_val, *sort_val_out;
     int *sort_end;         /* scratch, rows: the segments CUB sorts */
+    int cand_in_node_order; /* each row's slots hold its candidates in
+                               ascending node order (else a pruned walk's
+                               order: knn_rerank sorts long rows by node) */
     void *sort_temp;
     size_t sort_temp_bytes;
     int by_row;            /* 1: row-major tile, else column-major */
@@ -561,12 +585,41 @@ knn_status knn_apart_vectors(const knn_gpu_nodes *nodes, const int *rows,
 /* Distances: a tile's local frame (knn_gpu_local.cu) into view, whose
  * fast, sqnorm, norm, norm_max and margin2 hold n_ref + n_rows nodes:
  * centre, the mean of the scaled nodes rows[0 .. n_rows) (device
- * array); the ref nodes' float32 vectors less it, then the rows'; the
- * rows' margins in `gemm`. On the stream. */
+ * array); the ref nodes' float32 vectors less it (in the order ref_pick
+ * gives, else by node), then the rows'; the rows' margins in `gemm`. On
+ * the stream. */
 knn_status knn_local_vectors(const knn_gpu_nodes *nodes, const int *rows,
-                             int n_rows, knn_gpu_nodes *view,
-                             double *centre, knn_gemm_mode gemm,
-                             char *message, cudaStream_t stream);
+                             int n_rows, const int *ref_pick,
+                             knn_gpu_nodes *view, double *centre,
+                             knn_gemm_mode gemm, char *message,
+                             cudaStream_t stream);
+/* The balls of a pruned walk (knn_fused_prune): nodes pick[0 .. n) of
+ * nodes->exact in groups of `group` from the first, group b's centre into
+ * centre[f * groups + b] and its radius, rounded up, into radius[b]. On
+ * the stream. */
+knn_status knn_group_balls(const knn_gpu_nodes *nodes, const int *pick,
+                           int n, int group, double *centre, double *radius,
+                           char *message, cudaStream_t stream);
+/* Refines order[0 .. n) (device; nodes of nodes->exact) in place: each
+ * segment from starts[i] (host, ascending, starts[0] = 0) to the next
+ * becomes a k-d order whose leaves are `leaf` nodes from its start (the
+ * last may be fewer): each level sorts every segment of more than `leaf`
+ * nodes on its feature of largest variance (over a sample) and parts it
+ * between whole leaves, half of them (rounded down) first. On the stream,
+ * which it waits for. */
+knn_status knn_kd_refine(const knn_gpu_nodes *nodes, int *order, int n,
+                         const int *starts, int n_starts, int leaf,
+                         char *message, cudaStream_t stream);
+/* The ref nodes 0 .. n_ref in a k-d order of leaves of `leaf`
+ * (knn_kd_refine) into col_node, and each node's place in it into
+ * col_pos. On the stream. */
+knn_status knn_kd_columns(const knn_gpu_nodes *nodes, int leaf,
+                          int *col_node, int *col_pos, char *message,
+                          cudaStream_t stream);
+/* The largest of each group of `group` values of norm[0 .. n) into
+ * out[group index]. On the stream. */
+knn_status knn_group_max(const double *norm, int n, int group, double *out,
+                         char *message, cudaStream_t stream);
 /* Product metrics: recomputes the margins for another arithmetic (the
  * search changed it), on the stream after the work already queued
  * there. */

@@ -58,7 +58,6 @@
 #include <string.h>
 #include "knn_gpu_score.cuh"
 
-#define KNN_FUSED_COLS 128            /* nodes per column block */
 #define KNN_FUSED_THREADS 256
 /* A stage holds 64 fp16 features of each node, 128 bytes; an mma step
  * takes 16 of them. */
@@ -147,7 +146,7 @@ static size_t knn_fused_smem_bytes(int k)
     size_t floats = KNN_FUSED_STAGING + knn_fused_small_floats(k) +
                     (knn_fused_best_shared(k) ? (size_t)k * KNN_FUSED_ROWS
                                               : 0);
-    return floats * sizeof(float) + (2 * KNN_FUSED_ROWS + 1) * sizeof(int) +
+    return floats * sizeof(float) + (2 * KNN_FUSED_ROWS + 3) * sizeof(int) +
            KNN_FUSED_ROWS * sizeof(knn_owner);
 }
 
@@ -230,6 +229,7 @@ struct knn_fused_args {
     const float *unscale_rows;
     knn_fused_scratch scratch;
     knn_pairs_walk walk;    /* the shared walk's (PAIRS kernels only) */
+    knn_fused_prune prune;  /* a pruned walk's (PRUNE kernels only) */
 };
 
 /* d += a b over 16 features: fp16 inputs, exact products, float32
@@ -410,6 +410,9 @@ struct knn_fused_shared {
                            (knn_row_self), else -1 */
     int *overflow;      /* the last column block whose lists overflowed,
                            numbered from 1 */
+    int *walk;          /* [2], a pruned walk's: the place of the next
+                           column block in its order (-1: none), and the
+                           home block the order starts from */
     knn_owner *owners;  /* [128] */
 };
 
@@ -436,7 +439,8 @@ __device__ __forceinline__ knn_fused_shared knn_fused_carve(
     sh.list_count = (int *)end;
     sh.row_self = sh.list_count + KNN_FUSED_ROWS;
     sh.overflow = sh.row_self + KNN_FUSED_ROWS;
-    sh.owners = (knn_owner *)(sh.overflow + 1);
+    sh.walk = sh.overflow + 1;
+    sh.owners = (knn_owner *)(sh.walk + 2);
     return sh;
 }
 
@@ -709,13 +713,20 @@ __device__ __forceinline__ void knn_warp_merge_tile(
     }
 }
 
+/* The node of column j: a pruned walk's columns are in its k-d order. */
+__device__ __forceinline__ int knn_fused_node(const int *col_node, int j)
+{
+    return col_node ? col_node[j] : j;
+}
+
 /* The owner's share of a column block taken whole (its row's scores
  * `row`): those under the old threshold go into the k smallest, unless
  * the warps have merged them already (`merged`), and those under the new
- * one are appended, in node order. */
+ * one are appended, in column order. */
 __device__ void knn_owner_tile(const knn_fused_args &a,
                                const knn_fused_shared &sh, knn_owner *o,
-                               const float *row, int col0, bool merged)
+                               const float *row, int col0, bool merged,
+                               const int *col_node)
 {
     float *best = sh.best + threadIdx.x;
     int changed = 0;
@@ -724,7 +735,8 @@ __device__ void knn_owner_tile(const knn_fused_args &a,
             changed |= knn_best_insert(best, a.sel.k, o, row[c]);
     knn_owner_tighten(a.sel, o, changed);
     for (int c = 0; c < KNN_FUSED_COLS; c++)
-        if (row[c] <= o->bound) knn_owner_append(a, o, row[c], col0 + c);
+        if (row[c] <= o->bound)
+            knn_owner_append(a, o, row[c], knn_fused_node(col_node, col0 + c));
 }
 
 /* A shared walk's row after its walk: its k smallest and threshold
@@ -853,19 +865,22 @@ __device__ __forceinline__ void knn_fused_tile(
         }
 }
 
-/* Lists score v of column cl (node col0 + cl) for block row rl, unless
- * there is no such node or it is the row's own; a full list marks the
- * column block (`tag`: its number from 1) as overflowed. */
+/* Lists score v of column col0 + cl for block row rl, by its node
+ * (knn_fused_node), unless there is no such node or it is the row's own;
+ * a full list marks the column block (`tag`: its number from 1) as
+ * overflowed. */
 __device__ __forceinline__ void knn_fused_list(const knn_select_args &s,
                                                const knn_fused_shared &sh,
                                                float v, int rl, int cl,
-                                               int col0, int tag)
+                                               int col0, int tag,
+                                               const int *col_node)
 {
     if (!knn_fused_is_node(s, sh, rl, col0 + cl)) return;
     int pos = atomicAdd(&sh.list_count[rl], 1);
     if (pos < sh.list_cap) {
         sh.list_score[pos * KNN_FUSED_ROWS + rl] = v;
-        sh.list_node[pos * KNN_FUSED_ROWS + rl] = col0 + cl;
+        sh.list_node[pos * KNN_FUSED_ROWS + rl] =
+            knn_fused_node(col_node, col0 + cl);
     } else {
         *sh.overflow = tag;
     }
@@ -931,7 +946,7 @@ template <int KIND, bool OFFERS>
 __device__ __forceinline__ void knn_fused_epilogue(
     const knn_fused_args &fa, const knn_fused_shared &sh,
     const float *col_sq, const float (&acc)[4][4][4],
-    int row0, int col0, int tag)
+    int row0, int col0, int tag, const int *col_node)
 {
     const knn_select_args &s = fa.sel;
     knn_frag fr = knn_frag_of();
@@ -975,9 +990,133 @@ __device__ __forceinline__ void knn_fused_epilogue(
                                                       nt, h, e);
                     if (v <= bound[mt][h])
                         knn_fused_list(s, sh, v, knn_frag_row(fr, mt, h), cl,
-                                       col0, tag);
+                                       col0, tag, col_node);
                 }
         }
+}
+
+/* ---- a pruned walk ----------------------------------------------------- */
+
+/* A pruned walk visits the column blocks from its home block (the one
+ * whose centre is nearest its rows'), then outward, alternately after and
+ * before it, so that the rows' thresholds fall early; place s of that
+ * order is column block knn_prune_block_at (-1 where it falls outside;
+ * every block has a place below 2 blocks). */
+__device__ __forceinline__ int knn_prune_block_at(int home, int s,
+                                                  int blocks)
+{
+    int b = (s & 1) ? home + (s + 1) / 2 : home - s / 2;
+    return b >= 0 && b < blocks ? b : -1;
+}
+
+/* The least score any pair of the row block and a column block can
+ * have, rounded down to a float: from lb, a lower bound of their nodes'
+ * distance in exact units, and nsum, the sum of their largest fast norms,
+ * less the margin |score - key| <= unit (n_i + n_l)^2 + floor that
+ * knn_dist_row_bound rests on (1e-6 covers the keys' rounding, as there);
+ * -inf where lb proves nothing. */
+__device__ __forceinline__ float knn_prune_floor(const knn_select_args &s,
+                                                 double lb, double nsum)
+{
+    if (!(lb > 0.0)) return -INFINITY;
+    double f = ldexp(lb, -s.scale_exp);
+    double low = f * f * (1.0 - 1e-6) -
+                 s.margin_unit * nsum * nsum * (1.0 + 1e-6) - s.margin_floor;
+    return __double2float_rd(low);
+}
+
+/* All threads: the row block's floor of every column block into its
+ * scratch (knn_prune_floor of the balls' distance less their radii; the
+ * centres' distance is a float64 sum within 2^-26 of itself, see
+ * knn_group_ball_kernel), and its home block into sh.walk[1]. Uses the
+ * staging buffers, before the first column block is queued. */
+__device__ void knn_prune_start(const knn_fused_args &a,
+                                const knn_fused_shared &sh)
+{
+    const knn_fused_prune &pr = a.prune;
+    int rb = blockIdx.x, nb = pr.col_blocks, p = pr.p;
+    double rr = pr.row_radius[rb], nr = pr.row_norm_max[rb];
+    float *floor = pr.skip_floor + (size_t)blockIdx.x * nb;
+    double best = INFINITY;
+    int home = 0;
+    for (int c = threadIdx.x; c < nb; c += blockDim.x) {
+        double d2 = 0.0;
+        for (int f = 0; f < p; f++) {
+            double d = pr.row_centre[(size_t)f * pr.row_blocks + rb] -
+                       pr.col_centre[(size_t)f * nb + c];
+            d2 += d * d;
+        }
+        if (d2 < best) {
+            best = d2;
+            home = c;
+        }
+        double lb = sqrt(d2) * (1.0 - 0x1p-24) - rr - pr.col_radius[c];
+        floor[c] = knn_prune_floor(a.sel, lb, nr + pr.col_norm_max[c]);
+    }
+    for (int o = 16; o > 0; o >>= 1) {
+        double ob = __shfl_xor_sync(0xffffffffu, best, o);
+        int oh = __shfl_xor_sync(0xffffffffu, home, o);
+        if (ob < best || (ob == best && oh < home)) {
+            best = ob;
+            home = oh;
+        }
+    }
+    double *warp_best = (double *)sh.stage;
+    int *warp_home = (int *)(warp_best + KNN_FUSED_THREADS / 32);
+    int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    if (lane == 0) {
+        warp_best[warp] = best;
+        warp_home[warp] = home;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        for (int w = 1; w < KNN_FUSED_THREADS / 32; w++)
+            if (warp_best[w] < best ||
+                (warp_best[w] == best && warp_home[w] < home)) {
+                best = warp_best[w];
+                home = warp_home[w];
+            }
+        sh.walk[1] = home;
+    }
+    __syncthreads();
+}
+
+/* Warp 0: the place after `from` of the first column block that the rows
+ * cannot skip, or -1. A block is skipped where its floor lies above every
+ * row's threshold: no score of it would be listed, so the walk's
+ * candidates are those of the whole reference (a threshold only falls, so
+ * a block skipped now would be skipped when its turn came). */
+__device__ int knn_prune_next(const knn_fused_args &a,
+                              const knn_fused_shared &sh, int from,
+                              int lane)
+{
+    const knn_fused_prune &pr = a.prune;
+    float most = -INFINITY; /* NaN thresholds (no row) do not count */
+    for (int i = lane; i < KNN_FUSED_ROWS; i += 32)
+        most = fmaxf(most, sh.threshold[i]);
+    for (int o = 16; o > 0; o >>= 1)
+        most = fmaxf(most, __shfl_xor_sync(0xffffffffu, most, o));
+    const float *floor = pr.skip_floor + (size_t)blockIdx.x * pr.col_blocks;
+    int home = sh.walk[1], places = 2 * pr.col_blocks;
+    for (int s0 = from + 1; s0 < places; s0 += 32) {
+        int place = s0 + lane;
+        int b = place < places
+            ? knn_prune_block_at(home, place, pr.col_blocks) : -1;
+        unsigned visit = __ballot_sync(0xffffffffu,
+                                       b >= 0 && !(floor[b] > most));
+        if (visit) return s0 + __ffs(visit) - 1;
+    }
+    return -1;
+}
+
+/* The column block at place `place` of a pruned walk, as its first
+ * column; n_cols where there is none. */
+__device__ __forceinline__ int knn_prune_col0(const knn_fused_args &a,
+                                              int home, int place)
+{
+    return place < 0 ? a.sel.n_cols
+        : knn_prune_block_at(home, place, a.prune.col_blocks) *
+              KNN_FUSED_COLS;
 }
 
 /* ---- the kernel -------------------------------------------------------- */
@@ -1000,7 +1139,12 @@ __device__ __forceinline__ float knn_fused_seed(const knn_fused_scratch &s,
     return s.seeded ? s.bound[r] : INFINITY;
 }
 
-template <int KIND, bool PAIRS>
+/* PRUNE: a pruned walk (knn_fused_prune): the column blocks in its order,
+ * skipping those whose floors lie above the rows' thresholds; the nodes
+ * of its columns (knn_fused_node) are listed, and a row's own node is its
+ * column (row_self). Its first block is queued once the order is
+ * known. */
+template <int KIND, bool PAIRS, bool PRUNE>
 __global__ void __launch_bounds__(KNN_FUSED_THREADS, 2)
 knn_fused_kernel(knn_fused_args a)
 {
@@ -1009,10 +1153,11 @@ knn_fused_kernel(knn_fused_args a)
     knn_fused_shared sh = knn_fused_carve(knn_fused_smem, s.k,
                                           a.scratch.best);
     int row0 = blockIdx.x * KNN_FUSED_ROWS;
+    int lane = threadIdx.x & 31;
     bool owner = threadIdx.x < KNN_FUSED_ROWS &&
                  row0 + (int)threadIdx.x < s.rows;
 
-    knn_fused_prefetch<KIND>(a, sh.stage, sh.col_sq, row0, 0);
+    if (!PRUNE) knn_fused_prefetch<KIND>(a, sh.stage, sh.col_sq, row0, 0);
     knn_owner *o = owner ? sh.owners + threadIdx.x : NULL;
     if (owner) {
         int r = row0 + threadIdx.x;
@@ -1039,30 +1184,60 @@ knn_fused_kernel(knn_fused_args a)
         sh.list_count[threadIdx.x] = 0;
         /* Kept in shared memory, not worked out where needed: that took
          * registers the products and epilogue need. */
-        sh.row_self[threadIdx.x] = owner ? knn_row_self(s, row0 + threadIdx.x)
-                                         : -1;
+        int self = owner ? knn_row_self(s, row0 + threadIdx.x) : -1;
+        sh.row_self[threadIdx.x] = PRUNE && self >= 0 ? a.prune.col_pos[self]
+                                                      : self;
     }
     if (threadIdx.x == 0) *sh.overflow = 0;
 
-    for (int col0 = 0, parity = 0, block = 0; col0 < s.n_cols;
-         col0 += KNN_FUSED_COLS, parity ^= 1, block++) {
+    /* Known NULL where the walk is not pruned, so those kernels' code
+     * does not test it. */
+    const int *col_node = PRUNE ? a.prune.col_node : NULL;
+    int col0 = 0, place = 0, home = 0;
+    if (PRUNE) {
+        knn_prune_start(a, sh);
+        if (threadIdx.x < 32) {
+            int first = knn_prune_next(a, sh, -1, lane);
+            if (lane == 0) sh.walk[0] = first;
+        }
+        __syncthreads();
+        home = sh.walk[1];
+        place = sh.walk[0];
+        col0 = knn_prune_col0(a, home, place);
+        if (col0 < s.n_cols)
+            knn_fused_prefetch<KIND>(a, sh.stage, sh.col_sq, row0, col0);
+    }
+
+    for (int parity = 0, block = 0; col0 < s.n_cols;
+         parity ^= 1, block++) {
+        if (PRUNE) {
+            /* The owners' thresholds of the block before are in; the
+             * products' barriers hand the next place to every thread. */
+            __syncthreads();
+            if (threadIdx.x < 32) {
+                int next = knn_prune_next(a, sh, place, lane);
+                if (lane == 0) sh.walk[0] = next;
+            }
+        }
         float acc[4][4][4];
         knn_fused_products(a, sh.stage, row0, col0, acc);
         const float *col_sq = sh.col_sq + parity * 2 * KNN_FUSED_COLS;
         float *next_sq = sh.col_sq + (parity ^ 1) * 2 * KNN_FUSED_COLS;
         if (KIND == KNN_SCORE_DIST)
             knn_fused_unscale(sh, col_sq + KNN_FUSED_COLS, acc);
-        bool more = col0 + KNN_FUSED_COLS < s.n_cols;
+        int next_place = PRUNE ? sh.walk[0] : 0;
+        int next_col0 = PRUNE ? knn_prune_col0(a, home, next_place)
+                              : col0 + KNN_FUSED_COLS;
+        bool more = next_col0 < s.n_cols;
         if (more)
-            knn_fused_prefetch<KIND>(a, sh.stage, next_sq, row0,
-                                     col0 + KNN_FUSED_COLS);
+            knn_fused_prefetch<KIND>(a, sh.stage, next_sq, row0, next_col0);
 
         if (PAIRS && col0 < a.walk.offer_end)
             knn_fused_epilogue<KIND, true>(a, sh, col_sq, acc, row0,
-                                           col0, block + 1);
+                                           col0, block + 1, col_node);
         else
             knn_fused_epilogue<KIND, false>(a, sh, col_sq, acc, row0,
-                                            col0, block + 1);
+                                            col0, block + 1, col_node);
         __syncthreads();
         /* Owners and the overflow flag need no barrier after them: the
          * lists, thresholds and flag are next written in the next block's
@@ -1088,15 +1263,17 @@ knn_fused_kernel(knn_fused_args a)
             if (owner)
                 knn_owner_tile(a, sh, o,
                                sh.tile + threadIdx.x * KNN_FUSED_TILE_LD,
-                               col0, merge);
+                               col0, merge, col_node);
             __syncthreads();
             if (more)
                 knn_fused_prefetch<KIND>(a, sh.stage, next_sq, row0,
-                                         col0 + KNN_FUSED_COLS);
+                                         next_col0);
         } else if (owner) {
             knn_owner_after<PAIRS>(a, sh, o, block, !more);
         }
         if (owner) sh.threshold[threadIdx.x] = o->bound;
+        col0 = next_col0;
+        place = next_place;
     }
     if (owner)
         knn_owner_finish<PAIRS>(a, sh, o, row0 + threadIdx.x);
@@ -1106,38 +1283,43 @@ knn_fused_kernel(knn_fused_args a)
 
 /* Lets the kind's kernel take the shared memory it needs for this k
  * (*smem bytes; beyond 48 KB a kernel must be allowed it). */
-template <int KIND, bool PAIRS>
+template <int KIND, bool PAIRS, bool PRUNE>
 static knn_status knn_fused_allow_smem(int k, size_t *smem, char *message)
 {
     *smem = knn_fused_smem_bytes(k);
     KNN_CUDA_TRY(message, cudaFuncSetAttribute(
-        knn_fused_kernel<KIND, PAIRS>,
+        knn_fused_kernel<KIND, PAIRS, PRUNE>,
         cudaFuncAttributeMaxDynamicSharedMemorySize, (int)*smem));
     return KNN_OK;
 }
 
-template <int KIND, bool PAIRS>
+template <int KIND, bool PAIRS, bool PRUNE>
 static knn_status knn_fused_launch_as(const knn_fused_args *a,
                                       char *message, cudaStream_t stream)
 {
     size_t smem = 0;
-    KNN_TRY((knn_fused_allow_smem<KIND, PAIRS>(a->sel.k, &smem, message)));
+    KNN_TRY((knn_fused_allow_smem<KIND, PAIRS, PRUNE>(a->sel.k, &smem,
+                                                      message)));
     unsigned blocks = (a->sel.rows + KNN_FUSED_ROWS - 1) / KNN_FUSED_ROWS;
-    knn_fused_kernel<KIND, PAIRS>
+    knn_fused_kernel<KIND, PAIRS, PRUNE>
         <<<blocks, KNN_FUSED_THREADS, smem, stream>>>(*a);
     KNN_LAUNCH_TRY(message, "knn_fused_kernel");
     return KNN_OK;
 }
 
-/* The kernel of a shared walk (a->walk.pairs.list set) or of a plain
- * one. */
+/* The kernel of a shared walk (a->walk.pairs.list set), of a pruned one
+ * (a->prune.col_node set; distances only) or of a plain one. */
 template <int KIND>
 static knn_status knn_fused_launch(const knn_fused_args *a, char *message,
                                    cudaStream_t stream)
 {
-    return a->walk.pairs.list
-        ? knn_fused_launch_as<KIND, true>(a, message, stream)
-        : knn_fused_launch_as<KIND, false>(a, message, stream);
+    if (a->walk.pairs.list)
+        return knn_fused_launch_as<KIND, true, false>(a, message, stream);
+    if constexpr (KIND == KNN_SCORE_DIST)
+        if (a->prune.col_node)
+            return knn_fused_launch_as<KIND, false, true>(a, message,
+                                                          stream);
+    return knn_fused_launch_as<KIND, false, false>(a, message, stream);
 }
 
 /* The end of each dispatch on the score kind: the kernel has no other. */
@@ -1149,21 +1331,31 @@ static knn_status knn_fused_kind_refused(char *message)
 }
 
 /* Blocks of the kind's kernel that one SM holds at once for this k
- * (registers and shared memory decide it), at least one: the fewer of
- * the plain and the shared walk's kernels, so that a wave is one for
- * either. */
+ * (registers and shared memory decide it), at least one: the fewest of
+ * the plain, the shared and (distances) the pruned walk's kernels, so
+ * that a wave is one for any. */
 template <int KIND>
 static knn_status knn_fused_blocks_per_sm(int k, int *blocks, char *message)
 {
     size_t smem = 0;
-    int plain = 1, pairs = 1;
-    KNN_TRY((knn_fused_allow_smem<KIND, false>(k, &smem, message)));
-    KNN_TRY((knn_fused_allow_smem<KIND, true>(k, &smem, message)));
+    int plain = 1, pairs = 1, pruned = 1;
+    KNN_TRY((knn_fused_allow_smem<KIND, false, false>(k, &smem, message)));
+    KNN_TRY((knn_fused_allow_smem<KIND, true, false>(k, &smem, message)));
     KNN_CUDA_TRY(message, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &plain, knn_fused_kernel<KIND, false>, KNN_FUSED_THREADS, smem));
+        &plain, knn_fused_kernel<KIND, false, false>, KNN_FUSED_THREADS,
+        smem));
     KNN_CUDA_TRY(message, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
-        &pairs, knn_fused_kernel<KIND, true>, KNN_FUSED_THREADS, smem));
+        &pairs, knn_fused_kernel<KIND, true, false>, KNN_FUSED_THREADS,
+        smem));
+    if constexpr (KIND == KNN_SCORE_DIST) {
+        KNN_TRY((knn_fused_allow_smem<KIND, false, true>(k, &smem,
+                                                         message)));
+        KNN_CUDA_TRY(message, cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+            &pruned, knn_fused_kernel<KIND, false, true>, KNN_FUSED_THREADS,
+            smem));
+    }
     *blocks = plain < pairs ? plain : pairs;
+    if (pruned < *blocks) *blocks = pruned;
     if (*blocks < 1) *blocks = 1;
     return KNN_OK;
 }
@@ -1195,11 +1387,14 @@ knn_status knn_fused_candidates(const knn_select_args *sel,
                                 const knn_gpu_nodes *nodes, int node0,
                                 const knn_fused_scratch *scratch,
                                 const knn_pairs_walk *walk,
+                                const knn_fused_prune *prune,
                                 char *message, cudaStream_t stream)
 {
     knn_fused_args a;
     memset(&a.walk, 0, sizeof a.walk);
     if (walk) a.walk = *walk;
+    memset(&a.prune, 0, sizeof a.prune);
+    if (prune) a.prune = *prune;
     a.sel = *sel;
     if (!nodes->half)
         return knn_gpu_fail(message, KNN_E_INVALID, "fused candidates",

@@ -272,6 +272,35 @@ static knn_status knn_local_order(knn_gpu_dev *d, int row, size_t n,
     return KNN_OK;
 }
 
+/* A pruned walk's orders (lf's arrays carved; the rows' order and its
+ * nodes on the device): the ref nodes in a k-d order of column blocks,
+ * their balls, and each tile's rows in a k-d order of row blocks from
+ * its start (a block of rows is then a small ball too), the host's
+ * copies of their places and nodes (n of them) made anew. */
+static knn_status knn_local_prune_orders(knn_gpu_dev *d, size_t n,
+                                         std::vector<int> &nodes)
+{
+    knn_gpu_local *lf = &d->local;
+    KNN_TRY(knn_kd_columns(&d->nodes, KNN_FUSED_COLS, lf->col_node,
+                           lf->col_pos, d->message, d->stream));
+    KNN_TRY(knn_group_balls(&d->nodes, lf->col_node, d->req->n_ref,
+                            KNN_FUSED_COLS, lf->col_centre, lf->col_radius,
+                            d->message, d->stream));
+    std::vector<int> starts;
+    for (size_t i = 0; i < n; i++)
+        if (lf->cut[i]) starts.push_back((int)i);
+    KNN_TRY(knn_kd_refine(&d->nodes, lf->nodes, (int)n, starts.data(),
+                          (int)starts.size(), KNN_FUSED_ROWS, d->message,
+                          d->stream));
+    KNN_CUDA_TRY(d->message,
+                 cudaMemcpy(nodes.data(), lf->nodes, n * sizeof(int),
+                            cudaMemcpyDeviceToHost));
+    for (size_t i = 0; i < n; i++)
+        lf->place[i] = d->self ? nodes[i]
+                               : nodes[i] - d->req->n_ref + d->q0;
+    return KNN_OK;
+}
+
 /* Rows of a local tile: the plan's, and on the fused path at most one
  * wave of its blocks, so that a tile stays one subtree of close rows. */
 static int knn_local_rows(const knn_gpu_dev *d)
@@ -282,15 +311,25 @@ static int knn_local_rows(const knn_gpu_dev *d)
     return rows;
 }
 
+/* Blocks of `group` of n. */
+static size_t knn_groups(size_t n, int group)
+{
+    return (n + group - 1) / group;
+}
+
 /* The order and the frame's arrays for tiles of knn_local_rows rows; on
- * the fused path, the frame's fp16 vectors too. */
+ * the fused path, the frame's fp16 vectors and (distances) the pruned
+ * walk's arrays too. */
 static knn_status knn_local_alloc(knn_gpu_dev *d, int row)
 {
     knn_gpu_local *lf = &d->local;
     const knn_gpu_nodes *nd = &d->nodes;
     int n = d->q0 + d->nq - row, rows = knn_local_rows(d);
     int fused = knn_dev_fused(d);
+    int pruned = fused && d->score_kind == KNN_SCORE_DIST;
     size_t views = (size_t)nd->n_ref + rows;
+    size_t col_blocks = knn_groups((size_t)nd->n_ref, KNN_FUSED_COLS);
+    size_t row_blocks = knn_groups((size_t)rows, KNN_FUSED_ROWS);
     int ldh = (nd->p + 7) / 8 * 8;
     if (n < 1) return KNN_E_INVALID;
     knn_local_free(lf);
@@ -313,6 +352,17 @@ static knn_status knn_local_alloc(knn_gpu_dev *d, int row)
         lf->view.norm_max = knn_carve<double>(&c, 1);
         lf->view.half_unscale = fused ? knn_carve<float>(&c, views) : NULL;
         lf->view.half = fused ? knn_carve<__half>(&c, views * ldh) : NULL;
+        size_t pn = pruned ? (size_t)nd->n_ref : 0;
+        size_t pc = pruned ? col_blocks : 0, pr = pruned ? row_blocks : 0;
+        lf->col_node = knn_carve<int>(&c, pn);
+        lf->col_pos = knn_carve<int>(&c, pn);
+        lf->col_centre = knn_carve<double>(&c, pc * nd->p);
+        lf->col_radius = knn_carve<double>(&c, pc);
+        lf->col_norm_max = knn_carve<double>(&c, pc);
+        lf->row_centre = knn_carve<double>(&c, pr * nd->p);
+        lf->row_radius = knn_carve<double>(&c, pr);
+        lf->row_norm_max = knn_carve<double>(&c, pr);
+        lf->skip_floor = knn_carve<float>(&c, pr * pc);
         if (pass == 0 && knn_device_alloc(&lf->block, c.used, d->stream) !=
                              cudaSuccess) {
             cudaGetLastError();
@@ -336,6 +386,8 @@ static knn_status knn_local_alloc(knn_gpu_dev *d, int row)
                  cudaMemcpyAsync(lf->nodes, nodes.data(),
                                  (size_t)n * sizeof(int),
                                  cudaMemcpyHostToDevice, d->stream));
+    if (pruned) KNN_TRY(knn_local_prune_orders(d, (size_t)n, nodes));
+    else lf->col_node = NULL;
     KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
     return KNN_OK;
 }
@@ -364,6 +416,7 @@ knn_status knn_dev_go_local(knn_gpu_dev *d, int row)
     d->seconds_setup += knn_seconds() - t0;
     if (st != KNN_E_NOMEM) return st;
     /* No room for the frame's arrays: the search climbs instead. */
+    d->message[0] = '\0';
     knn_local_free(&d->local);
     c = d->course;
     c.local = 0;
@@ -391,20 +444,54 @@ knn_status knn_dev_leave_local(knn_gpu_dev *d)
     return knn_dev_leave_fused(d, KNN_RUNG_CLIMB);
 }
 
-knn_status knn_local_frame(knn_gpu_dev *d, const int *d_nodes, int rows,
-                           const knn_gpu_nodes **view)
+/* The tile's pruned walk: its row blocks' balls and the blocks' largest
+ * fast norms in its frame, on the stream. */
+static knn_status knn_local_prune(knn_gpu_dev *d, const int *d_nodes,
+                                  int rows, knn_fused_prune *prune)
 {
     knn_gpu_local *lf = &d->local;
+    int n_ref = d->nodes.n_ref;
+    KNN_TRY(knn_group_balls(&d->nodes, d_nodes, rows, KNN_FUSED_ROWS,
+                            lf->row_centre, lf->row_radius, d->message,
+                            d->stream));
+    KNN_TRY(knn_group_max(lf->view.norm + n_ref, rows, KNN_FUSED_ROWS,
+                          lf->row_norm_max, d->message, d->stream));
+    KNN_TRY(knn_group_max(lf->view.norm, n_ref, KNN_FUSED_COLS,
+                          lf->col_norm_max, d->message, d->stream));
+    prune->col_node = lf->col_node;
+    prune->col_pos = lf->col_pos;
+    prune->col_centre = lf->col_centre;
+    prune->col_radius = lf->col_radius;
+    prune->col_norm_max = lf->col_norm_max;
+    prune->row_centre = lf->row_centre;
+    prune->row_radius = lf->row_radius;
+    prune->row_norm_max = lf->row_norm_max;
+    prune->skip_floor = lf->skip_floor;
+    prune->p = d->nodes.p;
+    prune->col_blocks = (int)knn_groups((size_t)n_ref, KNN_FUSED_COLS);
+    prune->row_blocks = (int)knn_groups((size_t)rows, KNN_FUSED_ROWS);
+    return KNN_OK;
+}
+
+knn_status knn_local_frame(knn_gpu_dev *d, const int *d_nodes, int rows,
+                           const knn_gpu_nodes **view,
+                           knn_fused_prune *prune)
+{
+    knn_gpu_local *lf = &d->local;
+    memset(prune, 0, sizeof *prune);
     if (rows > lf->rows)
         return knn_gpu_fail(d->message, KNN_E_DEVICE, "local frame",
                             "a tile holds more rows than its frame",
                             __FILE__, __LINE__);
-    KNN_TRY(knn_local_vectors(&d->nodes, d_nodes, rows, &lf->view,
-                              lf->centre, KNN_GEMM_TF32, d->message,
-                              d->stream));
+    /* Only the fused kernel reads the ref nodes in the walk's order. */
+    const int *ref_pick = knn_dev_fused(d) ? lf->col_node : NULL;
+    KNN_TRY(knn_local_vectors(&d->nodes, d_nodes, rows, ref_pick,
+                              &lf->view, lf->centre, KNN_GEMM_TF32,
+                              d->message, d->stream));
     if (lf->view.half)
         KNN_TRY(knn_half_fill(&lf->view, (size_t)d->nodes.n_ref + rows,
                               d->message, d->stream));
+    if (ref_pick) KNN_TRY(knn_local_prune(d, d_nodes, rows, prune));
     *view = &lf->view;
     return KNN_OK;
 }

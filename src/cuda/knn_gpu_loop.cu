@@ -169,15 +169,16 @@ typedef struct {
 } knn_tile_slots;
 
 /* A tile's candidates: a shared walk's lists, the fused kernel (its
- * rows' bounds in the slot's d_bound), or products into the panel (of
- * nd's nodes: the device's, or a local frame's view) and a selection
- * kernel. */
+ * rows' bounds in the slot's d_bound; a local frame's pruned walk where
+ * prune->col_node is set), or products into the panel (of nd's nodes:
+ * the device's, or a local frame's view) and a selection kernel. */
 static knn_status knn_tile_candidates(knn_gpu_dev *d,
                                       const knn_gpu_nodes *nd,
                                       knn_gemm_mode gemm,
                                       const knn_select_args *sa, int node0,
                                       const knn_tile_slots *ts,
-                                      const knn_gpu_slot *sl)
+                                      const knn_gpu_slot *sl,
+                                      const knn_fused_prune *prune)
 {
     const knn_request *req = d->req;
     knn_gpu_tiles *t = &d->t;
@@ -188,6 +189,7 @@ static knn_status knn_tile_candidates(knn_gpu_dev *d,
         knn_fused_scratch scratch = knn_fused_scratch_of(
             t, ts->surv_offsets, sl->d_bound, ts->seeded);
         return knn_fused_candidates(sa, nd, node0, &scratch, NULL,
+                                    prune->col_node ? prune : NULL,
                                     d->message, d->stream);
     }
     if (knn_uses_product(req->metric)) {
@@ -210,9 +212,11 @@ static knn_status knn_tile_candidates(knn_gpu_dev *d,
                                  d->stream);
 }
 
+/* The exact re-rank of slot sl's candidates; in_node_order: each row's
+ * are in ascending node order (knn_rerank_args). */
 static knn_status knn_tile_rerank(knn_gpu_dev *d, const knn_gpu_slot *sl,
                                   int node0, const int *offsets,
-                                  int64_t n_slots)
+                                  int64_t n_slots, int in_node_order)
 {
     knn_gpu_tiles *t = &d->t;
     int rows = sl->rows;
@@ -233,6 +237,7 @@ static knn_status knn_tile_rerank(knn_gpu_dev *d, const knn_gpu_slot *sl,
     ra.sort_val = t->sort_val;
     ra.sort_val_out = t->sort_val_out;
     ra.sort_end = t->sort_end;
+    ra.cand_in_node_order = in_node_order;
     ra.sort_temp = t->sort_temp;
     ra.sort_temp_bytes = t->sort_temp_bytes;
     ra.by_row = d->out->by_row;
@@ -358,8 +363,10 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
     const knn_gpu_nodes *nd = &d->nodes;
     int rows_node0 = node0;
     knn_gemm_mode gemm = knn_slot_gemm(sl);
+    knn_fused_prune prune;
+    memset(&prune, 0, sizeof prune);
     if (sl->d_nodes && !sl->apart) {
-        KNN_TRY(knn_local_frame(d, sl->d_nodes, rows, &nd));
+        KNN_TRY(knn_local_frame(d, sl->d_nodes, rows, &nd, &prune));
         rows_node0 = d->req->n_ref;
     }
     knn_select_args sa = knn_select_args_on(d, nd, row0, rows_node0, rows,
@@ -368,9 +375,11 @@ static knn_status knn_tile_enqueue(knn_gpu_dev *d, int row0, int rows,
         knn_apart_args(d, row0 - (d->q0 + d->nq), &sa);
     else if (sl->d_nodes && d->self)
         sa.row_self = sl->d_nodes;
-    KNN_TRY(knn_tile_candidates(d, nd, gemm, &sa, rows_node0, ts, sl));
+    KNN_TRY(knn_tile_candidates(d, nd, gemm, &sa, rows_node0, ts, sl,
+                                &prune));
     KNN_CUDA_TRY(d->message, cudaEventRecord(sl->selected, d->stream));
-    KNN_TRY(knn_tile_rerank(d, sl, node0, ts->offsets, ts->n_slots));
+    KNN_TRY(knn_tile_rerank(d, sl, node0, ts->offsets, ts->n_slots,
+                            prune.col_node == NULL));
     return knn_tile_transfer(d, sl);
 }
 

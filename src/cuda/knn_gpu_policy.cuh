@@ -10,11 +10,13 @@
 
 /* ---- what the kernels can do (limits, not choices) --------------------- */
 
-/* The fused kernel (knn_gpu_fused.cu): rows per block; the largest k (past
+/* The fused kernel (knn_gpu_fused.cu): rows per block and nodes per
+ * column block (a pruned walk's balls hold as many); the largest k (past
  * it the rows' k smallest, a heap in device memory past k = 32, and the
  * shared walk's merge would need more); the products take fp16 inputs
  * below this many features (knn_mma says why). */
 #define KNN_FUSED_ROWS 128
+#define KNN_FUSED_COLS 128
 #define KNN_FUSED_MAX_K 128
 #define KNN_FUSED_HALF_MAX_FEATURES (1 << 26)
 /* The warp selection kernel's largest queue (knn_gpu_select.cu). */

@@ -17,6 +17,8 @@
  * non-negative doubles, whose integer order is their numeric order.
  */
 #include <math.h>
+#include <vector>
+#include <cub/device/device_segmented_sort.cuh>
 #include "knn_gpu.cuh"
 
 #define KNN_PREP_THREADS 256
@@ -445,9 +447,10 @@ __global__ static void knn_centre_kernel(const double *x, int p,
 }
 
 knn_status knn_local_vectors(const knn_gpu_nodes *nodes, const int *rows,
-                             int n_rows, knn_gpu_nodes *view,
-                             double *centre, knn_gemm_mode gemm,
-                             char *message, cudaStream_t stream)
+                             int n_rows, const int *ref_pick,
+                             knn_gpu_nodes *view, double *centre,
+                             knn_gemm_mode gemm, char *message,
+                             cudaStream_t stream)
 {
     int p = nodes->p, n_ref = nodes->n_ref;
     knn_frame fr = {nodes->scale_exp, knn_ldexp_factor(-nodes->scale_exp)};
@@ -459,7 +462,7 @@ knn_status knn_local_vectors(const knn_gpu_nodes *nodes, const int *rows,
     knn_dist_fast_kernel<<<knn_blocks((size_t)n_ref * 32), KNN_PREP_THREADS,
                            0, stream>>>(
         nodes->exact, p, n_ref, n_ref, fr, centre, view->fast, view->ldf,
-        view->sqnorm, view->norm, view->norm_max, NULL);
+        view->sqnorm, view->norm, view->norm_max, ref_pick);
     KNN_LAUNCH_TRY(message, "knn_dist_fast_kernel");
     size_t at = (size_t)n_ref;
     knn_dist_fast_kernel<<<knn_blocks((size_t)n_rows * 32),
@@ -472,6 +475,300 @@ knn_status knn_local_vectors(const knn_gpu_nodes *nodes, const int *rows,
                                        knn_gemm_units_of(gemm, p),
                                        view->norm + at, view->norm_max);
     KNN_LAUNCH_TRY(message, "knn_margin_dist_kernel");
+    return KNN_OK;
+}
+
+/* Group b of knn_group_balls, a block of `group` threads: the centre
+ * (the mean, a thread per feature), then the largest distance from it (a
+ * thread per node). Each squared distance is a float64 sum of
+ * non-negative rounded terms, within (p + 2) 2^-53 of itself relatively,
+ * under 2^-26 for the fused kernel's p < 2^26
+ * (KNN_FUSED_HALF_MAX_FEATURES), so the radius grown by 2^-24 holds every
+ * node. */
+__global__ static void knn_group_ball_kernel(const double *x, int p,
+                                             const int *pick, int n,
+                                             int groups, double *centre,
+                                             double *radius)
+{
+    extern __shared__ double knn_ball_far[];
+    int b = blockIdx.x, first = b * (int)blockDim.x;
+    int m = min((int)blockDim.x, n - first);
+    for (int f = threadIdx.x; f < p; f += blockDim.x) {
+        double s = 0.0;
+        for (int i = 0; i < m; i++) s += x[(size_t)pick[first + i] * p + f];
+        centre[(size_t)f * groups + b] = s / m;
+    }
+    __syncthreads();
+    double far = 0.0;
+    if ((int)threadIdx.x < m) {
+        const double *xi = x + (size_t)pick[first + threadIdx.x] * p;
+        for (int f = 0; f < p; f++) {
+            double d = xi[f] - centre[(size_t)f * groups + b];
+            far += d * d;
+        }
+    }
+    knn_ball_far[threadIdx.x] = far;
+    __syncthreads();
+    for (int h = blockDim.x / 2; h > 0; h >>= 1) {
+        if ((int)threadIdx.x < h)
+            knn_ball_far[threadIdx.x] = fmax(knn_ball_far[threadIdx.x],
+                                             knn_ball_far[threadIdx.x + h]);
+        __syncthreads();
+    }
+    if (threadIdx.x == 0)
+        radius[b] = sqrt(knn_ball_far[0]) * (1.0 + 0x1p-24);
+}
+
+knn_status knn_group_balls(const knn_gpu_nodes *nodes, const int *pick,
+                           int n, int group, double *centre, double *radius,
+                           char *message, cudaStream_t stream)
+{
+    int groups = (n + group - 1) / group;
+    if (groups == 0) return KNN_OK;
+    knn_group_ball_kernel<<<groups, group, group * sizeof(double),
+                            stream>>>(nodes->exact, nodes->p, pick, n,
+                                      groups, centre, radius);
+    KNN_LAUNCH_TRY(message, "knn_group_ball_kernel");
+    return KNN_OK;
+}
+
+/* A thread per group of knn_group_max. */
+__global__ static void knn_group_max_kernel(const double *v, int n,
+                                            int group, double *out)
+{
+    int b = blockIdx.x * blockDim.x + threadIdx.x;
+    if ((size_t)b * group >= (size_t)n) return;
+    int end = min(n, (b + 1) * group);
+    double m = 0.0;
+    for (int i = b * group; i < end; i++) m = fmax(m, v[i]);
+    out[b] = m;
+}
+
+knn_status knn_group_max(const double *norm, int n, int group, double *out,
+                         char *message, cudaStream_t stream)
+{
+    int groups = (n + group - 1) / group;
+    if (groups == 0) return KNN_OK;
+    knn_group_max_kernel<<<knn_blocks(groups), KNN_PREP_THREADS, 0,
+                           stream>>>(norm, n, group, out);
+    KNN_LAUNCH_TRY(message, "knn_group_max_kernel");
+    return KNN_OK;
+}
+
+/* Nodes sampled (evenly) to choose a k-d split's axis. */
+#define KNN_KD_SAMPLE 1024
+
+/* Segment s of a level of knn_kd_refine (order[begin[s] .. end[s])): the
+ * feature of largest variance over an even sample of its nodes into
+ * axis[s] (the first of equal ones); a thread per feature, the sums
+ * taken about the first sampled value. */
+__global__ static void knn_kd_axis_kernel(const double *x, int p,
+                                          const int *order, const int *begin,
+                                          const int *end, int *axis)
+{
+    __shared__ double best[KNN_PREP_THREADS];
+    __shared__ int best_f[KNN_PREP_THREADS];
+    int s = blockIdx.x, b = begin[s], n = end[s] - b;
+    int m = min(n, KNN_KD_SAMPLE);
+    double top = -1.0;
+    int top_f = 0;
+    for (int f = threadIdx.x; f < p; f += blockDim.x) {
+        double v0 = x[(size_t)order[b] * p + f], sum = 0.0, sq = 0.0;
+        for (int i = 0; i < m; i++) {
+            double v = x[(size_t)order[b + (long long)i * n / m] * p + f] -
+                       v0;
+            sum += v;
+            sq += v * v;
+        }
+        double spread = sq - sum * sum / m;
+        if (spread > top) {
+            top = spread;
+            top_f = f;
+        }
+    }
+    best[threadIdx.x] = top;
+    best_f[threadIdx.x] = top_f;
+    __syncthreads();
+    for (int h = blockDim.x / 2; h > 0; h >>= 1) {
+        int t = threadIdx.x;
+        if (t < h && (best[t + h] > best[t] ||
+                      (best[t + h] == best[t] && best_f[t + h] < best_f[t]))) {
+            best[t] = best[t + h];
+            best_f[t] = best_f[t + h];
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) axis[s] = best_f[0];
+}
+
+/* Segment s's nodes' values on its axis into key, by position. */
+__global__ static void knn_kd_key_kernel(const double *x, int p,
+                                         const int *order, const int *begin,
+                                         const int *end, const int *axis,
+                                         double *key)
+{
+    int s = blockIdx.x, a = axis[s];
+    for (int i = begin[s] + threadIdx.x; i < end[s]; i += blockDim.x)
+        key[i] = x[(size_t)order[i] * p + a];
+}
+
+/* The sorted segments back into order (positions outside them, leaves
+ * already, keep their nodes). */
+__global__ static void knn_kd_back_kernel(const int *sorted,
+                                          const int *begin, const int *end,
+                                          int *order)
+{
+    int s = blockIdx.x;
+    for (int i = begin[s] + threadIdx.x; i < end[s]; i += blockDim.x)
+        order[i] = sorted[i];
+}
+
+/* The segments of each level of knn_kd_refine, from the first level's
+ * starts: a segment of more than `leaf` nodes is sorted on its level and
+ * parts into the half of its leaves (rounded down) and the rest. */
+static void knn_kd_levels(const int *starts, int n_starts, int n, int leaf,
+                          std::vector<std::vector<int> > &begin,
+                          std::vector<std::vector<int> > &end)
+{
+    std::vector<int> b(starts, starts + n_starts), e(b.begin() + 1, b.end());
+    e.push_back(n);
+    while (true) {
+        std::vector<int> lb, le, nb, ne;
+        for (size_t s = 0; s < b.size(); s++) {
+            if (e[s] - b[s] <= leaf) continue;
+            lb.push_back(b[s]);
+            le.push_back(e[s]);
+            int leaves = (e[s] - b[s] + leaf - 1) / leaf;
+            int half = leaves / 2 * leaf;
+            nb.push_back(b[s]);
+            ne.push_back(b[s] + half);
+            nb.push_back(b[s] + half);
+            ne.push_back(e[s]);
+        }
+        if (lb.empty()) return;
+        begin.push_back(lb);
+        end.push_back(le);
+        b.swap(nb);
+        e.swap(ne);
+    }
+}
+
+knn_status knn_kd_refine(const knn_gpu_nodes *nodes, int *order, int n,
+                         const int *starts, int n_starts, int leaf,
+                         char *message, cudaStream_t stream)
+{
+    std::vector<std::vector<int> > begin, end;
+    try {
+        knn_kd_levels(starts, n_starts, n, leaf, begin, end);
+    } catch (const std::bad_alloc &) {
+        return knn_gpu_fail(message, KNN_E_NOMEM, "k-d order",
+                            "out of host memory", __FILE__, __LINE__);
+    }
+    if (begin.empty()) return KNN_OK;
+    size_t segs = 0, temp = 0;
+    for (size_t l = 0; l < begin.size(); l++) {
+        size_t bytes = 0;
+        KNN_CUDA_TRY(message, cub::DeviceSegmentedSort::SortPairs(
+            (void *)NULL, bytes, (const double *)NULL, (double *)NULL,
+            (const int *)NULL, (int *)NULL, n, (int)begin[l].size(),
+            (const int *)NULL, (const int *)NULL));
+        if (bytes > temp) temp = bytes;
+        segs += begin[l].size();
+    }
+    knn_carver c = {NULL, 0};
+    void *block = NULL;
+    double *key = NULL, *key_out = NULL;
+    int *order_out = NULL, *seg = NULL, *axis = NULL;
+    void *sort_temp = NULL;
+    for (int pass = 0; pass < 2; pass++) {
+        c.used = 0;
+        key = knn_carve<double>(&c, (size_t)n);
+        key_out = knn_carve<double>(&c, (size_t)n);
+        order_out = knn_carve<int>(&c, (size_t)n);
+        seg = knn_carve<int>(&c, 2 * segs);
+        axis = knn_carve<int>(&c, segs);
+        sort_temp = knn_carve<char>(&c, temp);
+        if (pass == 0 && knn_device_alloc(&block, c.used, stream) !=
+                             cudaSuccess) {
+            cudaGetLastError();
+            return knn_gpu_fail(message, KNN_E_NOMEM, "k-d order",
+                                "out of GPU memory", __FILE__, __LINE__);
+        }
+        c.block = (char *)block;
+    }
+    std::vector<int> h_seg(2 * segs);
+    size_t at = 0;
+    for (size_t l = 0; l < begin.size(); l++) {
+        std::copy(begin[l].begin(), begin[l].end(), h_seg.begin() + at);
+        std::copy(end[l].begin(), end[l].end(),
+                  h_seg.begin() + segs + at);
+        at += begin[l].size();
+    }
+    knn_status st = KNN_OK;
+    cudaError_t err = cudaMemcpyAsync(seg, h_seg.data(),
+                                      h_seg.size() * sizeof(int),
+                                      cudaMemcpyHostToDevice, stream);
+    at = 0;
+    for (size_t l = 0; l < begin.size() && err == cudaSuccess; l++) {
+        int count = (int)begin[l].size();
+        const int *b = seg + at, *e = seg + segs + at;
+        knn_kd_axis_kernel<<<count, KNN_PREP_THREADS, 0, stream>>>(
+            nodes->exact, nodes->p, order, b, e, axis + at);
+        knn_kd_key_kernel<<<count, KNN_PREP_THREADS, 0, stream>>>(
+            nodes->exact, nodes->p, order, b, e, axis + at, key);
+        err = cudaGetLastError();
+        size_t bytes = temp;
+        if (err == cudaSuccess)
+            err = cub::DeviceSegmentedSort::SortPairs(
+                sort_temp, bytes, key, key_out, order, order_out, n, count,
+                b, e, stream);
+        if (err == cudaSuccess) {
+            knn_kd_back_kernel<<<count, KNN_PREP_THREADS, 0, stream>>>(
+                order_out, b, e, order);
+            err = cudaGetLastError();
+        }
+        at += count;
+    }
+    if (err != cudaSuccess)
+        st = knn_gpu_fail(message, KNN_E_DEVICE, "k-d order",
+                          cudaGetErrorString(err), __FILE__, __LINE__);
+    if (st == KNN_OK) {
+        err = cudaStreamSynchronize(stream);
+        if (err != cudaSuccess)
+            st = knn_gpu_fail(message, KNN_E_DEVICE, "k-d order",
+                              cudaGetErrorString(err), __FILE__, __LINE__);
+    }
+    knn_device_free(block);
+    return st;
+}
+
+/* order[j] = j. */
+__global__ static void knn_iota_kernel(int *order, int n)
+{
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < n) order[j] = j;
+}
+
+/* pos[order[j]] = j. */
+__global__ static void knn_inverse_kernel(const int *order, int n, int *pos)
+{
+    int j = blockIdx.x * blockDim.x + threadIdx.x;
+    if (j < n) pos[order[j]] = j;
+}
+
+knn_status knn_kd_columns(const knn_gpu_nodes *nodes, int leaf,
+                          int *col_node, int *col_pos, char *message,
+                          cudaStream_t stream)
+{
+    int n = nodes->n_ref, start = 0;
+    knn_iota_kernel<<<knn_blocks(n), KNN_PREP_THREADS, 0, stream>>>(
+        col_node, n);
+    KNN_LAUNCH_TRY(message, "knn_iota_kernel");
+    KNN_TRY(knn_kd_refine(nodes, col_node, n, &start, 1, leaf, message,
+                          stream));
+    knn_inverse_kernel<<<knn_blocks(n), KNN_PREP_THREADS, 0, stream>>>(
+        col_node, n, col_pos);
+    KNN_LAUNCH_TRY(message, "knn_inverse_kernel");
     return KNN_OK;
 }
 

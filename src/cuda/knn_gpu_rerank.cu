@@ -15,13 +15,14 @@
  *    are ordered by) becomes 64 unsigned bits whose integer order is its
  *    order (-0 folded into +0, since the C engine's comparison treats them
  *    as equal), and every row's slots are ordered by it, equal ones by
- *    slot. Slots were filled in ascending node order, so equal distances
- *    stay ordered by the smaller index: the engine's tie rule. A row of
- *    up to KNN_SORT_SHORT slots is sorted by a block of its own in shared
- *    memory (a bitonic sort on (bits, slot), which orders as a stable sort
- *    by the bits does); longer ones by CUB's stable segmented sort, whose
- *    kernel for large segments is slow on rows of a few hundred
- *    candidates.
+ *    node: the engine's tie rule. A row of up to KNN_SORT_SHORT slots is
+ *    sorted by a block of its own in shared memory (a bitonic sort on
+ *    (bits, node)); longer ones by CUB's stable segmented sort on the
+ *    bits, whose kernel for large segments is slow on rows of a few
+ *    hundred candidates. Its input must list a row's slots in node order
+ *    for equal bits to stay so: where the candidates were not filled in
+ *    ascending node order (a pruned walk visits column blocks nearest
+ *    first), a segmented sort by node puts them so first.
  * 3. Output: one thread per (row, rank < k) reads its slot's node and
  *    original key and writes index, distance and weight (knn_key_output)
  *    into rows x k arrays, column- or row-major as the caller's result is;
@@ -94,17 +95,18 @@ knn_key_kernel(knn_rerank_args a)
     }
 }
 
-/* Whether entry (ka, va) goes before (kb, vb): by the bits, then by the
- * slot. */
-__device__ __forceinline__ bool knn_sort_before(uint64_t ka, int va,
-                                                uint64_t kb, int vb)
+/* Whether entry (ka, node na) goes before (kb, nb): by the bits, then by
+ * the node (a row's candidates are distinct nodes). */
+__device__ __forceinline__ bool knn_sort_before(uint64_t ka, int na,
+                                                uint64_t kb, int nb)
 {
-    return ka < kb || (ka == kb && va < vb);
+    return ka < kb || (ka == kb && na < nb);
 }
 
-/* Sorts the m entries (m a power of two) of key and val in shared
- * memory, ascending, with the block's threads. */
-__device__ static void knn_bitonic_sort(uint64_t *key, int *val, int m)
+/* Sorts the m entries (m a power of two) of key, node and val in shared
+ * memory by (key, node), ascending, with the block's threads. */
+__device__ static void knn_bitonic_sort(uint64_t *key, int *node, int *val,
+                                        int m)
 {
     for (int size = 2; size <= m; size <<= 1)
         for (int stride = size >> 1; stride > 0; stride >>= 1) {
@@ -115,10 +117,14 @@ __device__ static void knn_bitonic_sort(uint64_t *key, int *val, int m)
                 int i = 2 * t - (t & (stride - 1));
                 int j = i + stride;
                 bool up = (i & size) == 0;
-                if (knn_sort_before(key[j], val[j], key[i], val[i]) == up) {
+                if (knn_sort_before(key[j], node[j], key[i], node[i]) ==
+                    up) {
                     uint64_t kt = key[i];
                     key[i] = key[j];
                     key[j] = kt;
+                    int nt = node[i];
+                    node[i] = node[j];
+                    node[j] = nt;
                     int vt = val[i];
                     val[i] = val[j];
                     val[j] = vt;
@@ -136,6 +142,7 @@ __global__ static void __launch_bounds__(KNN_SORT_THREADS)
 knn_sort_short_kernel(knn_rerank_args a)
 {
     __shared__ uint64_t key[KNN_SORT_SHORT];
+    __shared__ int node[KNN_SORT_SHORT];
     __shared__ int val[KNN_SORT_SHORT];
     int r = blockIdx.x, begin = a.offsets[r], n = a.seg_end[r] - begin;
     bool here = n <= KNN_SORT_SHORT;
@@ -145,9 +152,10 @@ knn_sort_short_kernel(knn_rerank_args a)
     while (m < n) m <<= 1;
     for (int e = threadIdx.x; e < m; e += blockDim.x) {
         key[e] = e < n ? a.sort_key[begin + e] : ~0ull;
+        node[e] = e < n ? a.cand_index[begin + e] : INT_MAX;
         val[e] = e < n ? a.sort_val[begin + e] : INT_MAX;
     }
-    knn_bitonic_sort(key, val, m);
+    knn_bitonic_sort(key, node, val, m);
     for (int e = threadIdx.x; e < min(n, a.k); e += blockDim.x)
         a.sort_val_out[begin + e] = val[e];
 }
@@ -175,14 +183,33 @@ __global__ static void knn_output_kernel(knn_rerank_args a)
     a.out_weight[t] = weight;
 }
 
+/* One block per row CUB sorts (a long one): the bits of its slots in the
+ * node order that knn_rerank's sort by node left in sort_val_out, into
+ * sort_key_out (whose node keys that sort no longer needs), and those
+ * slots into sort_val, the input of the sort by the bits. */
+__global__ static void knn_long_by_node_kernel(knn_rerank_args a)
+{
+    int r = blockIdx.x, begin = a.offsets[r], end = a.sort_end[r];
+    for (int e = begin + threadIdx.x; e < end; e += blockDim.x) {
+        int s = a.sort_val_out[e];
+        a.sort_key_out[e] = a.sort_key[s];
+        a.sort_val[e] = s;
+    }
+}
+
 knn_status knn_rerank_sort_bytes(int64_t n_slots, int rows, size_t *bytes,
                                  char *message)
 {
-    *bytes = 0;
+    size_t by_bits = 0, by_node = 0;
     KNN_CUDA_TRY(message, cub::DeviceSegmentedSort::StableSortPairs(
-        (void *)NULL, *bytes, (const uint64_t *)NULL, (uint64_t *)NULL,
+        (void *)NULL, by_bits, (const uint64_t *)NULL, (uint64_t *)NULL,
         (const int *)NULL, (int *)NULL, n_slots, (int64_t)rows,
         (const int *)NULL, (const int *)NULL));
+    KNN_CUDA_TRY(message, cub::DeviceSegmentedSort::StableSortPairs(
+        (void *)NULL, by_node, (const int *)NULL, (int *)NULL,
+        (const int *)NULL, (int *)NULL, n_slots, (int64_t)rows,
+        (const int *)NULL, (const int *)NULL));
+    *bytes = by_bits > by_node ? by_bits : by_node;
     return KNN_OK;
 }
 
@@ -200,8 +227,20 @@ knn_status knn_rerank(const knn_rerank_args *a, char *message,
                             __LINE__);
     knn_sort_short_kernel<<<a->rows, KNN_SORT_THREADS, 0, stream>>>(*a);
     KNN_LAUNCH_TRY(message, "knn_sort_short_kernel");
+    uint64_t *bits_in = a->sort_key, *bits_out = a->sort_key_out;
+    if (!a->cand_in_node_order) {
+        KNN_CUDA_TRY(message, cub::DeviceSegmentedSort::StableSortPairs(
+            a->sort_temp, temp_bytes, a->cand_index,
+            (int *)a->sort_key_out, a->sort_val, a->sort_val_out,
+            a->n_slots, (int64_t)a->rows, a->offsets, a->sort_end, stream));
+        knn_long_by_node_kernel<<<a->rows, KNN_SORT_THREADS, 0, stream>>>(
+            *a);
+        KNN_LAUNCH_TRY(message, "knn_long_by_node_kernel");
+        bits_in = a->sort_key_out;
+        bits_out = a->sort_key;
+    }
     KNN_CUDA_TRY(message, cub::DeviceSegmentedSort::StableSortPairs(
-        a->sort_temp, temp_bytes, a->sort_key, a->sort_key_out, a->sort_val,
+        a->sort_temp, temp_bytes, bits_in, bits_out, a->sort_val,
         a->sort_val_out, a->n_slots, (int64_t)a->rows, a->offsets,
         a->sort_end, stream));
     size_t n_out = (size_t)a->rows * a->k;

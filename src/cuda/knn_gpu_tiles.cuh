@@ -238,6 +238,15 @@ typedef struct {
                                and margin2 those of the frame: ref nodes,
                                then the tile's rows from n_ref */
     double *centre;         /* the frame's translation (p) */
+    /* On the fused path (distances), a pruned walk (knn_fused_prune): the
+     * ref nodes in a k-d order (col_node NULL where the walk is plain)
+     * and the balls of its column blocks, once; each tile's row blocks'
+     * balls, the blocks' largest fast norms in its frame and the walk's
+     * scratch. */
+    int *col_node, *col_pos;
+    double *col_centre, *col_radius, *col_norm_max;
+    double *row_centre, *row_radius, *row_norm_max;
+    float *skip_floor;
     void *block;            /* the device arrays' allocation */
 } knn_gpu_local;
 
@@ -441,11 +450,13 @@ double knn_slot_found(const knn_gpu_slot *sl);
  * instead); leaving them for the plain course from the device's first
  * row; the frame of a tile of the spatial order, on the stream (the
  * nodes of its rows at d_nodes): the nodes view whose rows start at
- * n_ref; freeing the arrays. */
+ * n_ref, and on the fused path its pruned walk (*prune; col_node NULL
+ * where the walk is plain); freeing the arrays. */
 knn_status knn_dev_go_local(knn_gpu_dev *d, int row);
 knn_status knn_dev_leave_local(knn_gpu_dev *d);
 knn_status knn_local_frame(knn_gpu_dev *d, const int *d_nodes, int rows,
-                           const knn_gpu_nodes **view);
+                           const knn_gpu_nodes **view,
+                           knn_fused_prune *prune);
 void knn_local_free(knn_gpu_local *lf);
 /* The rows of a tile from row `row`, at most `rows`: in the spatial
  * order, up to the next subtree's start. */

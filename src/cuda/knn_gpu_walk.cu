@@ -107,7 +107,7 @@ static knn_status knn_pairs_walk_tile(knn_gpu_dev *d, int row0, int rows,
     knn_fused_scratch scratch = knn_fused_scratch_of(
         t, t->surv_offsets_uniform, NULL, 0);
     if (mine > 0)
-        KNN_TRY(knn_fused_candidates(&sa, nd, first, &scratch, &walk,
+        KNN_TRY(knn_fused_candidates(&sa, nd, first, &scratch, &walk, NULL,
                                      d->message, d->stream));
     knn_select_args earlier = knn_tile_select_args(d, 0, 0, row0,
                                                    t->offsets_uniform,

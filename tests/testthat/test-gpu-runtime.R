@@ -646,6 +646,25 @@ test_that("local frames on the fused path, before split TF32", {
     expect_match(attr(got$gpu, "precision"), "fp64 GEMM|local frames")
 })
 
+test_that("a pruned walk's ties go to the smaller index", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## Local tiles on the fused path visit their column blocks nearest
+    ## first, in a k-d order of the nodes, and skip those too far to hold
+    ## a neighbour: a row's candidates do not come in node order. Four
+    ## cell types whose cells sit on a lattice of step 2^-10 have exact
+    ## squared distances, and many rows tie at their k-th; the re-rank
+    ## orders ties by node, as the CPU does.
+    set.seed(53)
+    centres <- round(matrix(rnorm(4 * 30), 4) * 1024) / 1024
+    x <- centres[rep(1:4, each = 10000), ] +
+        matrix(round(rnorm(40000 * 30)), 40000) / 1024
+    x <- x[sample(nrow(x)), ]
+    got <- expectGpuIdentical(x, 15, "euclidean", label = "pruned ties")
+    expect_match(attr(got$gpu, "precision"), "tf32 tiles in local frames")
+    d <- got$cpu$distance
+    expect_gt(sum(d[, 15] == d[, 14]), 100)
+})
+
 test_that("fused tiles run again for their slots keep the bits", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     ## Cell types on falling PC scales: local tiles that hold parts of two
