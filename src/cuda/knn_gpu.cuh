@@ -387,17 +387,18 @@ typedef struct {
 /* A pruned walk (local frames on the fused path, knn_gpu_local.cu): the
  * frame's column j is node col_node[j] and node i is column col_pos[i],
  * the reference in a k-d order, so that each block of KNN_FUSED_COLS
- * columns lies in a small ball; so do the tile's blocks of rows (rows
- * from 128 b). A block of rows skips a column block where the balls prove
+ * columns lies in a small box; so do the tile's blocks of rows (rows
+ * from 128 b). A block of rows skips a column block where the boxes prove
  * that no score of theirs passes the rows' thresholds
- * (knn_fused_kernel). Balls are in the nodes' exact units (centres
- * feature-major: centre[f * blocks + b]), radii rounded up; norm_max: the
- * largest fast norm of each block in the tile's frame; skip_floor:
- * scratch of col_blocks floats for each block of the launch. */
+ * (knn_fused_kernel). Boxes are each feature's least and largest value
+ * over the block's nodes, exact (feature-major: lo[f * blocks + b]);
+ * norm_max: the largest fast norm of each block in the tile's frame;
+ * skip_floor: scratch of col_blocks floats for each block of the
+ * launch. */
 typedef struct {
     const int *col_node, *col_pos;
-    const double *col_centre, *col_radius, *col_norm_max;
-    const double *row_centre, *row_radius, *row_norm_max;
+    const double *col_lo, *col_hi, *col_norm_max;
+    const double *row_lo, *row_hi, *row_norm_max;
     float *skip_floor;
     int p, col_blocks, row_blocks;
 } knn_fused_prune;
@@ -593,12 +594,12 @@ knn_status knn_local_vectors(const knn_gpu_nodes *nodes, const int *rows,
                              knn_gpu_nodes *view, double *centre,
                              knn_gemm_mode gemm, char *message,
                              cudaStream_t stream);
-/* The balls of a pruned walk (knn_fused_prune): nodes pick[0 .. n) of
- * nodes->exact in groups of `group` from the first, group b's centre into
- * centre[f * groups + b] and its radius, rounded up, into radius[b]. On
- * the stream. */
-knn_status knn_group_balls(const knn_gpu_nodes *nodes, const int *pick,
-                           int n, int group, double *centre, double *radius,
+/* The boxes of a pruned walk (knn_fused_prune): nodes pick[0 .. n) of
+ * nodes->exact in groups of `group` from the first, group b's least and
+ * largest value of feature f into lo and hi[f * groups + b]. On the
+ * stream. */
+knn_status knn_group_boxes(const knn_gpu_nodes *nodes, const int *pick,
+                           int n, int group, double *lo, double *hi,
                            char *message, cudaStream_t stream);
 /* Refines order[0 .. n) (device; nodes of nodes->exact) in place: each
  * segment from starts[i] (host, ascending, starts[0] = 0) to the next

@@ -1026,31 +1026,38 @@ __device__ __forceinline__ float knn_prune_floor(const knn_select_args &s,
 }
 
 /* All threads: the row block's floor of every column block into its
- * scratch (knn_prune_floor of the balls' distance less their radii; the
- * centres' distance is a float64 sum within 2^-26 of itself, see
- * knn_group_ball_kernel), and its home block into sh.walk[1]. Uses the
- * staging buffers, before the first column block is queued. */
+ * scratch (knn_prune_floor of the boxes' distance: the root of the sum
+ * over features of the squared gap between the two ranges, a float64 sum
+ * of non-negative rounded terms within (p + 2) 2^-53, under 2^-26, of
+ * itself), and its home block, whose box's centre is nearest the row
+ * block's, into sh.walk[1]. Uses the staging buffers, before the first
+ * column block is queued. */
 __device__ void knn_prune_start(const knn_fused_args &a,
                                 const knn_fused_shared &sh)
 {
     const knn_fused_prune &pr = a.prune;
     int rb = blockIdx.x, nb = pr.col_blocks, p = pr.p;
-    double rr = pr.row_radius[rb], nr = pr.row_norm_max[rb];
+    double nr = pr.row_norm_max[rb];
     float *floor = pr.skip_floor + (size_t)blockIdx.x * nb;
     double best = INFINITY;
     int home = 0;
     for (int c = threadIdx.x; c < nb; c += blockDim.x) {
-        double d2 = 0.0;
+        double gap2 = 0.0, centre2 = 0.0;
         for (int f = 0; f < p; f++) {
-            double d = pr.row_centre[(size_t)f * pr.row_blocks + rb] -
-                       pr.col_centre[(size_t)f * nb + c];
-            d2 += d * d;
+            size_t fr = (size_t)f * pr.row_blocks + rb;
+            size_t fc = (size_t)f * nb + c;
+            double rl = pr.row_lo[fr], rh = pr.row_hi[fr];
+            double cl = pr.col_lo[fc], ch = pr.col_hi[fc];
+            double gap = fmax(0.0, fmax(cl - rh, rl - ch));
+            double off = (rl + rh) - (cl + ch);
+            gap2 += gap * gap;
+            centre2 += off * off;
         }
-        if (d2 < best) {
-            best = d2;
+        if (centre2 < best) {
+            best = centre2;
             home = c;
         }
-        double lb = sqrt(d2) * (1.0 - 0x1p-24) - rr - pr.col_radius[c];
+        double lb = sqrt(gap2) * (1.0 - 0x1p-24);
         floor[c] = knn_prune_floor(a.sel, lb, nr + pr.col_norm_max[c]);
     }
     for (int o = 16; o > 0; o >>= 1) {

@@ -274,8 +274,8 @@ static knn_status knn_local_order(knn_gpu_dev *d, int row, size_t n,
 
 /* A pruned walk's orders (lf's arrays carved; the rows' order and its
  * nodes on the device): the ref nodes in a k-d order of column blocks,
- * their balls, and each tile's rows in a k-d order of row blocks from
- * its start (a block of rows is then a small ball too), the host's
+ * their boxes, and each tile's rows in a k-d order of row blocks from
+ * its start (a block of rows is then a small box too), the host's
  * copies of their places and nodes (n of them) made anew. */
 static knn_status knn_local_prune_orders(knn_gpu_dev *d, size_t n,
                                          std::vector<int> &nodes)
@@ -283,8 +283,8 @@ static knn_status knn_local_prune_orders(knn_gpu_dev *d, size_t n,
     knn_gpu_local *lf = &d->local;
     KNN_TRY(knn_kd_columns(&d->nodes, KNN_FUSED_COLS, lf->col_node,
                            lf->col_pos, d->message, d->stream));
-    KNN_TRY(knn_group_balls(&d->nodes, lf->col_node, d->req->n_ref,
-                            KNN_FUSED_COLS, lf->col_centre, lf->col_radius,
+    KNN_TRY(knn_group_boxes(&d->nodes, lf->col_node, d->req->n_ref,
+                            KNN_FUSED_COLS, lf->col_lo, lf->col_hi,
                             d->message, d->stream));
     std::vector<int> starts;
     for (size_t i = 0; i < n; i++)
@@ -356,11 +356,11 @@ static knn_status knn_local_alloc(knn_gpu_dev *d, int row)
         size_t pc = pruned ? col_blocks : 0, pr = pruned ? row_blocks : 0;
         lf->col_node = knn_carve<int>(&c, pn);
         lf->col_pos = knn_carve<int>(&c, pn);
-        lf->col_centre = knn_carve<double>(&c, pc * nd->p);
-        lf->col_radius = knn_carve<double>(&c, pc);
+        lf->col_lo = knn_carve<double>(&c, pc * nd->p);
+        lf->col_hi = knn_carve<double>(&c, pc * nd->p);
         lf->col_norm_max = knn_carve<double>(&c, pc);
-        lf->row_centre = knn_carve<double>(&c, pr * nd->p);
-        lf->row_radius = knn_carve<double>(&c, pr);
+        lf->row_lo = knn_carve<double>(&c, pr * nd->p);
+        lf->row_hi = knn_carve<double>(&c, pr * nd->p);
         lf->row_norm_max = knn_carve<double>(&c, pr);
         lf->skip_floor = knn_carve<float>(&c, pr * pc);
         if (pass == 0 && knn_device_alloc(&lf->block, c.used, d->stream) !=
@@ -444,27 +444,26 @@ knn_status knn_dev_leave_local(knn_gpu_dev *d)
     return knn_dev_leave_fused(d, KNN_RUNG_CLIMB);
 }
 
-/* The tile's pruned walk: its row blocks' balls and the blocks' largest
+/* The tile's pruned walk: its row blocks' boxes and the blocks' largest
  * fast norms in its frame, on the stream. */
 static knn_status knn_local_prune(knn_gpu_dev *d, const int *d_nodes,
                                   int rows, knn_fused_prune *prune)
 {
     knn_gpu_local *lf = &d->local;
     int n_ref = d->nodes.n_ref;
-    KNN_TRY(knn_group_balls(&d->nodes, d_nodes, rows, KNN_FUSED_ROWS,
-                            lf->row_centre, lf->row_radius, d->message,
-                            d->stream));
+    KNN_TRY(knn_group_boxes(&d->nodes, d_nodes, rows, KNN_FUSED_ROWS,
+                            lf->row_lo, lf->row_hi, d->message, d->stream));
     KNN_TRY(knn_group_max(lf->view.norm + n_ref, rows, KNN_FUSED_ROWS,
                           lf->row_norm_max, d->message, d->stream));
     KNN_TRY(knn_group_max(lf->view.norm, n_ref, KNN_FUSED_COLS,
                           lf->col_norm_max, d->message, d->stream));
     prune->col_node = lf->col_node;
     prune->col_pos = lf->col_pos;
-    prune->col_centre = lf->col_centre;
-    prune->col_radius = lf->col_radius;
+    prune->col_lo = lf->col_lo;
+    prune->col_hi = lf->col_hi;
     prune->col_norm_max = lf->col_norm_max;
-    prune->row_centre = lf->row_centre;
-    prune->row_radius = lf->row_radius;
+    prune->row_lo = lf->row_lo;
+    prune->row_hi = lf->row_hi;
     prune->row_norm_max = lf->row_norm_max;
     prune->skip_floor = lf->skip_floor;
     prune->p = d->nodes.p;

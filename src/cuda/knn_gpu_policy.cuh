@@ -11,7 +11,7 @@
 /* ---- what the kernels can do (limits, not choices) --------------------- */
 
 /* The fused kernel (knn_gpu_fused.cu): rows per block and nodes per
- * column block (a pruned walk's balls hold as many); the largest k (past
+ * column block (a pruned walk's boxes hold as many); the largest k (past
  * it the rows' k smallest, a heap in device memory past k = 32, and the
  * shared walk's merge would need more); the products take fp16 inputs
  * below this many features (knn_mma says why). */

@@ -478,57 +478,34 @@ knn_status knn_local_vectors(const knn_gpu_nodes *nodes, const int *rows,
     return KNN_OK;
 }
 
-/* Group b of knn_group_balls, a block of `group` threads: the centre
- * (the mean, a thread per feature), then the largest distance from it (a
- * thread per node). Each squared distance is a float64 sum of
- * non-negative rounded terms, within (p + 2) 2^-53 of itself relatively,
- * under 2^-26 for the fused kernel's p < 2^26
- * (KNN_FUSED_HALF_MAX_FEATURES), so the radius grown by 2^-24 holds every
- * node. */
-__global__ static void knn_group_ball_kernel(const double *x, int p,
-                                             const int *pick, int n,
-                                             int groups, double *centre,
-                                             double *radius)
+/* Group b of knn_group_boxes: a thread per feature. */
+__global__ static void knn_group_box_kernel(const double *x, int p,
+                                            const int *pick, int n,
+                                            int group, int groups,
+                                            double *lo, double *hi)
 {
-    extern __shared__ double knn_ball_far[];
-    int b = blockIdx.x, first = b * (int)blockDim.x;
-    int m = min((int)blockDim.x, n - first);
+    int b = blockIdx.x, first = b * group, m = min(group, n - first);
     for (int f = threadIdx.x; f < p; f += blockDim.x) {
-        double s = 0.0;
-        for (int i = 0; i < m; i++) s += x[(size_t)pick[first + i] * p + f];
-        centre[(size_t)f * groups + b] = s / m;
-    }
-    __syncthreads();
-    double far = 0.0;
-    if ((int)threadIdx.x < m) {
-        const double *xi = x + (size_t)pick[first + threadIdx.x] * p;
-        for (int f = 0; f < p; f++) {
-            double d = xi[f] - centre[(size_t)f * groups + b];
-            far += d * d;
+        double least = INFINITY, most = -INFINITY;
+        for (int i = 0; i < m; i++) {
+            double v = x[(size_t)pick[first + i] * p + f];
+            least = fmin(least, v);
+            most = fmax(most, v);
         }
+        lo[(size_t)f * groups + b] = least;
+        hi[(size_t)f * groups + b] = most;
     }
-    knn_ball_far[threadIdx.x] = far;
-    __syncthreads();
-    for (int h = blockDim.x / 2; h > 0; h >>= 1) {
-        if ((int)threadIdx.x < h)
-            knn_ball_far[threadIdx.x] = fmax(knn_ball_far[threadIdx.x],
-                                             knn_ball_far[threadIdx.x + h]);
-        __syncthreads();
-    }
-    if (threadIdx.x == 0)
-        radius[b] = sqrt(knn_ball_far[0]) * (1.0 + 0x1p-24);
 }
 
-knn_status knn_group_balls(const knn_gpu_nodes *nodes, const int *pick,
-                           int n, int group, double *centre, double *radius,
+knn_status knn_group_boxes(const knn_gpu_nodes *nodes, const int *pick,
+                           int n, int group, double *lo, double *hi,
                            char *message, cudaStream_t stream)
 {
     int groups = (n + group - 1) / group;
     if (groups == 0) return KNN_OK;
-    knn_group_ball_kernel<<<groups, group, group * sizeof(double),
-                            stream>>>(nodes->exact, nodes->p, pick, n,
-                                      groups, centre, radius);
-    KNN_LAUNCH_TRY(message, "knn_group_ball_kernel");
+    knn_group_box_kernel<<<groups, 64, 0, stream>>>(
+        nodes->exact, nodes->p, pick, n, group, groups, lo, hi);
+    KNN_LAUNCH_TRY(message, "knn_group_box_kernel");
     return KNN_OK;
 }
 

@@ -240,12 +240,12 @@ typedef struct {
     double *centre;         /* the frame's translation (p) */
     /* On the fused path (distances), a pruned walk (knn_fused_prune): the
      * ref nodes in a k-d order (col_node NULL where the walk is plain)
-     * and the balls of its column blocks, once; each tile's row blocks'
-     * balls, the blocks' largest fast norms in its frame and the walk's
+     * and the boxes of its column blocks, once; each tile's row blocks'
+     * boxes, the blocks' largest fast norms in its frame and the walk's
      * scratch. */
     int *col_node, *col_pos;
-    double *col_centre, *col_radius, *col_norm_max;
-    double *row_centre, *row_radius, *row_norm_max;
+    double *col_lo, *col_hi, *col_norm_max;
+    double *row_lo, *row_hi, *row_norm_max;
     float *skip_floor;
     void *block;            /* the device arrays' allocation */
 } knn_gpu_local;
