@@ -234,7 +234,8 @@ typedef struct {
     int scale_exp;
     const int *offsets;      /* rows + 1: row r's slots [offsets[r],
                                 offsets[r + 1]) of cand_index */
-    int *cand_index;         /* out: candidates, ascending index per row */
+    int *cand_index;         /* out: candidates, ascending index per row
+                                (a pruned walk's: as its blocks came) */
     int *count;              /* out: candidates found per row (may exceed
                                 the row's slots: the caller re-plans) */
     int *seg_end;            /* out: offsets[r] + candidates stored */

@@ -29,6 +29,13 @@
  * they are crowded too (knn_dev_next_step), local frames do not serve the
  * data: the device's rows are searched again from the first in the next
  * arithmetic (split TF32, then float64).
+ *
+ * On the fused path (distances) the walk is pruned (knn_fused_prune): the
+ * frame holds the ref nodes in a k-d order of column blocks (made once,
+ * on the GPU), each tile's rows are ordered so from the tile's start, and
+ * each tile gets its row blocks' boxes and both kinds of blocks' largest
+ * norms in its frame, from which the fused kernel skips column blocks
+ * that cannot hold a candidate.
  */
 #include <math.h>
 #include <stdlib.h>
