@@ -57,6 +57,12 @@ if [ ! -f "$root/.knngpu-root-complete" ]; then
     fi
     rm -rf --one-file-system "$root"
     mkdir -p "$root"
+    # A fresh host has no debootstrap: Debian's package brings it.
+    if ! command -v debootstrap > /dev/null 2>&1; then
+        apt-get update -qq
+        DEBIAN_FRONTEND=noninteractive apt-get install -y -qq \
+            --no-install-recommends debootstrap
+    fi
     debootstrap --variant=minbase trixie "$root" "$mirror"
     touch "$root/.knngpu-root-complete"
 fi
