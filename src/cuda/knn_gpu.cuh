@@ -395,11 +395,12 @@ typedef struct {
  * over the block's nodes, exact (feature-major: lo[f * blocks + b]);
  * norm_max: the largest fast norm of each block in the tile's frame;
  * skip_floor: scratch of col_blocks floats for each block of the
- * launch. */
+ * launch. The kernel writes only skip_floor; the frame that holds the
+ * arrays fills the others. */
 typedef struct {
-    const int *col_node, *col_pos;
-    const double *col_lo, *col_hi, *col_norm_max;
-    const double *row_lo, *row_hi, *row_norm_max;
+    int *col_node, *col_pos;
+    double *col_lo, *col_hi, *col_norm_max;
+    double *row_lo, *row_hi, *row_norm_max;
     float *skip_floor;
     int p, col_blocks, row_blocks;
 } knn_fused_prune;

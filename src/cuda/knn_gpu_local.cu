@@ -288,10 +288,11 @@ static knn_status knn_local_prune_orders(knn_gpu_dev *d, size_t n,
                                          std::vector<int> &nodes)
 {
     knn_gpu_local *lf = &d->local;
-    KNN_TRY(knn_kd_columns(&d->nodes, KNN_FUSED_COLS, lf->col_node,
-                           lf->col_pos, d->message, d->stream));
-    KNN_TRY(knn_group_boxes(&d->nodes, lf->col_node, d->req->n_ref,
-                            KNN_FUSED_COLS, lf->col_lo, lf->col_hi,
+    knn_fused_prune *pr = &lf->prune;
+    KNN_TRY(knn_kd_columns(&d->nodes, KNN_FUSED_COLS, pr->col_node,
+                           pr->col_pos, d->message, d->stream));
+    KNN_TRY(knn_group_boxes(&d->nodes, pr->col_node, d->req->n_ref,
+                            KNN_FUSED_COLS, pr->col_lo, pr->col_hi,
                             d->message, d->stream));
     std::vector<int> starts;
     for (size_t i = 0; i < n; i++)
@@ -361,15 +362,16 @@ static knn_status knn_local_alloc(knn_gpu_dev *d, int row)
         lf->view.half = fused ? knn_carve<__half>(&c, views * ldh) : NULL;
         size_t pn = pruned ? (size_t)nd->n_ref : 0;
         size_t pc = pruned ? col_blocks : 0, pr = pruned ? row_blocks : 0;
-        lf->col_node = knn_carve<int>(&c, pn);
-        lf->col_pos = knn_carve<int>(&c, pn);
-        lf->col_lo = knn_carve<double>(&c, pc * nd->p);
-        lf->col_hi = knn_carve<double>(&c, pc * nd->p);
-        lf->col_norm_max = knn_carve<double>(&c, pc);
-        lf->row_lo = knn_carve<double>(&c, pr * nd->p);
-        lf->row_hi = knn_carve<double>(&c, pr * nd->p);
-        lf->row_norm_max = knn_carve<double>(&c, pr);
-        lf->skip_floor = knn_carve<float>(&c, pr * pc);
+        knn_fused_prune *prune = &lf->prune;
+        prune->col_node = knn_carve<int>(&c, pn);
+        prune->col_pos = knn_carve<int>(&c, pn);
+        prune->col_lo = knn_carve<double>(&c, pc * nd->p);
+        prune->col_hi = knn_carve<double>(&c, pc * nd->p);
+        prune->col_norm_max = knn_carve<double>(&c, pc);
+        prune->row_lo = knn_carve<double>(&c, pr * nd->p);
+        prune->row_hi = knn_carve<double>(&c, pr * nd->p);
+        prune->row_norm_max = knn_carve<double>(&c, pr);
+        prune->skip_floor = knn_carve<float>(&c, pr * pc);
         if (pass == 0 && knn_device_alloc(&lf->block, c.used, d->stream) !=
                              cudaSuccess) {
             cudaGetLastError();
@@ -394,7 +396,7 @@ static knn_status knn_local_alloc(knn_gpu_dev *d, int row)
                                  (size_t)n * sizeof(int),
                                  cudaMemcpyHostToDevice, d->stream));
     if (pruned) KNN_TRY(knn_local_prune_orders(d, (size_t)n, nodes));
-    else lf->col_node = NULL;
+    else lf->prune.col_node = NULL;
     KNN_CUDA_TRY(d->message, cudaStreamSynchronize(d->stream));
     return KNN_OK;
 }
@@ -457,25 +459,18 @@ static knn_status knn_local_prune(knn_gpu_dev *d, const int *d_nodes,
                                   int rows, knn_fused_prune *prune)
 {
     knn_gpu_local *lf = &d->local;
+    knn_fused_prune *pr = &lf->prune;
     int n_ref = d->nodes.n_ref;
     KNN_TRY(knn_group_boxes(&d->nodes, d_nodes, rows, KNN_FUSED_ROWS,
-                            lf->row_lo, lf->row_hi, d->message, d->stream));
+                            pr->row_lo, pr->row_hi, d->message, d->stream));
     KNN_TRY(knn_group_max(lf->view.norm + n_ref, rows, KNN_FUSED_ROWS,
-                          lf->row_norm_max, d->message, d->stream));
+                          pr->row_norm_max, d->message, d->stream));
     KNN_TRY(knn_group_max(lf->view.norm, n_ref, KNN_FUSED_COLS,
-                          lf->col_norm_max, d->message, d->stream));
-    prune->col_node = lf->col_node;
-    prune->col_pos = lf->col_pos;
-    prune->col_lo = lf->col_lo;
-    prune->col_hi = lf->col_hi;
-    prune->col_norm_max = lf->col_norm_max;
-    prune->row_lo = lf->row_lo;
-    prune->row_hi = lf->row_hi;
-    prune->row_norm_max = lf->row_norm_max;
-    prune->skip_floor = lf->skip_floor;
-    prune->p = d->nodes.p;
-    prune->col_blocks = (int)knn_groups((size_t)n_ref, KNN_FUSED_COLS);
-    prune->row_blocks = (int)knn_groups((size_t)rows, KNN_FUSED_ROWS);
+                          pr->col_norm_max, d->message, d->stream));
+    pr->p = d->nodes.p;
+    pr->col_blocks = (int)knn_groups((size_t)n_ref, KNN_FUSED_COLS);
+    pr->row_blocks = (int)knn_groups((size_t)rows, KNN_FUSED_ROWS);
+    *prune = *pr;
     return KNN_OK;
 }
 
@@ -490,7 +485,7 @@ knn_status knn_local_frame(knn_gpu_dev *d, const int *d_nodes, int rows,
                             "a tile holds more rows than its frame",
                             __FILE__, __LINE__);
     /* Only the fused kernel reads the ref nodes in the walk's order. */
-    const int *ref_pick = knn_dev_fused(d) ? lf->col_node : NULL;
+    const int *ref_pick = knn_dev_fused(d) ? lf->prune.col_node : NULL;
     KNN_TRY(knn_local_vectors(&d->nodes, d_nodes, rows, ref_pick,
                               &lf->view, lf->centre, KNN_GEMM_TF32,
                               d->message, d->stream));

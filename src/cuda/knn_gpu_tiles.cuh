@@ -238,15 +238,12 @@ typedef struct {
                                and margin2 those of the frame: ref nodes,
                                then the tile's rows from n_ref */
     double *centre;         /* the frame's translation (p) */
-    /* On the fused path (distances), a pruned walk (knn_fused_prune): the
-     * ref nodes in a k-d order (col_node NULL where the walk is plain)
+    /* On the fused path (distances), a pruned walk's arrays: the ref
+     * nodes in a k-d order (prune.col_node NULL where the walk is plain)
      * and the boxes of its column blocks, once; each tile's row blocks'
      * boxes, the blocks' largest fast norms in its frame and the walk's
      * scratch. */
-    int *col_node, *col_pos;
-    double *col_lo, *col_hi, *col_norm_max;
-    double *row_lo, *row_hi, *row_norm_max;
-    float *skip_floor;
+    knn_fused_prune prune;
     void *block;            /* the device arrays' allocation */
 } knn_gpu_local;
 
