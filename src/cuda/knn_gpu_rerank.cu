@@ -17,12 +17,17 @@
  *    as equal), and every row's slots are ordered by it, equal ones by
  *    node: the engine's tie rule. A row of up to KNN_SORT_SHORT slots is
  *    sorted by a block of its own in shared memory (a bitonic sort on
- *    (bits, node)); longer ones by CUB's stable segmented sort on the
- *    bits, whose kernel for large segments is slow on rows of a few
- *    hundred candidates. Its input must list a row's slots in node order
- *    for equal bits to stay so: where the candidates were not filled in
- *    ascending node order (a pruned walk visits column blocks nearest
- *    first), a segmented sort by node puts them so first.
+ *    (bits, node)). A longer row needs only its k first: a block finds,
+ *    a byte of the bits at a time (a radix select), the least bound
+ *    under which at least k of its slots lie and at most KNN_SORT_SHORT,
+ *    and sorts those in shared memory the same way; their k first are
+ *    the row's k first, since every slot left out lies above every slot
+ *    kept. Rows where more than KNN_SORT_SHORT slots share the k-th bits
+ *    (ties) go to CUB's stable segmented sort on the bits, whose input
+ *    must list a row's slots in node order for equal bits to stay so:
+ *    where the candidates were not filled in ascending node order (a
+ *    pruned walk visits column blocks nearest first), a segmented sort by
+ *    node puts them so first.
  * 3. Output: one thread per (row, rank < k) reads its slot's node and
  *    original key and writes index, distance and weight (knn_key_output)
  *    into rows x k arrays, column- or row-major as the caller's result is;
@@ -134,30 +139,125 @@ __device__ static void knn_bitonic_sort(uint64_t *key, int *node, int *val,
     __syncthreads();
 }
 
+/* A row's entries in shared memory for knn_bitonic_sort. */
+struct knn_sort_shared {
+    uint64_t key[KNN_SORT_SHORT];
+    int node[KNN_SORT_SHORT];
+    int val[KNN_SORT_SHORT];
+};
+
+/* Sorts the n entries the block placed in sh (n <= KNN_SORT_SHORT) by
+ * (bits, node) and writes the first k slots of row r to sort_val_out;
+ * the row is done here, so CUB gets an empty segment. */
+__device__ static void knn_sort_placed(knn_sort_shared &sh, int n,
+                                       const knn_rerank_args &a, int r,
+                                       int begin)
+{
+    int m = 32;
+    while (m < n) m <<= 1;
+    for (int e = n + threadIdx.x; e < m; e += blockDim.x) {
+        sh.key[e] = ~0ull;
+        sh.node[e] = INT_MAX;
+        sh.val[e] = INT_MAX;
+    }
+    knn_bitonic_sort(sh.key, sh.node, sh.val, m);
+    for (int e = threadIdx.x; e < min(n, a.k); e += blockDim.x)
+        a.sort_val_out[begin + e] = sh.val[e];
+    if (threadIdx.x == 0) a.sort_end[r] = begin;
+}
+
 /* One block per row: a row of up to KNN_SORT_SHORT slots is sorted here
- * and its first k slots written to sort_val_out; sort_end[r] gets the
- * row's end for CUB, its start for a row sorted here (an empty
- * segment). */
+ * (knn_sort_placed); sort_end[r] gets the row's end for CUB, which a
+ * long row keeps unless knn_select_long_kernel sorts it. */
 __global__ static void __launch_bounds__(KNN_SORT_THREADS)
 knn_sort_short_kernel(knn_rerank_args a)
 {
-    __shared__ uint64_t key[KNN_SORT_SHORT];
-    __shared__ int node[KNN_SORT_SHORT];
-    __shared__ int val[KNN_SORT_SHORT];
+    __shared__ knn_sort_shared sh;
     int r = blockIdx.x, begin = a.offsets[r], n = a.seg_end[r] - begin;
-    bool here = n <= KNN_SORT_SHORT;
-    if (threadIdx.x == 0) a.sort_end[r] = here ? begin : a.seg_end[r];
-    if (!here) return; /* the whole block */
-    int m = 32;
-    while (m < n) m <<= 1;
-    for (int e = threadIdx.x; e < m; e += blockDim.x) {
-        key[e] = e < n ? a.sort_key[begin + e] : ~0ull;
-        node[e] = e < n ? a.cand_index[begin + e] : INT_MAX;
-        val[e] = e < n ? a.sort_val[begin + e] : INT_MAX;
+    if (n > KNN_SORT_SHORT) {
+        if (threadIdx.x == 0) a.sort_end[r] = a.seg_end[r];
+        return; /* the whole block */
     }
-    knn_bitonic_sort(key, node, val, m);
-    for (int e = threadIdx.x; e < min(n, a.k); e += blockDim.x)
-        a.sort_val_out[begin + e] = val[e];
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        sh.key[e] = a.sort_key[begin + e];
+        sh.node[e] = a.cand_index[begin + e];
+        sh.val[e] = a.sort_val[begin + e];
+    }
+    knn_sort_placed(sh, n, a, r, begin);
+}
+
+#define KNN_SELECT_DIGITS 256 /* a byte of the bits per pass */
+
+/* The least `hi` such that at least k of the n bits keys[0 .. n) are at
+ * most hi, and at most KNN_SORT_SHORT are (a radix select, the most
+ * significant byte first: each pass counts the keys under the prefix
+ * found so far by their next byte, and takes the byte where the count
+ * below it reaches k; it stops once the keys up to that byte's end are
+ * few enough). Returns 0 where no such bound exists (more than
+ * KNN_SORT_SHORT keys tie at the k-th), else 1. The block's threads. */
+__device__ static int knn_select_bound(const uint64_t *keys, int n, int k,
+                                       int *hist, uint64_t *hi)
+{
+    __shared__ int s_digit, s_below;
+    uint64_t prefix = 0;
+    int below = 0; /* keys under the prefix's range */
+    for (int shift = 56; shift >= 0; shift -= 8) {
+        uint64_t mask = shift == 56 ? 0ull : ~0ull << (shift + 8);
+        for (int b = threadIdx.x; b < KNN_SELECT_DIGITS; b += blockDim.x)
+            hist[b] = 0;
+        __syncthreads();
+        for (int e = threadIdx.x; e < n; e += blockDim.x) {
+            uint64_t v = keys[e];
+            if ((v & mask) == prefix)
+                atomicAdd(&hist[(v >> shift) & 0xff], 1);
+        }
+        __syncthreads();
+        if (threadIdx.x == 0) {
+            int b = 0, cum = below;
+            while (cum + hist[b] < k) cum += hist[b++];
+            s_digit = b;
+            s_below = cum;
+        }
+        __syncthreads();
+        int b = s_digit;
+        prefix |= (uint64_t)b << shift;
+        below = s_below;
+        int upto = below + hist[b];
+        __syncthreads(); /* every thread read hist before it is cleared */
+        if (upto <= KNN_SORT_SHORT) {
+            *hi = prefix | ((1ull << shift) - 1ull);
+            return 1;
+        }
+    }
+    return 0;
+}
+
+/* One block per row of more than KNN_SORT_SHORT slots (after
+ * knn_sort_short_kernel): its slots whose bits are at most the bound of
+ * knn_select_bound, sorted (knn_sort_placed); a row with no such bound
+ * keeps its segment for CUB. */
+__global__ static void __launch_bounds__(KNN_SORT_THREADS)
+knn_select_long_kernel(knn_rerank_args a)
+{
+    __shared__ knn_sort_shared sh;
+    __shared__ int hist[KNN_SELECT_DIGITS];
+    __shared__ int placed;
+    int r = blockIdx.x, begin = a.offsets[r], n = a.seg_end[r] - begin;
+    if (n <= KNN_SORT_SHORT || a.k > KNN_SORT_SHORT) return;
+    const uint64_t *keys = a.sort_key + begin;
+    uint64_t hi = 0;
+    if (!knn_select_bound(keys, n, a.k, hist, &hi)) return;
+    if (threadIdx.x == 0) placed = 0;
+    __syncthreads();
+    for (int e = threadIdx.x; e < n; e += blockDim.x) {
+        if (keys[e] > hi) continue;
+        int at = atomicAdd(&placed, 1);
+        sh.key[at] = keys[e];
+        sh.node[at] = a.cand_index[begin + e];
+        sh.val[at] = a.sort_val[begin + e];
+    }
+    __syncthreads();
+    knn_sort_placed(sh, placed, a, r, begin);
 }
 
 __global__ static void knn_output_kernel(knn_rerank_args a)
@@ -227,6 +327,8 @@ knn_status knn_rerank(const knn_rerank_args *a, char *message,
                             __LINE__);
     knn_sort_short_kernel<<<a->rows, KNN_SORT_THREADS, 0, stream>>>(*a);
     KNN_LAUNCH_TRY(message, "knn_sort_short_kernel");
+    knn_select_long_kernel<<<a->rows, KNN_SORT_THREADS, 0, stream>>>(*a);
+    KNN_LAUNCH_TRY(message, "knn_select_long_kernel");
     uint64_t *bits_in = a->sort_key, *bits_out = a->sort_key_out;
     if (!a->cand_in_node_order) {
         KNN_CUDA_TRY(message, cub::DeviceSegmentedSort::StableSortPairs(

@@ -785,6 +785,40 @@ test_that("rows of tens of thousands of candidates keep the bits", {
     expectGpuIdentical(x, 10, "pearson", label = "outliers", devices = 0)
 })
 
+test_that("a long row's re-rank takes its k first, ties to the smaller index", {
+    skip_if_not(gpuAvailable(), "no usable GPU")
+    ## A node with shells around it at squared distances 1, 2 and 3 (one,
+    ## two or three of 12 coordinates +-1 off it: 24, 264 and 1760 nodes),
+    ## far from 20000 N(0,1) nodes. In forced TF32 its margin holds all
+    ## three shells, past 1024 candidates. With k = 30 its k-th lies in
+    ## the second shell: the re-rank selects the slots up to that shell
+    ## and sorts them alone, ties by node. With k = 300 the k-th ties with
+    ## 1760 nodes, more than one block sorts: the row goes to the
+    ## segmented sort, ties by node again.
+    set.seed(73)
+    shell <- function(m) {
+        do.call(rbind, lapply(combn(12, m, simplify = FALSE), function(at) {
+            signs <- as.matrix(expand.grid(rep(list(c(-1, 1)), m)))
+            x <- matrix(0, nrow(signs), 12)
+            x[, at] <- signs
+            x
+        }))
+    }
+    centre <- c(50, rep(0, 11))
+    x <- unname(rbind(matrix(rnorm(20000 * 12), 20000),
+                      sweep(rbind(shell(1), shell(2), shell(3)), 2, centre,
+                            "+"),
+                      centre))
+    x <- x[sample(nrow(x)), ]
+    at <- which(x[, 1] == 50 & rowSums(x[, -1] != 0) == 0)
+    for (k in c(30, 300)) {
+        got <- expectGpuIdentical(x, k, "euclidean", label = "shells",
+                                  devices = 0, gpuPrecision = "tf32")
+        shells <- round(got$cpu$distance[at, ]^2)
+        expect_identical(shells[k], if (k == 30) 2 else 3)
+    }
+})
+
 test_that("a row apart whose ties crowd float32 too keeps the bits", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     ## One node at the centre of 448 nodes at exactly sqrt(3) from it
