@@ -10,12 +10,12 @@
  * arithmetic. Where TF32 is crowded on the fused path (before split
  * TF32), or split TF32 is crowded (before float64), local frames
  * (knn_local_possible): the device's remaining rows are put
- * in a spatial order (a k-d split on the coordinate of largest spread,
- * at a gap between groups or else between whole tiles, on the host, so
- * consecutive rows lie close together), each tile one subtree of the
- * split, and each
- * tile takes its own translation, the mean of its rows, for its
- * rows and every ref node alike: the rows' norms shrink to the tile's
+ * in a spatial order (a k-d split at a gap between groups on one of the
+ * coordinates of largest spread, or else between whole tiles on the
+ * widest, on the host, so consecutive rows lie close together), each
+ * tile one subtree of the split, and each tile takes its own
+ * translation, the mean of its rows, for its rows and every ref node
+ * alike: the rows' norms shrink to the tile's
  * spread, and the margins with them (knn_dist_row_bound bounds each row
  * from its own norm). Distances do not change with the translation and
  * every bound holds for any, so the candidates are proven as ever; the
@@ -60,12 +60,20 @@
  * the split on it. */
 #define KNN_LOCAL_SAMPLE 256
 #define KNN_LOCAL_SPLIT_SAMPLE 4096
+/* Coordinates a split looks for a gap on: groups that overlap on the
+ * coordinate of largest spread (cell types whose centres lie close on the
+ * first PC) often lie apart on another of the leading ones, and a tile
+ * that holds parts of two groups crowds its far rows' candidates. */
+#define KNN_LOCAL_GAP_AXES 8
 
-/* The coordinate of largest variance over an even sample of rows[0..n). */
-static int knn_spread_axis(const double *x, int p, const int *rows, int n)
+/* Up to KNN_LOCAL_GAP_AXES coordinates into axes[], by variance over an
+ * even sample of rows[0..n), the largest first (ties: the first
+ * coordinate); returns how many. */
+static int knn_spread_axes(const double *x, int p, const int *rows, int n,
+                           int *axes)
 {
-    int s = n < KNN_LOCAL_SAMPLE ? n : KNN_LOCAL_SAMPLE, axis = 0;
-    double best = -1.0;
+    int s = n < KNN_LOCAL_SAMPLE ? n : KNN_LOCAL_SAMPLE;
+    std::vector<double> spread((size_t)p);
     for (int f = 0; f < p; f++) {
         double mean = 0.0, m2 = 0.0;
         for (int i = 0; i < s; i++) {
@@ -74,12 +82,18 @@ static int knn_spread_axis(const double *x, int p, const int *rows, int n)
             mean += delta / (i + 1);
             m2 += delta * (v - mean);
         }
-        if (m2 > best) {
-            best = m2;
-            axis = f;
-        }
+        spread[f] = m2;
     }
-    return axis;
+    std::vector<int> order((size_t)p);
+    for (int f = 0; f < p; f++) order[f] = f;
+    int count = p < KNN_LOCAL_GAP_AXES ? p : KNN_LOCAL_GAP_AXES;
+    std::partial_sort(order.begin(), order.begin() + count, order.end(),
+                      [&](int a, int b) {
+                          return spread[a] > spread[b] ||
+                                 (spread[a] == spread[b] && a < b);
+                      });
+    std::copy(order.begin(), order.begin() + count, axes);
+    return count;
 }
 
 /* Where `n` sorted keys split: at the widest gap between neighbouring
@@ -185,22 +199,36 @@ static int knn_tile_split(int n, int tile)
     return (int)(m / 2 * n / m);
 }
 
-/* One split of knn_kd_order: -1 where rows[0..n) is a tile, else the
- * size of its first part, the rows parted. */
-static int knn_kd_split(const double *x, int p, int *rows, int n, int tile,
-                        int min_tile)
+/* Whether a gap on `axis` parts groups of rows[0..n) (knn_gap_parts of
+ * a sample of its keys); *value: where the split then goes. */
+static int knn_axis_parts(const double *x, int p, const int *rows, int n,
+                          int axis, double *value)
 {
-    if (n <= min_tile) return -1;
-    int axis = knn_spread_axis(x, p, rows, n);
     std::vector<double> keys = knn_key_sample(x, p, rows, n, axis);
     int s = (int)keys.size();
     double gap = 0.0;
     int at = knn_split_at(keys, s, &gap);
-    int parts = knn_gap_parts(keys, s, at, gap);
+    *value = keys[at - 1] + gap / 2.0;
+    return knn_gap_parts(keys, s, at, gap);
+}
+
+/* One split of knn_kd_order: -1 where rows[0..n) is a tile, else the
+ * size of its first part, the rows parted: at a gap on the first of the
+ * coordinates of largest spread that has one, else between whole tiles
+ * on the widest. */
+static int knn_kd_split(const double *x, int p, int *rows, int n, int tile,
+                        int min_tile)
+{
+    if (n <= min_tile) return -1;
+    int axes[KNN_LOCAL_GAP_AXES];
+    int n_axes = knn_spread_axes(x, p, rows, n, axes);
+    int axis = axes[0], parts = 0;
+    double value = 0.0;
+    for (int a = 0; a < n_axes && !parts; a++) {
+        parts = knn_axis_parts(x, p, rows, n, axes[a], &value);
+        if (parts) axis = axes[a];
+    }
     if (n <= tile && !parts) return -1;
-    double value = keys[at - 1] + gap / 2.0;
-    keys.clear();
-    keys.shrink_to_fit();
     int half = parts ? knn_part_rows(x, p, rows, n, axis, value) : 0;
     /* A gap's midpoint rounded onto a key may leave a side empty. */
     if (half == 0 || half == n) {
@@ -214,10 +242,11 @@ static int knn_kd_split(const double *x, int p, int *rows, int n, int tile,
  * is a stretch, and marks in cut[] (by position from `first`) where each
  * subtree that becomes a tile starts: at most `tile` rows, and no gap
  * parting groups within it (down to `min_tile` rows), so a tile
- * never spans two groups the split can set apart. Each split is on the
- * axis of largest spread, at a gap parting groups (knn_split_at of a
+ * never spans two groups the split can set apart. Each split is at a gap
+ * parting groups on one of the axes of largest spread (knn_split_at of a
  * sample of its keys, which keeps each split linear in its rows), else
- * between whole tiles (knn_tile_split); any order is exact. Host memory
+ * between whole tiles on the widest (knn_tile_split); any order is
+ * exact. Host memory
  * that runs out sets *failed (no exception may leave an OpenMP task). */
 static void knn_kd_order(const double *x, int p, int *rows, int n,
                          int tile, int min_tile, int first,
