@@ -667,9 +667,9 @@ test_that("a pruned walk's ties go to the smaller index", {
 
 test_that("fused tiles run again for their slots keep the bits", {
     skip_if_not(gpuAvailable(), "no usable GPU")
-    ## Cell types on falling PC scales: local tiles that hold parts of two
-    ## types leave some rows thousands of candidates, past their uniform
-    ## slots. Kept in their tiles (the knob of tiles whose many rows
+    ## Cell types on falling PC scales: a local tile that holds a few
+    ## cells of another type leaves those rows thousands of candidates,
+    ## past their uniform slots. Kept in their tiles (the knob of tiles whose many rows
     ## overflow), the tile runs again with each row's exact slots, its
     ## thresholds starting at the bounds of the first run. Its candidates,
     ## and so the bits, are the first run's, for a graph and a query
