@@ -115,6 +115,13 @@ typedef struct {
     void *ctx;
 } knn_callbacks;
 
+/* Whether the user asked to stop (a request's callbacks, which may have
+ * no interrupt callback). */
+static inline int knn_interrupted(const knn_callbacks *cb)
+{
+    return cb->interrupted && cb->interrupted(cb->ctx);
+}
+
 #define KNN_MAX_DEVICES 16
 
 typedef struct {

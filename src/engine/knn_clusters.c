@@ -390,11 +390,6 @@ static void knn_km_drop_empty(knn_km *km, int n, int *assign)
     free(to);
 }
 
-static int knn_km_interrupted(const knn_request *req)
-{
-    return req->cb.interrupted && req->cb.interrupted(req->cb.ctx);
-}
-
 /* |x - c|^2 of fast vector x and centre c, with the bits of the sum
  * knn_km_entry keeps. */
 static double knn_km_sq(const double *x, const double *c, int p)
@@ -487,12 +482,12 @@ static knn_status knn_km_partition(knn_km *km, const knn_nodes *nodes,
                        sample + (size_t)i * p, 1);
     knn_km_seed(km, sample, ns, d2, &state);
     free(d2);
-    knn_status st = knn_km_interrupted(km->req) ? KNN_E_INTERRUPTED : KNN_OK;
+    knn_status st = knn_interrupted(&km->req->cb) ? KNN_E_INTERRUPTED : KNN_OK;
     for (int r = 0; st == KNN_OK && r < KNN_KM_ROUNDS; r++) {
         if (knn_km_assign(km, sample, NULL, ns, assign) ||
             knn_km_update(km, sample, ns, assign))
             st = KNN_E_NOMEM;
-        else if (knn_km_interrupted(km->req))
+        else if (knn_interrupted(&km->req->cb))
             st = KNN_E_INTERRUPTED;
     }
     free(sample);
@@ -1195,7 +1190,7 @@ static knn_status knn_km_pays(knn_km *km, knn_result *out, char *piloted,
         st = knn_km_run(km, tasks + t, n - t < km->threads ? n - t
                                                            : km->threads,
                         out);
-        if (st == KNN_OK && knn_km_interrupted(km->req))
+        if (st == KNN_OK && knn_interrupted(&km->req->cb))
             st = KNN_E_INTERRUPTED;
     }
     km->pilot = NULL;
@@ -1236,10 +1231,10 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
     if (st == KNN_OK && !knn_threads_reserve_fits(km->threads, 1))
         st = KNN_E_NOMEM;
     if (st == KNN_OK) st = knn_km_partition(km, &km->ref, n, assign);
-    if (st == KNN_OK && knn_km_interrupted(req)) st = KNN_E_INTERRUPTED;
+    if (st == KNN_OK && knn_interrupted(&req->cb)) st = KNN_E_INTERRUPTED;
     if (st == KNN_OK)
         st = knn_km_build_side(km, &km->cols, &km->ref, n, assign, 1);
-    if (st == KNN_OK && knn_km_interrupted(req)) st = KNN_E_INTERRUPTED;
+    if (st == KNN_OK && knn_interrupted(&req->cb)) st = KNN_E_INTERRUPTED;
     if (st == KNN_OK && km->self) st = knn_km_rows_of_points(km);
     if (st == KNN_OK && !km->self) {
         int nq = req->n_query;
@@ -1336,7 +1331,7 @@ knn_status knn_clusters_search(const knn_request *req, knn_result *out,
             rows += tasks[v].r1 - tasks[v].r0;
         st = knn_km_run(&km, tasks + u, v - u, out);
         done += rows;
-        if (st == KNN_OK && knn_km_interrupted(req)) st = KNN_E_INTERRUPTED;
+        if (st == KNN_OK && knn_interrupted(&req->cb)) st = KNN_E_INTERRUPTED;
         if (st == KNN_OK && req->cb.progress)
             req->cb.progress(req->cb.ctx, done, km.n_query);
     }

@@ -1112,7 +1112,7 @@ static knn_status knn_pw_gpu_wait(knn_pw_gpu *gpu,
         int done = 0;
         knn_status st = knn_gpu_pw_wait(gpu, 100, &done, report->message);
         if (st != KNN_OK || done) return st;
-        if (req->cb.interrupted && req->cb.interrupted(req->cb.ctx))
+        if (knn_interrupted(&req->cb))
             return knn_pw_fail(report, KNN_E_INTERRUPTED,
                                "interrupted by the user");
     }
@@ -1186,7 +1186,7 @@ static knn_status knn_pw_on_gpu(const knn_pairwise_request *req,
         if (st == KNN_OK) st = knn_pw_gpu_wait(gpu, req, report);
         if (st != KNN_OK) break;
         knn_pw_gpu_write(req, &host, first, last, out, n_query);
-        if (req->cb.interrupted && req->cb.interrupted(req->cb.ctx)) {
+        if (knn_interrupted(&req->cb)) {
             st = knn_pw_fail(report, KNN_E_INTERRUPTED,
                              "interrupted by the user");
         } else if (req->cb.progress) {
@@ -1313,7 +1313,7 @@ knn_status knn_pairwise_search(const knn_pairwise_request *req,
                                    n_query);
             }
         }
-        if (req->cb.interrupted && req->cb.interrupted(req->cb.ctx)) {
+        if (knn_interrupted(&req->cb)) {
             st = knn_pw_fail(report, KNN_E_INTERRUPTED,
                              "interrupted by the user");
         } else if (req->cb.progress) {

@@ -1000,11 +1000,6 @@ static void knn_cpu_finish(const knn_cpu *cpu, knn_pool *pool, int qi,
                      cpu->n_query, out);
 }
 
-static int knn_cpu_interrupted(const knn_request *req)
-{
-    return req->cb.interrupted && req->cb.interrupted(req->cb.ctx);
-}
-
 /* Goes on in float64 products once the float32 rung's candidates, `found`
  * over `rows` finished rows, are too many for the data. Pools already
  * open keep their float32 margins (the float64 scores they go on to
@@ -1035,7 +1030,7 @@ static knn_status knn_cpu_row_tile(knn_cpu *cpu, int q0, int nr,
                                                   : cpu->col_tile;
         knn_status st = knn_cpu_offer_tile(cpu, q0, nr, c0, nc);
         if (st != KNN_OK) return st;
-        if (knn_cpu_interrupted(req)) return KNN_E_INTERRUPTED;
+        if (knn_interrupted(&req->cb)) return KNN_E_INTERRUPTED;
     }
 
     double sizes = 0.0, t0 = knn_seconds();
@@ -1052,7 +1047,7 @@ static knn_status knn_cpu_row_tile(knn_cpu *cpu, int q0, int nr,
             knn_cpu_finish(cpu, pool, q0 + i, out);
             sizes += pool->size + pool->compacted;
         }
-        if (i1 < nr && knn_cpu_interrupted(req)) {
+        if (i1 < nr && knn_interrupted(&req->cb)) {
             cpu->seconds_rerank += knn_seconds() - t0;
             return KNN_E_INTERRUPTED;
         }

@@ -552,11 +552,6 @@ static knn_status knn_kd_query_range(const knn_kd_tree *t,
     return failed ? KNN_E_NOMEM : KNN_OK;
 }
 
-static int knn_kd_interrupted(const knn_request *req)
-{
-    return req->cb.interrupted && req->cb.interrupted(req->cb.ctx);
-}
-
 knn_status knn_kdtree_search(const knn_request *req, knn_result *out,
                              knn_report *report)
 {
@@ -580,7 +575,7 @@ knn_status knn_kdtree_search(const knn_request *req, knn_result *out,
         int q1 = nq - q0 < KNN_KD_CHUNK ? nq : q0 + KNN_KD_CHUNK;
         st = knn_kd_query_range(&tree, &space, query, self, q0, q1, nq,
                                 req->k, threads, out);
-        if (st == KNN_OK && knn_kd_interrupted(req)) st = KNN_E_INTERRUPTED;
+        if (st == KNN_OK && knn_interrupted(&req->cb)) st = KNN_E_INTERRUPTED;
         if (st == KNN_OK && req->cb.progress)
             req->cb.progress(req->cb.ctx, q1, nq);
     }

@@ -20,8 +20,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "knn_backend.h"
 #include "knn_exact.h"
+#include "knn_threads.h"
 
 /* Device bytes per node of a block search: float64 values, float32 fast
  * values (rows padded to 4), per-node scalars, and Spearman's ranks made
@@ -286,6 +288,56 @@ static knn_status knn_stream_run(const knn_request *req,
     return KNN_OK;
 }
 
+/* Bytes of a result's arrays touched between two interrupt polls
+ * (knn_result_touch): some milliseconds of page faults. */
+#define KNN_TOUCH_STRETCH (8.0 * 1024 * 1024)
+
+/* Writes a byte of every page of bytes [a, b) of `array`, on `threads`,
+ * so that the pages exist. */
+static void knn_touch_pages(char *array, size_t a, size_t b, size_t page,
+                            int threads)
+{
+    long long first = (long long)(a / page), last = (long long)((b - 1) / page);
+    (void)threads; /* read only by the pragma, absent without OpenMP */
+    #pragma omp parallel for num_threads(threads) schedule(static)
+    for (long long i = first; i <= last; i++) {
+        size_t at = (size_t)i * page;
+        ((volatile char *)array)[at < a ? a : at] = 0;
+    }
+}
+
+/* A column-major result (n x k) that a backend writes from the start:
+ * its pages made to exist first, a stretch at a time between interrupt
+ * polls. A row's k entries lie on k different pages of each array, so
+ * the first row of every page's worth of rows would take k page faults
+ * of each array at once, inside a re-rank that Ctrl-C waits for (a
+ * second and more for a large k on a busy machine). The faults cost
+ * what they would later; the search overwrites every entry. (The GPU
+ * backend makes its result resident its own way, on a thread beside the
+ * devices: knn_gpu_pages.cu.) */
+static knn_status knn_result_touch(const knn_request *req, knn_result *out)
+{
+    if (out->by_row) return KNN_OK;
+    size_t n = (size_t)(req->query ? req->n_query : req->n_ref) *
+               (size_t)req->k;
+    char *arrays[3] = {(char *)out->index, (char *)out->distance,
+                       (char *)out->weight};
+    size_t sizes[3] = {sizeof(int), sizeof(double), sizeof(double)};
+    long page = sysconf(_SC_PAGESIZE);
+    int threads = knn_threads(req->threads);
+    for (int a = 0; a < 3; a++) {
+        size_t bytes = n * sizes[a];
+        for (size_t at = 0; at < bytes; at += (size_t)KNN_TOUCH_STRETCH) {
+            size_t end = bytes - at < (size_t)KNN_TOUCH_STRETCH
+                             ? bytes : at + (size_t)KNN_TOUCH_STRETCH;
+            knn_touch_pages(arrays[a], at, end, (size_t)page, threads);
+            if (knn_interrupted(&req->cb))
+                return KNN_E_INTERRUPTED;
+        }
+    }
+    return KNN_OK;
+}
+
 knn_status knn_search_blocks(const knn_request *req, const knn_knobs *knobs,
                              knn_backend backend, knn_result *out,
                              knn_report *report)
@@ -299,6 +351,8 @@ knn_status knn_search_blocks(const knn_request *req, const knn_knobs *knobs,
     if (block > 0 || backend != KNN_BACKEND_GPU)
         st = knn_result_allocate(out, report->message,
                                  sizeof report->message);
+    if (st == KNN_OK && backend != KNN_BACKEND_GPU)
+        st = knn_result_touch(req, out);
     if (st != KNN_OK) return st;
     if (block > 0)
         return knn_stream_run(req, knobs, backend, block, out, report);
