@@ -15,12 +15,12 @@
  * widest, on the host, so consecutive rows lie close together), each
  * tile one subtree of the split, and each tile takes its own
  * translation, the mean of its rows, for its rows and every ref node
- * alike: the rows' norms shrink to the tile's
- * spread, and the margins with them (knn_dist_row_bound bounds each row
- * from its own norm). Distances do not change with the translation and
- * every bound holds for any, so the candidates are proven as ever; the
- * float64 re-rank is the same, and so are the bits. Each tile's results
- * go to their rows' places in the caller's arrays.
+ * alike: the rows' norms shrink to the tile's spread, and the margins
+ * with them (knn_dist_row_bound bounds each row from its own norm).
+ * Distances do not change with the translation and every bound holds
+ * for any, so the candidates are proven as ever; the float64 re-rank is
+ * the same, and so are the bits. Each tile's results go to their rows'
+ * places in the caller's arrays.
  *
  * Local tiles take TF32 products whatever arithmetic the course left: on
  * the fused path where the search came from it (a tile is then one wave
@@ -241,13 +241,13 @@ static int knn_kd_split(const double *x, int p, int *rows, int n, int tile,
 /* Orders rows[0..n) (nodes of x) so that every subtree of a k-d split
  * is a stretch, and marks in cut[] (by position from `first`) where each
  * subtree that becomes a tile starts: at most `tile` rows, and no gap
- * parting groups within it (down to `min_tile` rows), so a tile
- * never spans two groups the split can set apart. Each split is at a gap
+ * parting groups within it (down to `min_tile` rows), so a tile never
+ * spans two groups the split can set apart. Each split is at a gap
  * parting groups on one of the axes of largest spread (knn_split_at of a
  * sample of its keys, which keeps each split linear in its rows), else
  * between whole tiles on the widest (knn_tile_split); any order is
- * exact. Host memory
- * that runs out sets *failed (no exception may leave an OpenMP task). */
+ * exact. Host memory that runs out sets *failed (no exception may leave
+ * an OpenMP task). */
 static void knn_kd_order(const double *x, int p, int *rows, int n,
                          int tile, int min_tile, int first,
                          unsigned char *cut, int *failed)

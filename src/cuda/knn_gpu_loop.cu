@@ -840,13 +840,15 @@ static knn_status knn_tile_judge(knn_gpu_dev *d, int s, int *overflow,
 }
 
 /* Gives the rows of slot s's tile that overflowed their slots what they
- * need: sets them apart where the policy says so, else runs the tile
- * again with each row's exact slots (*found then its candidates). */
-static knn_status knn_tile_overflowed(knn_gpu_dev *d, int s, double *found)
+ * need: sets them apart where the policy says so (the tile's run took
+ * `seconds`), else runs the tile again with each row's exact slots
+ * (*found then its candidates). */
+static knn_status knn_tile_overflowed(knn_gpu_dev *d, int s, double seconds,
+                                      double *found)
 {
     knn_gpu_tiles *t = &d->t;
     knn_gpu_slot *sl = &t->slot[s];
-    if (knn_rows_go_apart(d, sl, knn_slot_rows_over(d, sl)))
+    if (knn_rows_go_apart(d, sl, knn_slot_rows_over(d, sl), seconds))
         return knn_apart_keep(d, sl);
     int grow = sl->course.local && knn_slot_fused(sl);
     int surv = grow ? knn_slot_most(sl->survivors, sl->rows) : 0;
@@ -888,7 +890,9 @@ static knn_status knn_tile_collect(knn_gpu_dev *d, int s, int *rewind)
      * the search rewound to the panel path left no candidate behind. */
     d->half_products |= knn_slot_fused(sl) || knn_slot_gathered(sl);
     d->local_frames |= sl->d_nodes != NULL && !sl->apart;
-    if (overflow) KNN_TRY(knn_tile_overflowed(d, s, &found));
+    if (overflow)
+        KNN_TRY(knn_tile_overflowed(d, s, (ms_search + ms_rerank) / 1000.0,
+                                    &found));
     d->refined |= sl->refined && knn_slot_wide(sl, found) > found;
     for (int r = 0; r < sl->rows; r++) {
         /* A row set apart (a fused row whose survivors overflowed, or a

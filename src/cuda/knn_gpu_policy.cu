@@ -180,21 +180,31 @@ int knn_refine_possible(const knn_gpu_dev *d, knn_gemm_mode gemm)
 
 /* Rows apart (knn_gpu_apart) for the `over` rows of slot sl's tile that
  * overflowed their slots, where they are few among its rows
- * (KNN_APART_SHARE): on the product metrics, the arithmetic left to the
- * engine (float32 stands in for the course's for those rows only), in a
- * tile of the device's own rows, in node order or a local frame's, that
- * took float32 products or coarser (a float64 tile's crowded rows would
- * crowd float32 too). A local tile's crowded rows are those far from its
- * translation, whose TF32 margins grow with their norms there; float32
- * resolves them where the tile's run again would repeat every row. The
- * rows a shared walk gathers have their own redo, and rows apart run
+ * (KNN_APART_SHARE) or their float32 products cost less than the tile's
+ * own run took (`seconds`), which a run again costs at least
+ * (KNN_APART_SECONDS_PER_PRODUCT): on the product metrics, the
+ * arithmetic left to the engine (float32 stands in for the course's for
+ * those rows only), in a tile of the device's own rows, in node order or
+ * a local frame's, that took float32 products or coarser (a float64
+ * tile's crowded rows would crowd float32 too). A local tile's crowded
+ * rows are those far from its translation, whose TF32 margins grow with
+ * their norms there; float32 resolves them where the tile's run again
+ * would repeat every row. Where thousands of a local tile's rows crowd
+ * (genes at many levels), its run again re-ranks hundreds of millions
+ * of candidates. The rows a shared walk gathers have their own redo, and rows apart run
  * again with their exact slots. */
-int knn_rows_go_apart(const knn_gpu_dev *d, const knn_gpu_slot *sl, int over)
+int knn_rows_go_apart(const knn_gpu_dev *d, const knn_gpu_slot *sl, int over,
+                      double seconds)
 {
+    const knn_request *req = d->req;
+    double apart_seconds = (double)over * req->n_ref * req->p *
+                           KNN_APART_SECONDS_PER_PRODUCT;
     return !d->knobs->keep_rows_in_tiles &&
-           knn_gemm_adaptive(d->req->precision, d->req->metric) &&
+           knn_gemm_adaptive(req->precision, req->metric) &&
            sl->course.gemm != KNN_GEMM_FP64 && !knn_slot_gathered(sl) &&
-           !sl->apart && (long long)over * KNN_APART_SHARE <= sl->rows;
+           !sl->apart &&
+           ((long long)over * KNN_APART_SHARE <= sl->rows ||
+            apart_seconds <= seconds);
 }
 
 /* Whether a shared walk with `lost` nodes lost (knn_pairs.lost: their

@@ -85,6 +85,13 @@
  * ran nearly every tile twice; inst/bench/shapes_ab.R, RESULTS.md "Rows
  * apart"). */
 #define KNN_APART_SHARE 16
+/* More rows go apart where their float32 products cost less than their
+ * tile's run took: seconds per multiply-add of a row apart, its share of
+ * the selection included (a trace of 1053 rows apart against 1,000,000
+ * nodes of 100 features took 8.6e-14; inst/bench/gemm_rates.py's float32
+ * GEMM alone runs at 5.6e-14), rounded up so that a tile runs again
+ * where the two are close. */
+#define KNN_APART_SECONDS_PER_PRODUCT 1e-13
 
 /* A tile is crowded (refine or climb) past knn_rung_too_wide's 4k + 64
  * candidates a row (src/engine/knn.h, shared with the CPU), measured by

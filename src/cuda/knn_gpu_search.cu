@@ -185,8 +185,7 @@ static int knn_wait_devices(const knn_request *req, knn_gpu_shared *shared,
     int interrupted = 0;
     while (shared->finished < started) {
         knn_meet_wait_for(shared, &shared->finished, started, KNN_POLL_MS);
-        if (!interrupted && req->cb.interrupted &&
-            req->cb.interrupted(req->cb.ctx)) {
+        if (!interrupted && knn_interrupted(&req->cb)) {
             interrupted = 1;
             knn_meet_stop(shared);
         }

@@ -382,7 +382,8 @@ knn_status knn_dev_idle(knn_gpu_dev *d);
  * tile ran the fused kernel or gathered a walk's lists; and the choices
  * that read the course. Whether a search on the fused path would take a
  * shared walk in tiles of `rows` rows (0: any); whether the `over` rows
- * of slot sl that overflowed their slots go apart (knn_gpu_apart), and
+ * of slot sl that overflowed their slots go apart (knn_gpu_apart; the
+ * tile's run took `seconds`), and
  * whether a shared walk with `lost` nodes lost is left; whether a tile
  * in `gemm` may refine its TF32 candidates in float32; the selection
  * kernel of a panel tile of `rows` rows, and whether it refines; a
@@ -404,7 +405,7 @@ int knn_slot_fused(const knn_gpu_slot *sl);
 int knn_slot_gathered(const knn_gpu_slot *sl);
 int knn_dev_could_pair(const knn_gpu_dev *d, int rows);
 int knn_rows_go_apart(const knn_gpu_dev *d, const knn_gpu_slot *sl,
-                      int over);
+                      int over, double seconds);
 int knn_walk_too_lossy(const knn_gpu_dev *d, int lost);
 int knn_refine_possible(const knn_gpu_dev *d, knn_gemm_mode gemm);
 knn_select_algo knn_tile_algo(const knn_gpu_dev *d, int rows);
