@@ -12,7 +12,8 @@
  * (knn_local_possible): the device's remaining rows are put
  * in a spatial order (a k-d split at a gap between groups on one of the
  * coordinates of largest spread, or else between whole tiles on the
- * widest, on the host, so consecutive rows lie close together), each
+ * widest, and a tile with a sparse tail on it at its median, on the
+ * host, so consecutive rows lie close together), each
  * tile one subtree of the split, and each tile takes its own
  * translation, the mean of its rows, for its rows and every ref node
  * alike: the rows' norms shrink to the tile's spread, and the margins
@@ -65,6 +66,9 @@
  * first PC) often lie apart on another of the leading ones, and a tile
  * that holds parts of two groups crowds its far rows' candidates. */
 #define KNN_LOCAL_GAP_AXES 8
+/* A tile whose keys on the widest coordinate span this many times their
+ * middle half's range splits further (knn_axis_stretched). */
+#define KNN_LOCAL_STRETCH 16.0
 
 /* Up to KNN_LOCAL_GAP_AXES coordinates into axes[], by variance over an
  * even sample of rows[0..n), the largest first (ties: the first
@@ -212,10 +216,31 @@ static int knn_axis_parts(const double *x, int p, const int *rows, int n,
     return knn_gap_parts(keys, s, at, gap);
 }
 
+/* Whether the keys of rows[0..n) on `axis` (a sample of them) span more
+ * than KNN_LOCAL_STRETCH times their middle half's range: the tile holds
+ * a tail where the nodes lie far sparser than in its middle (genes at
+ * the ends of levels spread over a hundredfold), its translation lies
+ * far from the tail's rows, whose neighbours lie as close as their
+ * sparse part allows, and their margins, which grow with their norms in
+ * the frame, hold thousands. The keys of a uniform stretch span about
+ * twice their middle half, of a normal distribution's last thirtieth
+ * about six times, of a lognormal's some fifty. */
+static int knn_axis_stretched(const double *x, int p, const int *rows,
+                              int n, int axis)
+{
+    std::vector<double> keys = knn_key_sample(x, p, rows, n, axis);
+    int s = (int)keys.size();
+    double middle = keys[s - s / 4 - 1] - keys[s / 4];
+    return middle > 0.0 &&
+           keys[s - 1] - keys[0] > KNN_LOCAL_STRETCH * middle;
+}
+
 /* One split of knn_kd_order: -1 where rows[0..n) is a tile, else the
  * size of its first part, the rows parted: at a gap on the first of the
  * coordinates of largest spread that has one, else between whole tiles
- * on the widest. */
+ * on the widest, or, for a tile whose keys on the widest stretch far
+ * (knn_axis_stretched) and holds at least twice min_tile rows, at their
+ * median. */
 static int knn_kd_split(const double *x, int p, int *rows, int n, int tile,
                         int min_tile)
 {
@@ -228,7 +253,9 @@ static int knn_kd_split(const double *x, int p, int *rows, int n, int tile,
         parts = knn_axis_parts(x, p, rows, n, axes[a], &value);
         if (parts) axis = axes[a];
     }
-    if (n <= tile && !parts) return -1;
+    if (n <= tile && !parts &&
+        (n < 2 * min_tile || !knn_axis_stretched(x, p, rows, n, axis)))
+        return -1;
     int half = parts ? knn_part_rows(x, p, rows, n, axis, value) : 0;
     /* A gap's midpoint rounded onto a key may leave a side empty. */
     if (half == 0 || half == n) {
