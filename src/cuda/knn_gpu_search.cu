@@ -195,14 +195,9 @@ static int knn_wait_devices(const knn_request *req, knn_gpu_shared *shared,
     return interrupted;
 }
 
-/* The report of the devices' search: each phase the longest any device
- * took, from zero (a search of copies or of streamed blocks hands in a
- * report of its own that nothing cleared). */
 static void knn_fill_report(const std::vector<knn_gpu_dev> &devs, int n_q,
                             knn_metric m, knn_report *rep)
 {
-    rep->seconds_setup = rep->seconds_collect = rep->seconds_prepare = 0.0;
-    rep->seconds_search = rep->seconds_rerank = 0.0;
     double cand = 0.0;
     unsigned before = 0;
     int refined = 0, half_products = 0, climbs = -1;

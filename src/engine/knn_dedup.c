@@ -371,6 +371,7 @@ static knn_status knn_round_search(const knn_dedup *dd,
     sub.cb.ctx = &calls;
     knn_result part = {rd->index, rd->distance, rd->weight, 1, 0};
     knn_report rep;
+    memset(&rep, 0, sizeof rep);
     knn_status st = knn_search_blocks(&sub, knobs, backend, &part, &rep);
     free(queries);
     if (st != KNN_OK) {

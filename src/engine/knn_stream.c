@@ -230,6 +230,7 @@ static knn_status knn_stream_pair(const knn_request *req,
     sub.cb.progress = NULL;
     knn_result part = {m->b_index, m->b_distance, m->b_weight, 1, 0};
     knn_report rep;
+    memset(&rep, 0, sizeof rep);
     knn_status st = knn_search_on(&sub, &sub_knobs, backend, &part, &rep);
     if (st != KNN_OK) {
         snprintf(total->message, sizeof total->message, "%s", rep.message);

@@ -509,28 +509,6 @@ test_that("nodes beyond the memory budget stream through the GPU", {
                                        device = "cpu")), identity))
 })
 
-test_that("a search of copies or in blocks reports each phase from zero", {
-    skip_if_not(gpuAvailable(), "no usable GPU")
-    ## A search of copies (each distinct node once) and a search streamed
-    ## in blocks hand the GPU a report of their own, which nothing
-    ## cleared: the GPU's phases, the longest any device took, started
-    ## from whatever lay in its memory.
-    set.seed(81)
-    x <- matrix(rnorm(300 * 20), 300)[rep(1:300, 10), ]
-    search <- function() knnSearch(x, k = 5, metric = "euclidean",
-                                   device = "gpu", progress = FALSE)
-    runs <- list(
-        copies = withOptions(list(knngpu.duplicates = "once"), search()),
-        blocks = withOptions(list(knngpu.block.nodes = 1100L), search()))
-    expect_match(attr(runs$copies, "precision"), "copies searched once")
-    expect_lt(attr(runs$blocks, "timings")$col_tile, 3000L)
-    for (got in runs) {
-        t <- attr(got, "timings")
-        secs <- unlist(t[grep("^seconds_", names(t))])
-        expect_true(all(is.finite(secs) & secs >= 0 & secs <= t$elapsed))
-    }
-})
-
 test_that("rows of small norm among large ones keep their candidates few", {
     skip_if_not(gpuAvailable(), "no usable GPU")
     ## Genes at lognormal levels (about 10 to 40000): a bound from the

@@ -139,6 +139,41 @@ test_that("the result says which device and precision produced it", {
                              verbose = TRUE), "candidates per node")
 })
 
+test_that("a search of copies or in blocks reports each phase from zero", {
+    ## A search of copies (each distinct node once) and a search streamed
+    ## in blocks hand the backend a report of their own: its phases,
+    ## which the blocks add up and the GPU takes the longest of over its
+    ## devices, started from whatever lay in memory (the GPU's read 1e125
+    ## seconds of search on replicated profiles).
+    set.seed(81)
+    x <- matrix(rnorm(300 * 20), 300)[rep(1:300, 10), ]
+    devices <- c("cpu", if (gpuAvailable()) "gpu")
+    for (device in devices) {
+        search <- function() knnSearch(x, k = 5, metric = "euclidean",
+                                       device = device, progress = FALSE)
+        copies <- withOptions(list(knngpu.duplicates = "once"), search())
+        blocks <- withOptions(list(knngpu.block.nodes = 1100L,
+                                   knngpu.duplicates = "each"), search())
+        both <- withOptions(list(knngpu.block.nodes = 100L,
+                                 knngpu.duplicates = "once"), search())
+        expect_match(attr(copies, "precision"), "copies searched once")
+        expect_lt(attr(blocks, "timings")$col_tile, 3000L)
+        for (got in list(copies, blocks, both)) {
+            t <- attr(got, "timings")
+            secs <- unlist(t[grep("^seconds_", names(t))])
+            expect_true(all(is.finite(secs) & secs >= 0 &
+                            secs <= t$elapsed), label = device)
+            ## The CPU has no device to set up or to copy back from.
+            if (device == "cpu") {
+                expect_identical(unname(secs[c("seconds_setup",
+                                               "seconds_collect")]),
+                                 c(0, 0))
+            }
+            expect_identical(got$index, copies$index)
+        }
+    }
+})
+
 test_that("an interrupt stops the engine and frees it cleanly", {
     ## Large enough that 16 cores do not finish it within the limit.
     x <- randomMatrix(80000, 60, 10)
