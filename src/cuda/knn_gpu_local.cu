@@ -7,21 +7,20 @@
  * search. Where neighbours lie close together far from that translation
  * (clusters, cell types, genes at similar levels), the margin lets
  * thousands of candidates through and the search would climb to a slower
- * arithmetic. Where TF32 is crowded on the fused path (before split
- * TF32), or split TF32 is crowded (before float64), local frames
- * (knn_local_possible): the device's remaining rows are put
- * in a spatial order (a k-d split at a gap between groups on one of the
- * coordinates of largest spread, or else between whole tiles on the
- * widest, and a tile with a sparse tail on it at its median, on the
- * host, so consecutive rows lie close together), each
- * tile one subtree of the split, and each tile takes its own
- * translation, the mean of its rows, for its rows and every ref node
- * alike: the rows' norms shrink to the tile's spread, and the margins
- * with them (knn_dist_row_bound bounds each row from its own norm).
- * Distances do not change with the translation and every bound holds
- * for any, so the candidates are proven as ever; the float64 re-rank is
- * the same, and so are the bits. Each tile's results go to their rows'
- * places in the caller's arrays.
+ * arithmetic. Where TF32 is crowded on the fused path (before split TF32),
+ * or split TF32 is crowded (before float64), local frames
+ * (knn_local_possible): the device's remaining rows are put in a spatial
+ * order (a k-d split at a gap between groups on one of the coordinates of
+ * largest spread, or else between whole tiles on the widest, and a tile with
+ * a sparse tail on it at its median, on the host, so consecutive rows lie
+ * close together), each tile one subtree of the split, and each tile takes
+ * its own translation, the mean of its rows, for its rows and every ref node
+ * alike: the rows' norms shrink to the tile's spread, and the margins with
+ * them (knn_dist_row_bound bounds each row from its own norm). Distances do
+ * not change with the translation and every bound holds for any, so the
+ * candidates are proven as ever; the float64 re-rank is the same, and so are
+ * the bits. Each tile's results go to their rows' places in the caller's
+ * arrays.
  *
  * Local tiles take TF32 products whatever arithmetic the course left: on
  * the fused path where the search came from it (a tile is then one wave

@@ -191,8 +191,8 @@ int knn_refine_possible(const knn_gpu_dev *d, knn_gemm_mode gemm)
  * their norms there; float32 resolves them where the tile's run again
  * would repeat every row. Where thousands of a local tile's rows crowd
  * (genes at many levels), its run again re-ranks hundreds of millions
- * of candidates. The rows a shared walk gathers have their own redo, and rows apart run
- * again with their exact slots. */
+ * of candidates. The rows a shared walk gathers have their own redo, and
+ * rows apart run again with their exact slots. */
 int knn_rows_go_apart(const knn_gpu_dev *d, const knn_gpu_slot *sl, int over,
                       double seconds)
 {

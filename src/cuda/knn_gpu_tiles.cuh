@@ -377,19 +377,18 @@ knn_status knn_grow_uniform(knn_gpu_dev *d, int cand, int surv);
 /* Waits until both of the device's streams are idle. */
 knn_status knn_dev_idle(knn_gpu_dev *d);
 
-/* knn_gpu_policy.cu: the one change of a device's course; whether the
- * device is on the fused path (a shared walk's too), whether a slot's
- * tile ran the fused kernel or gathered a walk's lists; and the choices
- * that read the course. Whether a search on the fused path would take a
- * shared walk in tiles of `rows` rows (0: any); whether the `over` rows
- * of slot sl that overflowed their slots go apart (knn_gpu_apart; the
- * tile's run took `seconds`), and
- * whether a shared walk with `lost` nodes lost is left; whether a tile
- * in `gemm` may refine its TF32 candidates in float32; the selection
- * kernel of a panel tile of `rows` rows, and whether it refines; a
- * slot's TF32 candidates before any refinement, given `found` after it;
- * what the search does after the tile in slot sl (found: its rows'
- * candidates; overflow: a row overflowed its slots). */
+/* knn_gpu_policy.cu: the one change of a device's course; whether the device
+ * is on the fused path (a shared walk's too), whether a slot's tile ran the
+ * fused kernel or gathered a walk's lists; and the choices that read the
+ * course. Whether a search on the fused path would take a shared walk in
+ * tiles of `rows` rows (0: any); whether the `over` rows of slot sl that
+ * overflowed their slots go apart (knn_gpu_apart; the tile's run took
+ * `seconds`), and whether a shared walk with `lost` nodes lost is left;
+ * whether a tile in `gemm` may refine its TF32 candidates in float32; the
+ * selection kernel of a panel tile of `rows` rows, and whether it refines; a
+ * slot's TF32 candidates before any refinement, given `found` after it; what
+ * the search does after the tile in slot sl (found: its rows' candidates;
+ * overflow: a row overflowed its slots). */
 void knn_course_set(knn_gpu_dev *d, knn_course next);
 /* Whether the request's work ends in milliseconds on one device; how many
  * of `visible` GPUs a request that left them to the engine uses. */

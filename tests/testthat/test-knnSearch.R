@@ -143,7 +143,7 @@ test_that("a search of copies or in blocks reports each phase from zero", {
     ## A search of copies (each distinct node once) and a search streamed
     ## in blocks hand the backend a report of their own: its phases,
     ## which the blocks add up and the GPU takes the longest of over its
-    ## devices, started from whatever lay in memory (the GPU's read 1e125
+    ## devices, started from whatever lay in memory (the GPU's read 2e126
     ## seconds of search on replicated profiles).
     set.seed(81)
     x <- matrix(rnorm(300 * 20), 300)[rep(1:300, 10), ]
