@@ -115,11 +115,11 @@ typedef struct {
     void *ctx;
 } knn_callbacks;
 
-/* Whether the user asked to stop (a request's callbacks, which may have
+/* Whether the user asked to stop (callbacks, which may be absent or have
  * no interrupt callback). */
 static inline int knn_interrupted(const knn_callbacks *cb)
 {
-    return cb->interrupted && cb->interrupted(cb->ctx);
+    return cb && cb->interrupted && cb->interrupted(cb->ctx);
 }
 
 #define KNN_MAX_DEVICES 16

@@ -329,7 +329,7 @@ static void knn_dedup_tick(void *ctx, double done, double total)
 static int knn_dedup_poll(void *ctx)
 {
     const knn_dedup_calls *dc = ctx;
-    return dc->cb->interrupted ? dc->cb->interrupted(dc->cb->ctx) : 0;
+    return knn_interrupted(dc->cb);
 }
 
 /* Searches units todo[0 .. n_todo) against the distinct nodes into rd

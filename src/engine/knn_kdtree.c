@@ -76,7 +76,7 @@ static int knn_kd_stop(knn_kd_tree *t, double placed)
     t->unpolled += placed;
     if (t->unpolled < KNN_KD_BUILD_POLL) return 0;
     t->unpolled = 0.0;
-    if (t->cb && t->cb->interrupted && t->cb->interrupted(t->cb->ctx))
+    if (knn_interrupted(t->cb))
         t->stopped = 1;
     return t->stopped;
 }

@@ -254,11 +254,6 @@ static double knn_prepare_dist(knn_nodes *nodes, const knn_space *space,
  * Ctrl-C is polled: ranking thousands of nodes of 20000 values is long. */
 #define KNN_PREPARE_WORK 2e7
 
-static int knn_prepare_interrupted(const knn_callbacks *cb)
-{
-    return cb && cb->interrupted && cb->interrupted(cb->ctx);
-}
-
 knn_status knn_nodes_prepare(knn_nodes *nodes, knn_space *space,
                              const double *x, int n, int is_ref, int products,
                              int threads, const knn_callbacks *cb)
@@ -301,7 +296,7 @@ knn_status knn_nodes_prepare(knn_nodes *nodes, knn_space *space,
             free(fast);
             free(scratch);
         }
-        if (!failed && j1 < n && knn_prepare_interrupted(cb)) {
+        if (!failed && j1 < n && knn_interrupted(cb)) {
             knn_nodes_free(nodes);
             return KNN_E_INTERRUPTED;
         }

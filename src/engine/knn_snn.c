@@ -131,7 +131,7 @@ knn_status knn_snn_graph(const int *index, int n, int k, int base,
     for (int a = 0; a < n && st == KNN_OK; a++) {
         if (work > KNN_SNN_POLL_WORK) {
             work = 0.0;
-            if (cb && cb->interrupted && cb->interrupted(cb->ctx)) {
+            if (knn_interrupted(cb)) {
                 st = KNN_E_INTERRUPTED;
                 break;
             }

@@ -290,8 +290,11 @@ static knn_status knn_stream_run(const knn_request *req,
 }
 
 /* Bytes of a result's arrays touched between two interrupt polls
- * (knn_result_touch): some milliseconds of page faults. */
+ * (knn_result_touch): some milliseconds of page faults. Fewer pages than
+ * KNN_TOUCH_PARALLEL_PAGES are touched on the calling thread: a small
+ * search would wait longer for the threads than for its faults. */
 #define KNN_TOUCH_STRETCH (8.0 * 1024 * 1024)
+#define KNN_TOUCH_PARALLEL_PAGES 256
 
 /* Writes a byte of every page of bytes [a, b) of `array`, on `threads`,
  * so that the pages exist. */
@@ -300,7 +303,8 @@ static void knn_touch_pages(char *array, size_t a, size_t b, size_t page,
 {
     long long first = (long long)(a / page), last = (long long)((b - 1) / page);
     (void)threads; /* read only by the pragma, absent without OpenMP */
-    #pragma omp parallel for num_threads(threads) schedule(static)
+    #pragma omp parallel for num_threads(threads) schedule(static) \
+        if (last - first >= KNN_TOUCH_PARALLEL_PAGES)
     for (long long i = first; i <= last; i++) {
         size_t at = (size_t)i * page;
         ((volatile char *)array)[at < a ? a : at] = 0;

@@ -75,7 +75,7 @@ knn_status knn_symmetry_pairs(const knn_symmetry *s, const int *to,
     for (int lo = 0; lo < n; lo++) {
         if (work > KNN_SYM_POLL_WORK) {
             work = 0.0;
-            if (cb && cb->interrupted && cb->interrupted(cb->ctx)) {
+            if (knn_interrupted(cb)) {
                 free(own);
                 return KNN_E_INTERRUPTED;
             }
