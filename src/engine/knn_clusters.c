@@ -44,7 +44,10 @@
  * sample of clusters, what share of the pairs it multiplies; where the
  * clusters prune too little (N(0,1) in many dimensions), the product scan,
  * which uses the symmetry of a self search, is faster and takes over
- * (knn_km_pays). Memory: the residuals (float64 and float32) of the
+ * (knn_km_pays). A self search estimates that share on the k-means
+ * sample before it assigns the other nodes (knn_km_sample_share), and
+ * where even that estimate, which errs low, is past the limit, the scan
+ * takes over at once, without the partition's cost. Memory: the residuals (float64 and float32) of the
  * reference's points and of the query nodes (a self search's rows borrow
  * their points'); fast vectors are formed node by node as they are
  * needed.
@@ -78,6 +81,11 @@
  * searched to measure the share. */
 #define KNN_KM_PILOT 8
 #define KNN_KM_PILOT_ROWS 32
+/* Sampled nodes whose share of multiplied pairs is estimated before
+ * every node is assigned (knn_km_sample_share), and the most neighbours
+ * among the sample it looks for. */
+#define KNN_KM_SAMPLE_ROWS 64
+#define KNN_KM_SAMPLE_MAX_K 64
 /* Rounds of k-means: later rounds move few nodes, and any partition
  * gives the same answer. They run on a sample of this many nodes per
  * cluster, spread over the node order (the centres they find are about
@@ -152,6 +160,9 @@ typedef struct {
                          (knn_km_pays); else NULL */
     double pilot_cap;
     double pooled;    /* candidates re-ranked */
+    int scan_pays;    /* the sample alone showed the clusters would
+                         multiply past KNN_KM_MAX_SHARE of the pairs
+                         (knn_km_sample_share): the setup stops there */
 } knn_km;
 
 /* A column cluster and the lower bound of its distance from a task's
@@ -281,14 +292,14 @@ static void knn_km_free(knn_km *km)
     km->blas_before = 0;
 }
 
-/* Nearest centre of each of n fast vectors, by float32 products (|c|^2 -
- * 2 c.f), ties to the smaller centre: those of f (p x n), or where f is
- * NULL those of nodes, formed a block at a time. Returns nonzero when
- * scratch memory runs out. */
-static int knn_km_assign(const knn_km *km, const double *f,
+/* Nearest of the first nc centres of each of n fast vectors, by float32
+ * products (|c|^2 - 2 c.f), ties to the smaller centre: those of f (p x
+ * n), or where f is NULL those of nodes, formed a block at a time.
+ * Returns nonzero when scratch memory runs out. */
+static int knn_km_assign(const knn_km *km, int nc, const double *f,
                          const knn_nodes *nodes, int n, int *assign)
 {
-    int p = km->p, nc = km->clusters, failed = 0;
+    int p = km->p, failed = 0;
     float *c32 = malloc((size_t)p * nc * sizeof(float));
     float *cn = malloc((size_t)nc * sizeof(float));
     if (!c32 || !cn) {
@@ -390,16 +401,42 @@ static void knn_km_drop_empty(knn_km *km, int n, int *assign)
     free(to);
 }
 
-/* |x - c|^2 of fast vector x and centre c, with the bits of the sum
- * knn_km_entry keeps. */
+/* |x - c|^2 of fast vector x and centre c, in KNN_KM_LANES interleaved
+ * sums that the compiler vectorises (one sum in feature order waits on
+ * each addition's latency, and the seeds and the entries take one per
+ * sampled node and seed, and per node). knn_km_entry keeps these bits as
+ * the radius its cluster's points are sorted by. */
+#define KNN_KM_LANES 8
 static double knn_km_sq(const double *x, const double *c, int p)
 {
+    double lane[KNN_KM_LANES] = {0.0};
+    int t = 0;
+    for (; t + KNN_KM_LANES <= p; t += KNN_KM_LANES)
+        for (int l = 0; l < KNN_KM_LANES; l++) {
+            double r = x[t + l] - c[t + l];
+            lane[l] += r * r;
+        }
     double sq = 0.0;
-    for (int t = 0; t < p; t++) {
-        double r = x[t] - c[t];
-        sq += r * r;
-    }
+    for (; t < p; t++) sq += (x[t] - c[t]) * (x[t] - c[t]);
+    for (int l = 0; l < KNN_KM_LANES; l++) sq += lane[l];
     return sq;
+}
+
+/* a.b in float64, in KNN_KM_LANES interleaved sums that the compiler
+ * vectorises: a centre term of every row and point a visit meets, whose
+ * one sum in feature order would wait on each addition's latency. Its
+ * error is that of any order of the sum, which the bounds' slack
+ * covers. */
+static double knn_km_dot(const double *a, const double *b, int p)
+{
+    double lane[KNN_KM_LANES] = {0.0};
+    int t = 0;
+    for (; t + KNN_KM_LANES <= p; t += KNN_KM_LANES)
+        for (int l = 0; l < KNN_KM_LANES; l++) lane[l] += a[t + l] * b[t + l];
+    double dot = 0.0;
+    for (; t < p; t++) dot += a[t] * b[t];
+    for (int l = 0; l < KNN_KM_LANES; l++) dot += lane[l];
+    return dot;
 }
 
 /* A fixed stream of pseudo-random numbers (splitmix64): the sample and
@@ -416,36 +453,33 @@ static uint64_t knn_km_random(uint64_t *state)
     return z ^ (z >> 31);
 }
 
-/* Seeds from the ns sampled fast vectors (d2: ns scratch values), in
- * random order: three quarters the sampled nodes themselves, which
+/* Seeds from the ns sampled fast vectors (d2, near: ns scratch values),
+ * in random order: three quarters the sampled nodes themselves, which
  * follow the nodes' density (where neighbours are close, many small
  * clusters), the rest as k-means++ draws them, each with probability
  * proportional to its squared distance from the seeds so far, so that
- * every well separated group of nodes gets seeds of its own. */
-static void knn_km_seed(knn_km *km, const double *sample, int ns,
-                        double *d2, uint64_t *state)
+ * every well separated group of nodes gets seeds of its own. The
+ * distances to the first seeds come from one product (knn_km_assign);
+ * each draw's total is summed in one order, so the seeds do not depend
+ * on the number of threads. Returns nonzero when scratch memory runs
+ * out. */
+static int knn_km_seed(knn_km *km, const double *sample, int ns, double *d2,
+                       int *near, uint64_t *state)
 {
-    int p = km->p, nc = km->clusters, next = 0;
-    for (int i = 0; i < ns; i++) d2[i] = INFINITY;
-    for (int c = 0; c < nc; c++) {
-        double *centre = km->centre + (size_t)c * p;
-        memcpy(centre, sample + (size_t)next * p, (size_t)p * sizeof(double));
+    int p = km->p, nc = km->clusters, taken = nc - nc / 4;
+    memcpy(km->centre, sample, (size_t)taken * p * sizeof(double));
+    if (knn_km_assign(km, taken, sample, NULL, ns, near)) return 1;
+    #pragma omp parallel for num_threads(km->threads) schedule(static)
+    for (int i = 0; i < ns; i++)
+        d2[i] = knn_km_sq(sample + (size_t)i * p,
+                          km->centre + (size_t)near[i] * p, p);
+    for (int c = taken; c < nc; c++) {
         double total = 0.0;
-        #pragma omp parallel for num_threads(km->threads) schedule(static) \
-            reduction(+ : total)
-        for (int i = 0; i < ns; i++) {
-            double d = knn_km_sq(sample + (size_t)i * p, centre, p);
-            if (d < d2[i]) d2[i] = d;
-            total += d2[i];
-        }
-        if (c + 1 < nc - nc / 4) {
-            next = c + 1;
-            continue;
-        }
+        for (int i = 0; i < ns; i++) total += d2[i];
         /* Where every sampled node is a seed already (few distinct
          * nodes), the next seed repeats one: its cluster stays empty. */
         double u = (double)(knn_km_random(state) >> 11) * 0x1p-53 * total;
-        next = ns - 1;
+        int next = ns - 1;
         for (int i = 0; i < ns; i++) {
             u -= d2[i];
             if (u < 0.0) {
@@ -453,7 +487,104 @@ static void knn_km_seed(knn_km *km, const double *sample, int ns,
                 break;
             }
         }
+        double *centre = km->centre + (size_t)c * p;
+        memcpy(centre, sample + (size_t)next * p, (size_t)p * sizeof(double));
+        #pragma omp parallel for num_threads(km->threads) schedule(static)
+        for (int i = 0; i < ns; i++)
+            d2[i] = fmin(d2[i], knn_km_sq(sample + (size_t)i * p, centre, p));
     }
+    return 0;
+}
+
+/* The k_s-th smallest of the squared distances d2[0..ns) but entry i's
+ * (best: k_s scratch values; k_s <= KNN_KM_SAMPLE_MAX_K, so an insertion
+ * costs little). */
+static double knn_km_kth_smallest(const double *d2, int ns, int i, int ks,
+                                  double *best)
+{
+    for (int t = 0; t < ks; t++) best[t] = INFINITY;
+    for (int j = 0; j < ns; j++) {
+        if (j == i || !(d2[j] < best[ks - 1])) continue;
+        int t = ks - 1;
+        for (; t > 0 && best[t - 1] > d2[j]; t--) best[t] = best[t - 1];
+        best[t] = d2[j];
+    }
+    return best[ks - 1];
+}
+
+/* knn_km_sample_share's count over its scratch: own (each sampled
+ * node's distance to its centre), norm2 (its squared norm), x (the rows'
+ * vectors), g (rows x ns products), and ks + nc values a row. */
+static double knn_km_share_of(const knn_km *km, const double *sample,
+                              int ns, const int *assign, int ks, int rows,
+                              double *own, double *norm2, double *x, double *g,
+                              double *scratch)
+{
+    int p = km->p, nc = km->clusters;
+    for (int j = 0; j < ns; j++) {
+        const double *y = sample + (size_t)j * p;
+        own[j] = sqrt(knn_km_sq(y, km->centre + (size_t)assign[j] * p, p));
+        norm2[j] = knn_km_dot(y, y, p);
+    }
+    for (int r = 0; r < rows; r++)
+        memcpy(x + (size_t)r * p,
+               sample + (size_t)(((double)r + 0.5) * ns / rows) * p,
+               (size_t)p * sizeof(double));
+    knn_gemm_tn(ns, rows, p, sample, x, g);
+    double multiplied = 0.0;
+    #pragma omp parallel for num_threads(km->threads) schedule(static) \
+        reduction(+ : multiplied)
+    for (int r = 0; r < rows; r++) {
+        int i = (int)(((double)r + 0.5) * ns / rows);
+        double *d2 = g + (size_t)r * ns, *to = scratch + (size_t)r * (ks + nc);
+        for (int j = 0; j < ns; j++)
+            d2[j] = fmax(0.0, norm2[i] + norm2[j] - 2.0 * d2[j]);
+        double reach = sqrt(knn_km_kth_smallest(d2, ns, i, ks, to + nc));
+        for (int c = 0; c < nc; c++)
+            to[c] = sqrt(knn_km_sq(x + (size_t)r * p,
+                                   km->centre + (size_t)c * p, p));
+        for (int j = 0; j < ns; j++)
+            multiplied += fabs(to[assign[j]] - own[j]) <= reach;
+    }
+    return multiplied / ((double)rows * ns);
+}
+
+/* The share of the pairs the clusters would multiply, estimated on the
+ * ns sampled fast vectors (in clusters `assign`) before any other node is
+ * assigned: a sampled row's reach is its distance to the k_s-th nearest
+ * other sampled node, k_s = floor(k ns / n) (about as far as its k-th
+ * nearest among all n nodes, and no farther on average), and it would
+ * multiply the sampled nodes whose distance to their centre lies within
+ * that reach of its own distance to the same centre. The search
+ * multiplies at least those (its reach is a pool's bound plus a margin,
+ * never less than the final distance, and rows share products), so the
+ * estimate errs low, towards searching by clusters. The rows' distances
+ * come from one float64 product (|x|^2 + |y|^2 - 2 x.y: an estimate needs
+ * no better). Returns 0 where it cannot tell (k_s < 1, or beyond
+ * KNN_KM_SAMPLE_MAX_K), and -1 when scratch memory runs out. */
+static double knn_km_sample_share(const knn_km *km, const double *sample,
+                                  int ns, const int *assign, int n)
+{
+    int p = km->p, nc = km->clusters;
+    int ks = (int)floor((double)km->k * ns / n);
+    if (ks > ns - 1) ks = ns - 1;
+    if (ks < 1 || ks > KNN_KM_SAMPLE_MAX_K) return 0.0;
+    int rows = ns < KNN_KM_SAMPLE_ROWS ? ns : KNN_KM_SAMPLE_ROWS;
+    double *own = malloc((size_t)ns * sizeof(double));
+    double *norm2 = malloc((size_t)ns * sizeof(double));
+    double *x = malloc((size_t)rows * p * sizeof(double));
+    double *g = malloc((size_t)rows * ns * sizeof(double));
+    double *scratch = malloc((size_t)rows * (ks + nc) * sizeof(double));
+    double multiplied = -1.0;
+    if (own && norm2 && x && g && scratch)
+        multiplied = knn_km_share_of(km, sample, ns, assign, ks, rows, own, norm2,
+                                     x, g, scratch);
+    free(own);
+    free(norm2);
+    free(x);
+    free(g);
+    free(scratch);
+    return multiplied;
 }
 
 /* k-means of the fast vectors of the n reference nodes: km->centre and
@@ -480,19 +611,26 @@ static knn_status knn_km_partition(knn_km *km, const knn_nodes *nodes,
         knn_nodes_fast(&km->space, nodes,
                        ns == n ? i : (int)(knn_km_random(&state) % n), 1, 0,
                        sample + (size_t)i * p, 1);
-    knn_km_seed(km, sample, ns, d2, &state);
+    int failed = knn_km_seed(km, sample, ns, d2, assign, &state);
     free(d2);
-    knn_status st = knn_interrupted(&km->req->cb) ? KNN_E_INTERRUPTED : KNN_OK;
+    knn_status st = failed ? KNN_E_NOMEM
+        : knn_interrupted(&km->req->cb) ? KNN_E_INTERRUPTED : KNN_OK;
     for (int r = 0; st == KNN_OK && r < KNN_KM_ROUNDS; r++) {
-        if (knn_km_assign(km, sample, NULL, ns, assign) ||
+        if (knn_km_assign(km, km->clusters, sample, NULL, ns, assign) ||
             knn_km_update(km, sample, ns, assign))
             st = KNN_E_NOMEM;
         else if (knn_interrupted(&km->req->cb))
             st = KNN_E_INTERRUPTED;
     }
+    if (st == KNN_OK && km->self && km->req->algorithm == KNN_ALGO_AUTO) {
+        double share = knn_km_sample_share(km, sample, ns, assign, n);
+        if (share < 0.0) st = KNN_E_NOMEM;
+        km->scan_pays = share > KNN_KM_MAX_SHARE;
+    }
     free(sample);
-    if (st != KNN_OK) return st;
-    if (knn_km_assign(km, NULL, nodes, n, assign)) return KNN_E_NOMEM;
+    if (st != KNN_OK || km->scan_pays) return st;
+    if (knn_km_assign(km, km->clusters, NULL, nodes, n, assign))
+        return KNN_E_NOMEM;
     knn_km_drop_empty(km, n, assign);
     return KNN_OK;
 }
@@ -556,12 +694,11 @@ static void knn_km_entry(const knn_km *km, knn_km_side *s, int e,
                          const double *c)
 {
     int p = km->p;
-    double *r = s->res + (size_t)e * p, sq = 0.0;
+    double *r = s->res + (size_t)e * p, sq = knn_km_sq(x, c, p);
     float *r32 = s->res32 + (size_t)e * p;
     for (int t = 0; t < p; t++) {
         r[t] = x[t] - c[t];
         r32[t] = (float)r[t];
-        sq += r[t] * r[t];
     }
     s->node[e] = j;
     s->sq[e] = sq;
@@ -927,23 +1064,6 @@ static int knn_km_multiply(const knn_km *km, knn_km_work *w,
     return failed;
 }
 
-/* a.b in float64, in KNN_KM_LANES interleaved sums that the compiler
- * vectorises: a centre term of every row and point a visit meets, whose
- * one sum in feature order would wait on each addition's latency. Its
- * error is that of any order of the sum, which the bounds' slack
- * covers. */
-#define KNN_KM_LANES 8
-static double knn_km_dot(const double *a, const double *b, int p)
-{
-    double lane[KNN_KM_LANES] = {0.0};
-    int t = 0;
-    for (; t + KNN_KM_LANES <= p; t += KNN_KM_LANES)
-        for (int l = 0; l < KNN_KM_LANES; l++) lane[l] += a[t + l] * b[t + l];
-    double dot = 0.0;
-    for (; t < p; t++) dot += a[t] * b[t];
-    for (int l = 0; l < KNN_KM_LANES; l++) dot += lane[l];
-    return dot;
-}
 
 /* Rows [r0, r0 + nr) of row cluster a against column cluster b (whose
  * lower bound from a is lbc, as knn_km_task computes it): the
@@ -1232,6 +1352,10 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
         st = KNN_E_NOMEM;
     if (st == KNN_OK) st = knn_km_partition(km, &km->ref, n, assign);
     if (st == KNN_OK && knn_interrupted(&req->cb)) st = KNN_E_INTERRUPTED;
+    if (st == KNN_OK && km->scan_pays) {
+        free(assign);
+        return KNN_OK;
+    }
     if (st == KNN_OK)
         st = knn_km_build_side(km, &km->cols, &km->ref, n, assign, 1);
     if (st == KNN_OK && knn_interrupted(&req->cb)) st = KNN_E_INTERRUPTED;
@@ -1242,7 +1366,8 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
         assign = malloc((size_t)nq * sizeof(int));
         st = assign ? KNN_OK : KNN_E_NOMEM;
         if (st == KNN_OK)
-            st = knn_km_assign(km, NULL, &km->query_nodes, nq, assign)
+            st = knn_km_assign(km, km->clusters, NULL, &km->query_nodes, nq,
+                               assign)
                 ? KNN_E_NOMEM : KNN_OK;
         if (st == KNN_OK)
             st = knn_km_build_side(km, &km->rows, &km->query_nodes, nq,
@@ -1304,14 +1429,13 @@ knn_status knn_clusters_search(const knn_request *req, knn_result *out,
     knn_status st = knn_km_setup(&km, req);
     char *piloted = st == KNN_OK ? calloc((size_t)km.clusters, 1) : NULL;
     if (st == KNN_OK && !piloted) st = KNN_E_NOMEM;
-    if (st == KNN_OK && req->algorithm == KNN_ALGO_AUTO) {
-        int pays = 1;
+    int pays = !km.scan_pays;
+    if (st == KNN_OK && pays && req->algorithm == KNN_ALGO_AUTO)
         st = knn_km_pays(&km, out, piloted, &pays);
-        if (st == KNN_OK && !pays) {
-            free(piloted);
-            knn_km_free(&km);
-            return knn_cpu_search(req, out, report);
-        }
+    if (st == KNN_OK && !pays) {
+        free(piloted);
+        knn_km_free(&km);
+        return knn_cpu_search(req, out, report);
     }
     double t1 = knn_seconds();
     int n_tasks = 0, done = 0;

@@ -432,9 +432,16 @@ test_that("clusters give the bits of the product scan on every shape", {
     structured <- knnSearch(shapeData("cellpcs", 4000, 10, seed = 43),
                             k = 10, metric = "euclidean", device = "cpu")
     expect_match(attr(structured, "device"), "clusters")
-    flat <- knnSearch(shapeData("normal", 4000, 60, seed = 44), k = 10,
-                      metric = "euclidean", device = "cpu")
+    flatNodes <- shapeData("normal", 4000, 60, seed = 44)
+    flat <- knnSearch(flatNodes, k = 10, metric = "euclidean",
+                      device = "cpu")
     expect_no_match(attr(flat, "device"), "clusters")
+    ## A self search decides on its k-means sample (knn_km_sample_share);
+    ## a query search, whose rows the sample does not hold, on its pilot.
+    flatQuery <- knnSearch(flatNodes, flatNodes[1:600, ] + 0.01, k = 10,
+                           metric = "euclidean", device = "cpu")
+    expect_no_match(attr(flatQuery, "device"), "clusters")
+    expect_identical(flatQuery$index[, 1], 1:600)
     ## Rows that repeat 20 profiles with the period of an even stride over
     ## the node order (2500 nodes, 50 clusters): every profile still gets
     ## clusters of its own, so candidates stay near k.
