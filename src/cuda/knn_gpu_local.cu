@@ -66,7 +66,7 @@
  * that holds parts of two groups crowds its far rows' candidates. */
 #define KNN_LOCAL_GAP_AXES 8
 /* A tile whose keys on the widest coordinate span this many times their
- * middle half's range splits further (knn_axis_stretched). */
+ * middle half's range splits further (knn_keys_stretched). */
 #define KNN_LOCAL_STRETCH 16.0
 
 /* Up to KNN_LOCAL_GAP_AXES coordinates into axes[], by variance over an
@@ -202,12 +202,11 @@ static int knn_tile_split(int n, int tile)
     return (int)(m / 2 * n / m);
 }
 
-/* Whether a gap on `axis` parts groups of rows[0..n) (knn_gap_parts of
- * a sample of its keys); *value: where the split then goes. */
-static int knn_axis_parts(const double *x, int p, const int *rows, int n,
-                          int axis, double *value)
+/* Whether a gap in the sorted sample `keys` of rows' keys on an axis
+ * parts groups of them (knn_gap_parts); *value: where the split then
+ * goes. */
+static int knn_keys_part(const std::vector<double> &keys, double *value)
 {
-    std::vector<double> keys = knn_key_sample(x, p, rows, n, axis);
     int s = (int)keys.size();
     double gap = 0.0;
     int at = knn_split_at(keys, s, &gap);
@@ -215,8 +214,8 @@ static int knn_axis_parts(const double *x, int p, const int *rows, int n,
     return knn_gap_parts(keys, s, at, gap);
 }
 
-/* Whether the keys of rows[0..n) on `axis` (a sample of them) span more
- * than KNN_LOCAL_STRETCH times their middle half's range: the tile holds
+/* Whether the sorted sample `keys` of rows' keys on an axis spans more
+ * than KNN_LOCAL_STRETCH times its middle half's range: the tile holds
  * a tail where the nodes lie far sparser than in its middle (genes at
  * the ends of levels spread over a hundredfold), its translation lies
  * far from the tail's rows, whose neighbours lie as close as their
@@ -224,10 +223,8 @@ static int knn_axis_parts(const double *x, int p, const int *rows, int n,
  * the frame, hold thousands. The keys of a uniform stretch span about
  * twice their middle half, of a normal distribution's last thirtieth
  * about six times, of a lognormal's some fifty. */
-static int knn_axis_stretched(const double *x, int p, const int *rows,
-                              int n, int axis)
+static int knn_keys_stretched(const std::vector<double> &keys)
 {
-    std::vector<double> keys = knn_key_sample(x, p, rows, n, axis);
     int s = (int)keys.size();
     double middle = keys[s - s / 4 - 1] - keys[s / 4];
     return middle > 0.0 &&
@@ -238,7 +235,7 @@ static int knn_axis_stretched(const double *x, int p, const int *rows,
  * size of its first part, the rows parted: at a gap on the first of the
  * coordinates of largest spread that has one, else between whole tiles
  * on the widest, or, for a tile whose keys on the widest stretch far
- * (knn_axis_stretched) and holds at least twice min_tile rows, at their
+ * (knn_keys_stretched) and holds at least twice min_tile rows, at their
  * median. */
 static int knn_kd_split(const double *x, int p, int *rows, int n, int tile,
                         int min_tile)
@@ -248,12 +245,15 @@ static int knn_kd_split(const double *x, int p, int *rows, int n, int tile,
     int n_axes = knn_spread_axes(x, p, rows, n, axes);
     int axis = axes[0], parts = 0;
     double value = 0.0;
+    std::vector<double> widest; /* the sample of axes[0], sorted */
     for (int a = 0; a < n_axes && !parts; a++) {
-        parts = knn_axis_parts(x, p, rows, n, axes[a], &value);
+        std::vector<double> keys = knn_key_sample(x, p, rows, n, axes[a]);
+        parts = knn_keys_part(keys, &value);
         if (parts) axis = axes[a];
+        if (a == 0) widest.swap(keys);
     }
     if (n <= tile && !parts &&
-        (n < 2 * min_tile || !knn_axis_stretched(x, p, rows, n, axis)))
+        (n < 2 * min_tile || !knn_keys_stretched(widest)))
         return -1;
     int half = parts ? knn_part_rows(x, p, rows, n, axis, value) : 0;
     /* A gap's midpoint rounded onto a key may leave a side empty. */
