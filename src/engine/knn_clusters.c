@@ -47,10 +47,10 @@
  * (knn_km_pays). A self search estimates that share on the k-means
  * sample before it assigns the other nodes (knn_km_sample_share), and
  * where even that estimate, which errs low, is past the limit, the scan
- * takes over at once, without the partition's cost. Memory: the residuals (float64 and float32) of the
- * reference's points and of the query nodes (a self search's rows borrow
- * their points'); fast vectors are formed node by node as they are
- * needed.
+ * takes over at once, without the partition's cost. Memory: the
+ * residuals (float64 and float32) of the reference's points and of the
+ * query nodes (a self search's rows borrow their points'); fast vectors
+ * are formed node by node as they are needed.
  */
 #include <float.h>
 #include <math.h>
@@ -577,8 +577,8 @@ static double knn_km_sample_share(const knn_km *km, const double *sample,
     double *scratch = malloc((size_t)rows * (ks + nc) * sizeof(double));
     double multiplied = -1.0;
     if (own && norm2 && x && g && scratch)
-        multiplied = knn_km_share_of(km, sample, ns, assign, ks, rows, own, norm2,
-                                     x, g, scratch);
+        multiplied = knn_km_share_of(km, sample, ns, assign, ks, rows, own,
+                                     norm2, x, g, scratch);
     free(own);
     free(norm2);
     free(x);
