@@ -44,10 +44,10 @@
  * sample of clusters, what share of the pairs it multiplies; where the
  * clusters prune too little (N(0,1) in many dimensions), the product scan,
  * which uses the symmetry of a self search, is faster and takes over
- * (knn_km_pays). A self search estimates that share on the k-means
- * sample before it assigns the other nodes (knn_km_sample_share), and
- * where even that estimate, which errs low, is past the limit, the scan
- * takes over at once, without the partition's cost. Memory: the
+ * (knn_km_pays). The search estimates that share on the k-means sample
+ * before it assigns the other nodes (knn_km_sample_share), and where
+ * even that estimate, which errs low, is past the limit, the scan takes
+ * over at once, without the partition's cost. Memory: the
  * residuals (float64 and float32) of the reference's points and of the
  * query nodes (a self search's rows borrow their points'); fast vectors
  * are formed node by node as they are needed.
@@ -512,6 +512,24 @@ static double knn_km_kth_smallest(const double *d2, int ns, int i, int ks,
     return best[ks - 1];
 }
 
+/* Row r of `rows` of the estimate (knn_km_sample_share), its fast vector
+ * into x: a sampled node for a self search, whose index in the sample it
+ * returns (it is not its own neighbour), else a query node, spread over
+ * the query's order (-1). */
+static int knn_km_share_row(const knn_km *km, const double *sample, int ns,
+                            int rows, int r, double *x)
+{
+    int p = km->p;
+    if (!km->self) {
+        int q = (int)(((double)r + 0.5) * km->n_query / rows);
+        knn_nodes_fast(&km->space, km->query, q, 1, 0, x, 1);
+        return -1;
+    }
+    int i = (int)(((double)r + 0.5) * ns / rows);
+    memcpy(x, sample + (size_t)i * p, (size_t)p * sizeof(double));
+    return i;
+}
+
 /* knn_km_sample_share's count over its scratch: own (each sampled
  * node's distance to its centre), norm2 (its squared norm), x (the rows'
  * vectors), g (rows x ns products), and ks + nc values a row. */
@@ -520,29 +538,29 @@ static double knn_km_share_of(const knn_km *km, const double *sample,
                               double *own, double *norm2, double *x, double *g,
                               double *scratch)
 {
-    int p = km->p, nc = km->clusters;
+    int p = km->p, nc = km->clusters, itself[KNN_KM_SAMPLE_ROWS];
     for (int j = 0; j < ns; j++) {
         const double *y = sample + (size_t)j * p;
         own[j] = sqrt(knn_km_sq(y, km->centre + (size_t)assign[j] * p, p));
         norm2[j] = knn_km_dot(y, y, p);
     }
     for (int r = 0; r < rows; r++)
-        memcpy(x + (size_t)r * p,
-               sample + (size_t)(((double)r + 0.5) * ns / rows) * p,
-               (size_t)p * sizeof(double));
+        itself[r] = knn_km_share_row(km, sample, ns, rows, r,
+                                     x + (size_t)r * p);
     knn_gemm_tn(ns, rows, p, sample, x, g);
     double multiplied = 0.0;
     #pragma omp parallel for num_threads(km->threads) schedule(static) \
         reduction(+ : multiplied)
     for (int r = 0; r < rows; r++) {
-        int i = (int)(((double)r + 0.5) * ns / rows);
+        const double *xr = x + (size_t)r * p;
         double *d2 = g + (size_t)r * ns, *to = scratch + (size_t)r * (ks + nc);
+        double xx = knn_km_dot(xr, xr, p);
         for (int j = 0; j < ns; j++)
-            d2[j] = fmax(0.0, norm2[i] + norm2[j] - 2.0 * d2[j]);
-        double reach = sqrt(knn_km_kth_smallest(d2, ns, i, ks, to + nc));
+            d2[j] = fmax(0.0, xx + norm2[j] - 2.0 * d2[j]);
+        double reach =
+            sqrt(knn_km_kth_smallest(d2, ns, itself[r], ks, to + nc));
         for (int c = 0; c < nc; c++)
-            to[c] = sqrt(knn_km_sq(x + (size_t)r * p,
-                                   km->centre + (size_t)c * p, p));
+            to[c] = sqrt(knn_km_sq(xr, km->centre + (size_t)c * p, p));
         for (int j = 0; j < ns; j++)
             multiplied += fabs(to[assign[j]] - own[j]) <= reach;
     }
@@ -551,17 +569,18 @@ static double knn_km_share_of(const knn_km *km, const double *sample,
 
 /* The share of the pairs the clusters would multiply, estimated on the
  * ns sampled fast vectors (in clusters `assign`) before any other node is
- * assigned: a sampled row's reach is its distance to the k_s-th nearest
- * other sampled node, k_s = floor(k ns / n) (about as far as its k-th
- * nearest among all n nodes, and no farther on average), and it would
- * multiply the sampled nodes whose distance to their centre lies within
- * that reach of its own distance to the same centre. The search
- * multiplies at least those (its reach is a pool's bound plus a margin,
- * never less than the final distance, and rows share products), so the
- * estimate errs low, towards searching by clusters. The rows' distances
- * come from one float64 product (|x|^2 + |y|^2 - 2 x.y: an estimate needs
- * no better). Returns 0 where it cannot tell (k_s < 1, or beyond
- * KNN_KM_SAMPLE_MAX_K), and -1 when scratch memory runs out. */
+ * assigned: a row's reach (a sampled node's of a self search, else a
+ * query node's) is its distance to the k_s-th nearest other sampled node,
+ * k_s = floor(k ns / n) (about as far as its k-th nearest among all n
+ * nodes, and no farther on average), and it would multiply the sampled
+ * nodes whose distance to their centre lies within that reach of its own
+ * distance to the same centre. The search multiplies at least those (its
+ * reach is a pool's bound plus a margin, never less than the final
+ * distance, and rows share products), so the estimate errs low, towards
+ * searching by clusters. The rows' distances come from one float64
+ * product (|x|^2 + |y|^2 - 2 x.y: an estimate needs no better). Returns 0
+ * where it cannot tell (k_s < 1, or beyond KNN_KM_SAMPLE_MAX_K), and -1
+ * when scratch memory runs out. */
 static double knn_km_sample_share(const knn_km *km, const double *sample,
                                   int ns, const int *assign, int n)
 {
@@ -569,7 +588,8 @@ static double knn_km_sample_share(const knn_km *km, const double *sample,
     int ks = (int)floor((double)km->k * ns / n);
     if (ks > ns - 1) ks = ns - 1;
     if (ks < 1 || ks > KNN_KM_SAMPLE_MAX_K) return 0.0;
-    int rows = ns < KNN_KM_SAMPLE_ROWS ? ns : KNN_KM_SAMPLE_ROWS;
+    int from = km->self ? ns : km->n_query;
+    int rows = from < KNN_KM_SAMPLE_ROWS ? from : KNN_KM_SAMPLE_ROWS;
     double *own = malloc((size_t)ns * sizeof(double));
     double *norm2 = malloc((size_t)ns * sizeof(double));
     double *x = malloc((size_t)rows * p * sizeof(double));
@@ -622,7 +642,7 @@ static knn_status knn_km_partition(knn_km *km, const knn_nodes *nodes,
         else if (knn_interrupted(&km->req->cb))
             st = KNN_E_INTERRUPTED;
     }
-    if (st == KNN_OK && km->self && km->req->algorithm == KNN_ALGO_AUTO) {
+    if (st == KNN_OK && km->req->algorithm == KNN_ALGO_AUTO) {
         double share = knn_km_sample_share(km, sample, ns, assign, n);
         if (share < 0.0) st = KNN_E_NOMEM;
         km->scan_pays = share > KNN_KM_MAX_SHARE;

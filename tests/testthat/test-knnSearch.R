@@ -436,12 +436,20 @@ test_that("clusters give the bits of the product scan on every shape", {
     flat <- knnSearch(flatNodes, k = 10, metric = "euclidean",
                       device = "cpu")
     expect_no_match(attr(flat, "device"), "clusters")
-    ## A self search decides on its k-means sample (knn_km_sample_share);
-    ## a query search, whose rows the sample does not hold, on its pilot.
+    ## A query search decides the same way, on its own rows; where k is
+    ## too large for the sample to tell (knn_km_sample_share), the pilot
+    ## decides.
     flatQuery <- knnSearch(flatNodes, flatNodes[1:600, ] + 0.01, k = 10,
                            metric = "euclidean", device = "cpu")
     expect_no_match(attr(flatQuery, "device"), "clusters")
     expect_identical(flatQuery$index[, 1], 1:600)
+    cells <- shapeData("cellpcs", 4600, 10, seed = 43)
+    cellQuery <- knnSearch(cells[1:4000, ], cells[4001:4600, ], k = 10,
+                           metric = "euclidean", device = "cpu")
+    expect_match(attr(cellQuery, "device"), "clusters")
+    flatLargeK <- knnSearch(flatNodes, k = 200, metric = "euclidean",
+                            device = "cpu")
+    expect_no_match(attr(flatLargeK, "device"), "clusters")
     ## Rows that repeat 20 profiles with the period of an even stride over
     ## the node order (2500 nodes, 50 clusters): every profile still gets
     ## clusters of its own, so candidates stay near k.
