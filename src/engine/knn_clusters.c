@@ -84,7 +84,7 @@
 /* Sampled nodes whose share of multiplied pairs is estimated before
  * every node is assigned (knn_km_sample_share), and the most neighbours
  * among the sample it looks for. */
-#define KNN_KM_SAMPLE_ROWS 64
+#define KNN_KM_SAMPLE_ROWS 32
 #define KNN_KM_SAMPLE_MAX_K 64
 /* Rounds of k-means: later rounds move few nodes, and any partition
  * gives the same answer. They run on a sample of this many nodes per
