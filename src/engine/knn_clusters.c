@@ -609,7 +609,10 @@ static double knn_km_sample_share(const knn_km *km, const double *sample,
 
 /* k-means of the fast vectors of the n reference nodes: km->centre and
  * `assign`. Seeds are k-means++'s on a sample (KNN_KM_SAMPLE per
- * cluster), on which the rounds run. */
+ * cluster), on which the rounds run. Under the automatic choice the
+ * sample also tells whether the scan pays (knn_km_sample_share, which
+ * needs the sample, freed here): then km->scan_pays is set and no other
+ * node is assigned. */
 static knn_status knn_km_partition(knn_km *km, const knn_nodes *nodes,
                                    int n, int *assign)
 {
