@@ -95,9 +95,22 @@ int knn_r_catch(knn_r_session *session, SEXP (*body)(void *), void *data)
     return VECTOR_ELT(session->caught, 0) != R_NilValue;
 }
 
+/* Seconds between two interrupt polls that reach R. A poll runs R code
+ * (R_tryCatch, tens of microseconds), and the engine polls between
+ * tiles, which on small searches follow each other within tens of
+ * microseconds: a search of a few milliseconds spent a twentieth of its
+ * time in polls. Ctrl-C still reaches the engine well within a second,
+ * and a search shorter than this interval answers it as it returns. */
+#define KNN_POLL_SECONDS 0.02
+
 static int knn_r_interrupted(void *ctx)
 {
-    return knn_r_catch(ctx, knn_r_check_interrupt, NULL);
+    knn_r_session *session = ctx;
+    if (VECTOR_ELT(session->caught, 0) != R_NilValue) return 1;
+    double now = knn_seconds();
+    if (now < session->next_poll) return 0;
+    session->next_poll = now + KNN_POLL_SECONDS;
+    return knn_r_catch(session, knn_r_check_interrupt, NULL);
 }
 
 typedef struct {
@@ -125,6 +138,7 @@ void knn_r_callbacks(knn_r_session *session, int show, double total,
 {
     session->bar = show ? cli_progress_bar(total, R_NilValue) : R_NilValue;
     session->caught = allocVector(VECSXP, 1);
+    session->next_poll = knn_seconds() + KNN_POLL_SECONDS;
     cb->interrupted = knn_r_interrupted;
     cb->progress = knn_r_progress;
     cb->ctx = session;

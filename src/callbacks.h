@@ -13,6 +13,8 @@ typedef struct {
     SEXP caught;  /* list of one: the condition that stopped the engine (an
                      interrupt, or an error such as a time limit), else
                      R_NilValue in it */
+    double next_poll; /* knn_seconds() before which the engine's interrupt
+                         polls return at once */
 } knn_r_session;
 
 /* Starts a cli progress bar (when show is true) and fills cb. The caller
