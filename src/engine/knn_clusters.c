@@ -61,6 +61,7 @@
 #include "knn_backend.h"
 #include "knn_blas.h"
 #include "knn_clusters.h"
+#include "knn_cpu.h"
 #include "knn_exact.h"
 #include "knn_pool.h"
 #include "knn_prepare.h"
@@ -1401,6 +1402,23 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
     return st;
 }
 
+/* Hands the search to the product scan with the nodes the clusters
+ * prepared, which it prepares the same way, once the clusters' other
+ * arrays are freed. */
+static knn_status knn_km_hand_over(knn_km *km, knn_result *out,
+                                   knn_report *report)
+{
+    static const knn_space no_space;
+    static const knn_nodes no_nodes;
+    knn_space space = km->space;
+    knn_nodes ref = km->ref, query = km->query_nodes;
+    km->space = no_space;
+    km->ref = km->query_nodes = no_nodes;
+    knn_km_free(km);
+    return knn_cpu_search_prepared(km->req, &space, &ref, &query, out,
+                                   report);
+}
+
 /* Rows of row cluster a that the pilot searched (knn_km_pays). */
 static int knn_km_piloted(const knn_km *km, const char *piloted, int a)
 {
@@ -1457,8 +1475,7 @@ knn_status knn_clusters_search(const knn_request *req, knn_result *out,
         st = knn_km_pays(&km, out, piloted, &pays);
     if (st == KNN_OK && !pays) {
         free(piloted);
-        knn_km_free(&km);
-        return knn_cpu_search(req, out, report);
+        return knn_km_hand_over(&km, out, report);
     }
     double t1 = knn_seconds();
     int n_tasks = 0, done = 0;

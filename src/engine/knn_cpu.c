@@ -31,6 +31,7 @@
 #include <stdlib.h>
 #include "knn_backend.h"
 #include "knn_blas.h"
+#include "knn_cpu.h"
 #include "knn_exact.h"
 #include "knn_pool.h"
 #include "knn_prepare.h"
@@ -264,7 +265,9 @@ static knn_status knn_cpu_halves(knn_cpu *cpu)
     return KNN_OK;
 }
 
-static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
+/* What the search is: the request, its threads, its scores and its
+ * first rung. */
+static void knn_cpu_begin(knn_cpu *cpu, const knn_request *req)
 {
     cpu->req = req;
     cpu->self = req->query == NULL;
@@ -275,6 +278,12 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
                                            KNN_BLAS_SHARE);
     cpu->score = knn_score_of(req->metric);
     knn_cpu_choose_rung(cpu, req->precision);
+}
+
+/* The search's space and nodes, prepared for products. */
+static knn_status knn_cpu_prepare(knn_cpu *cpu)
+{
+    const knn_request *req = cpu->req;
     knn_status st = knn_space_init(&cpu->space, req);
     if (st == KNN_OK)
         st = knn_nodes_prepare(&cpu->ref, &cpu->space, req->ref, req->n_ref,
@@ -282,7 +291,14 @@ static knn_status knn_cpu_setup(knn_cpu *cpu, const knn_request *req)
     if (st == KNN_OK && !cpu->self)
         st = knn_nodes_prepare(&cpu->query_nodes, &cpu->space, req->query,
                                req->n_query, 0, 1, cpu->threads, &req->cb);
-    if (st == KNN_OK) st = knn_cpu_halves(cpu);
+    return st;
+}
+
+/* Everything else the scan takes, once its nodes are prepared. */
+static knn_status knn_cpu_setup(knn_cpu *cpu)
+{
+    const knn_request *req = cpu->req;
+    knn_status st = knn_cpu_halves(cpu);
     if (st != KNN_OK) return st;
     cpu->query = cpu->self ? &cpu->ref : &cpu->query_nodes;
 
@@ -1064,10 +1080,16 @@ static knn_status knn_cpu_row_tile(knn_cpu *cpu, int q0, int nr,
  * some twenty times that of a later one, and Ctrl-C waits for it. They
  * grow from KNN_CPU_FIRST_ROWS, doubling, to the planned tile. */
 #define KNN_CPU_FIRST_ROWS 32
+/* Pairs that a first tile holds at least: that short a tile stays short
+ * whatever its offers, and a small search needs fewer tiles (each ends in
+ * the threads' wait for the slowest and a re-rank of its own). */
+#define KNN_CPU_FIRST_PAIRS 262144.0
 static int knn_cpu_tile_rows(const knn_cpu *cpu, int last)
 {
     if (!cpu->symmetric) return cpu->row_tile;
-    int rows = last > 0 ? 2 * last : KNN_CPU_FIRST_ROWS;
+    int first = (int)fmax(KNN_CPU_FIRST_ROWS,
+                          KNN_CPU_FIRST_PAIRS / cpu->req->n_ref);
+    int rows = last > 0 ? 2 * last : first;
     return rows < cpu->row_tile ? rows : cpu->row_tile;
 }
 
@@ -1118,40 +1140,67 @@ static int knn_cpu_restarts(knn_cpu *cpu, int climbed, int rows_done)
     return 1;
 }
 
-knn_status knn_cpu_search(const knn_request *req, knn_result *out,
-                          knn_report *report)
+/* The scan of cpu's request, its nodes prepared (else st says why not)
+ * since t0: sets up, searches, reports and frees. */
+static knn_status knn_cpu_run(knn_cpu *cpu, knn_status st, double t0,
+                              knn_result *out, knn_report *report)
 {
-    knn_cpu cpu = {0};
-    double t0 = knn_seconds();
-    knn_status st = knn_cpu_setup(&cpu, req);
+    const knn_request *req = cpu->req;
+    if (st == KNN_OK) st = knn_cpu_setup(cpu);
     double t1 = knn_seconds();
-    if (st == KNN_OK && cpu.symmetric)
+    if (st == KNN_OK && cpu->symmetric)
         for (int j = 0; j < req->n_ref; j++)
-            knn_cpu_reset_pool(&cpu, &cpu.pools[j], j);
+            knn_cpu_reset_pool(cpu, &cpu->pools[j], j);
     double pooled = 0.0;
     int nr = 0;
-    for (int q0 = 0; st == KNN_OK && q0 < cpu.n_query; q0 += nr) {
-        int climbed = cpu.climbed;
-        nr = knn_cpu_tile_rows(&cpu, nr);
-        if (nr > cpu.n_query - q0) nr = cpu.n_query - q0;
-        st = knn_cpu_row_tile(&cpu, q0, nr, out, &pooled);
-        if (st == KNN_OK && knn_cpu_restarts(&cpu, climbed, q0 + nr)) {
+    for (int q0 = 0; st == KNN_OK && q0 < cpu->n_query; q0 += nr) {
+        int climbed = cpu->climbed;
+        nr = knn_cpu_tile_rows(cpu, nr);
+        if (nr > cpu->n_query - q0) nr = cpu->n_query - q0;
+        st = knn_cpu_row_tile(cpu, q0, nr, out, &pooled);
+        if (st == KNN_OK && knn_cpu_restarts(cpu, climbed, q0 + nr)) {
             pooled = 0.0;
             q0 = -nr; /* the loop's step makes it 0 */
             continue;
         }
         if (st == KNN_OK && req->cb.progress)
-            req->cb.progress(req->cb.ctx, q0 + nr, cpu.n_query);
+            req->cb.progress(req->cb.ctx, q0 + nr, cpu->n_query);
     }
     if (st == KNN_OK) {
-        knn_cpu_describe(&cpu, report);
+        knn_cpu_describe(cpu, report);
         report->seconds_prepare = t1 - t0;
-        report->seconds_rerank = cpu.seconds_rerank;
-        report->seconds_search = knn_seconds() - t1 - cpu.seconds_rerank;
-        report->candidates = pooled / cpu.n_query;
+        report->seconds_rerank = cpu->seconds_rerank;
+        report->seconds_search = knn_seconds() - t1 - cpu->seconds_rerank;
+        report->candidates = pooled / cpu->n_query;
     } else {
-        knn_cpu_describe_failure(&cpu, st, report);
+        knn_cpu_describe_failure(cpu, st, report);
     }
-    knn_cpu_free(&cpu);
+    knn_cpu_free(cpu);
     return st;
+}
+
+knn_status knn_cpu_search(const knn_request *req, knn_result *out,
+                          knn_report *report)
+{
+    knn_cpu cpu = {0};
+    double t0 = knn_seconds();
+    knn_cpu_begin(&cpu, req);
+    return knn_cpu_run(&cpu, knn_cpu_prepare(&cpu), t0, out, report);
+}
+
+knn_status knn_cpu_search_prepared(const knn_request *req, knn_space *space,
+                                   knn_nodes *ref, knn_nodes *query,
+                                   knn_result *out, knn_report *report)
+{
+    static const knn_space no_space;
+    static const knn_nodes no_nodes;
+    knn_cpu cpu = {0};
+    double t0 = knn_seconds();
+    knn_cpu_begin(&cpu, req);
+    cpu.space = *space;
+    cpu.ref = *ref;
+    cpu.query_nodes = *query;
+    *space = no_space;
+    *ref = *query = no_nodes;
+    return knn_cpu_run(&cpu, KNN_OK, t0, out, report);
 }

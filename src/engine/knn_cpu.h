@@ -1,0 +1,20 @@
+/*
+ * knn_cpu.h: the CPU's product scan (knn_cpu.c) for the engine's other CPU
+ * searches, which hand it the nodes they prepared where they give way to
+ * it.
+ */
+#ifndef KNN_CPU_H
+#define KNN_CPU_H
+
+#include "knn_prepare.h"
+
+/* Same contract as knn_cpu_search (knn_backend.h), on the request's
+ * space and nodes already prepared for products (knn_space_init, then
+ * knn_nodes_prepare of the reference and, in a query search, of the
+ * query nodes; else *query is empty). The scan takes them over and frees
+ * them on every path: *space, *ref and *query are left empty. */
+knn_status knn_cpu_search_prepared(const knn_request *req, knn_space *space,
+                                   knn_nodes *ref, knn_nodes *query,
+                                   knn_result *out, knn_report *report);
+
+#endif
