@@ -87,6 +87,11 @@
  * among the sample it looks for. */
 #define KNN_KM_SAMPLE_ROWS 32
 #define KNN_KM_SAMPLE_MAX_K 64
+/* The estimate runs after this many rounds of k-means: on data the
+ * clusters cannot prune the rounds after it are wasted, and on data they
+ * prune its share is far below the limit already (cell types, genes at
+ * many levels and log-counts at a twentieth to a half of it). */
+#define KNN_KM_ESTIMATE_ROUNDS 1
 /* Rounds of k-means: later rounds move few nodes, and any partition
  * gives the same answer. They run on a sample of this many nodes per
  * cluster, spread over the node order (the centres they find are about
@@ -639,17 +644,19 @@ static knn_status knn_km_partition(knn_km *km, const knn_nodes *nodes,
     free(d2);
     knn_status st = failed ? KNN_E_NOMEM
         : knn_interrupted(&km->req->cb) ? KNN_E_INTERRUPTED : KNN_OK;
-    for (int r = 0; st == KNN_OK && r < KNN_KM_ROUNDS; r++) {
+    for (int r = 0; st == KNN_OK && !km->scan_pays && r < KNN_KM_ROUNDS;
+         r++) {
         if (knn_km_assign(km, km->clusters, sample, NULL, ns, assign) ||
             knn_km_update(km, sample, ns, assign))
             st = KNN_E_NOMEM;
         else if (knn_interrupted(&km->req->cb))
             st = KNN_E_INTERRUPTED;
-    }
-    if (st == KNN_OK && km->req->algorithm == KNN_ALGO_AUTO) {
-        double share = knn_km_sample_share(km, sample, ns, assign, n);
-        if (share < 0.0) st = KNN_E_NOMEM;
-        km->scan_pays = share > KNN_KM_MAX_SHARE;
+        if (st == KNN_OK && r + 1 == KNN_KM_ESTIMATE_ROUNDS &&
+            km->req->algorithm == KNN_ALGO_AUTO) {
+            double share = knn_km_sample_share(km, sample, ns, assign, n);
+            if (share < 0.0) st = KNN_E_NOMEM;
+            km->scan_pays = share > KNN_KM_MAX_SHARE;
+        }
     }
     free(sample);
     if (st != KNN_OK || km->scan_pays) return st;
