@@ -99,12 +99,42 @@ static void knn_heap_sift_down(double *best, int n)
     best[i] = v;
 }
 
+/* Pools of up to this many neighbours keep their k best scores sorted
+ * (ascending): a better score moves the larger ones up a place, a few
+ * steps whose branches the processor predicts, where a heap's every level
+ * is a branch it cannot. Beyond, the heap's log k levels cost less than
+ * moving k / 2 scores. Either keeps the same k best scores, so the bounds
+ * are the same. */
+#define KNN_POOL_SORTED_K 32
+
+/* knn_pool_rank for a pool of at most KNN_POOL_SORTED_K neighbours:
+ * best[0..ranked) ascending, best[k - 1] the k-th best once full. */
+static void knn_pool_rank_sorted(knn_pool *pool, double score)
+{
+    double *best = pool->best;
+    int k = pool->k, i = pool->ranked;
+    if (i == k) {
+        if (!(score < best[k - 1])) return;
+        i = k - 1;
+    } else {
+        pool->ranked++;
+    }
+    for (; i > 0 && best[i - 1] > score; i--) best[i] = best[i - 1];
+    best[i] = score;
+    if (pool->ranked == k) knn_pool_tighten(pool, best[k - 1]);
+}
+
 /* Adds a score to the k best seen, tightening the bound once there are
  * k of them: whatever the pool drops later, k nodes with scores at most
- * best[0] were offered, so the k-th best key is within the margin of it. */
+ * the k-th best were offered, so the k-th best key is within the margin
+ * of it. */
 static void knn_pool_rank(knn_pool *pool, double score)
 {
     double *best = pool->best;
+    if (pool->k <= KNN_POOL_SORTED_K) {
+        knn_pool_rank_sorted(pool, score);
+        return;
+    }
     if (pool->ranked < pool->k) {
         int i = pool->ranked++;
         while (i > 0 && best[(i - 1) / 2] < score) {

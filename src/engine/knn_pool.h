@@ -5,13 +5,14 @@
  * whose score is within twice the margin of the k-th best score seen so far;
  * anything further cannot be in the exact top k (knn_exact.h), so the pool
  * stays near k entries while still holding every true neighbour, exact ties
- * included. The k best scores seen are kept in a heap beside the entries,
- * so the bound tightens with every offer that improves them: far fewer
- * offers get in than with a bound that waits for the pool to fill. When
- * exact ties keep it large (many duplicated nodes), it is
- * compacted to the exact best k seen so far, by order value (the reported
- * distance of the canonical key) and index. At the end the caller replaces
- * scores by order values and sorts: the first k entries are the answer.
+ * included. The k best scores seen are kept beside the entries (sorted,
+ * or a heap for large k), so the bound tightens with every offer that
+ * improves them: far fewer offers get in than with a bound that waits for
+ * the pool to fill. When exact ties keep it large (many duplicated
+ * nodes), it is compacted to the exact best k seen so far, by order value
+ * (the reported distance of the canonical key) and index. At the end the
+ * caller replaces scores by order values and sorts: the first k entries
+ * are the answer.
  */
 #ifndef KNN_POOL_H
 #define KNN_POOL_H
@@ -37,8 +38,8 @@ typedef struct {
     double compacted; /* entries dropped by compaction since the reset:
                          candidates too, whose keys were computed */
     int k;
-    double *best;    /* max-heap of the `ranked` (<= k) best scores seen:
-                        best[0] is the k-th best once ranked == k */
+    double *best;    /* the `ranked` (<= k) best scores seen, sorted
+                        (small k) or a max-heap (knn_pool.c) */
     int ranked;
     double bound;    /* offers above this cannot be in the top k */
     double margin2;  /* twice the margin of the fast scores */
