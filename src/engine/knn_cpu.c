@@ -1080,15 +1080,16 @@ static knn_status knn_cpu_row_tile(knn_cpu *cpu, int q0, int nr,
  * some twenty times that of a later one, and Ctrl-C waits for it. They
  * grow from KNN_CPU_FIRST_ROWS, doubling, to the planned tile. */
 #define KNN_CPU_FIRST_ROWS 32
-/* Pairs that a first tile holds at least: that short a tile stays short
- * whatever its offers, and a small search needs fewer tiles (each ends in
- * the threads' wait for the slowest and a re-rank of its own). */
+/* Pairs that a first tile holds at least (in whole KNN_CPU_FIRST_ROWS,
+ * which the threads part in whole scan blocks): that short a tile stays
+ * short whatever its offers, and a small search needs fewer tiles (each
+ * ends in the threads' wait for the slowest and a re-rank of its own). */
 #define KNN_CPU_FIRST_PAIRS 262144.0
 static int knn_cpu_tile_rows(const knn_cpu *cpu, int last)
 {
     if (!cpu->symmetric) return cpu->row_tile;
-    int first = (int)fmax(KNN_CPU_FIRST_ROWS,
-                          KNN_CPU_FIRST_PAIRS / cpu->req->n_ref);
+    int first = KNN_CPU_FIRST_ROWS *
+        (int)ceil(KNN_CPU_FIRST_PAIRS / cpu->req->n_ref / KNN_CPU_FIRST_ROWS);
     int rows = last > 0 ? 2 * last : first;
     return rows < cpu->row_tile ? rows : cpu->row_tile;
 }
