@@ -152,6 +152,10 @@ typedef struct {
     knn_nodes ref, query_nodes;
     const knn_nodes *query;
     int self, n_query, p, k, threads, blas_before;
+    int scan_threads; /* the product scan's count (knn_cpu_threads), which
+                         a hand-over keeps: counted again mid-search, a
+                         count taken as this search's own threads start
+                         or stop may find a core busy */
     int clusters;
     double *centre;   /* p x clusters */
     double *cdist;    /* clusters x clusters: |c_A - c_B| as computed */
@@ -1356,8 +1360,7 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
     km->n_query = km->self ? req->n_ref : req->n_query;
     km->p = req->p;
     km->k = req->k;
-    km->threads = knn_threads_fitting(knn_threads(req->threads),
-                                      KNN_BLAS_BUFFER, KNN_BLAS_SHARE);
+    km->threads = km->scan_threads = knn_cpu_threads(req);
     km->slack = fmax(0x1p-40, (8.0 * req->p + 64.0) * KNN_U64);
     km->corr = knn_is_correlation(req->metric);
     /* The products are small: BLAS threads of their own would only wait
@@ -1422,8 +1425,8 @@ static knn_status knn_km_hand_over(knn_km *km, knn_result *out,
     km->space = no_space;
     km->ref = km->query_nodes = no_nodes;
     knn_km_free(km);
-    return knn_cpu_search_prepared(km->req, &space, &ref, &query, out,
-                                   report);
+    return knn_cpu_search_prepared(km->req, km->scan_threads, &space, &ref,
+                                   &query, out, report);
 }
 
 /* Rows of row cluster a that the pilot searched (knn_km_pays). */

@@ -265,17 +265,23 @@ static knn_status knn_cpu_halves(knn_cpu *cpu)
     return KNN_OK;
 }
 
+int knn_cpu_threads(const knn_request *req)
+{
+    int threads = knn_threads(req->threads);
+    return knn_uses_product(req->metric)
+        ? knn_threads_fitting(threads, KNN_BLAS_BUFFER, KNN_BLAS_SHARE)
+        : threads;
+}
+
 /* What the search is: the request, its threads, its scores and its
  * first rung. */
-static void knn_cpu_begin(knn_cpu *cpu, const knn_request *req)
+static void knn_cpu_begin(knn_cpu *cpu, const knn_request *req,
+                          int threads)
 {
     cpu->req = req;
     cpu->self = req->query == NULL;
     cpu->n_query = cpu->self ? req->n_ref : req->n_query;
-    cpu->threads = knn_threads(req->threads);
-    if (knn_uses_product(req->metric))
-        cpu->threads = knn_threads_fitting(cpu->threads, KNN_BLAS_BUFFER,
-                                           KNN_BLAS_SHARE);
+    cpu->threads = threads;
     cpu->score = knn_score_of(req->metric);
     knn_cpu_choose_rung(cpu, req->precision);
 }
@@ -1185,19 +1191,20 @@ knn_status knn_cpu_search(const knn_request *req, knn_result *out,
 {
     knn_cpu cpu = {0};
     double t0 = knn_seconds();
-    knn_cpu_begin(&cpu, req);
+    knn_cpu_begin(&cpu, req, knn_cpu_threads(req));
     return knn_cpu_run(&cpu, knn_cpu_prepare(&cpu), t0, out, report);
 }
 
-knn_status knn_cpu_search_prepared(const knn_request *req, knn_space *space,
-                                   knn_nodes *ref, knn_nodes *query,
-                                   knn_result *out, knn_report *report)
+knn_status knn_cpu_search_prepared(const knn_request *req, int threads,
+                                   knn_space *space, knn_nodes *ref,
+                                   knn_nodes *query, knn_result *out,
+                                   knn_report *report)
 {
     static const knn_space no_space;
     static const knn_nodes no_nodes;
     knn_cpu cpu = {0};
     double t0 = knn_seconds();
-    knn_cpu_begin(&cpu, req);
+    knn_cpu_begin(&cpu, req, threads);
     cpu.space = *space;
     cpu.ref = *ref;
     cpu.query_nodes = *query;

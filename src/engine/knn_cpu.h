@@ -8,13 +8,19 @@
 
 #include "knn_prepare.h"
 
-/* Same contract as knn_cpu_search (knn_backend.h), on the request's
- * space and nodes already prepared for products (knn_space_init, then
+/* The threads the product scan takes for req: knn_threads(), within
+ * what the BLAS's buffers leave where it multiplies. Never fails. */
+int knn_cpu_threads(const knn_request *req);
+
+/* Same contract as knn_cpu_search (knn_backend.h), on `threads` threads
+ * (knn_cpu_threads, counted by the caller) and the request's space and
+ * nodes already prepared for products (knn_space_init, then
  * knn_nodes_prepare of the reference and, in a query search, of the
  * query nodes; else *query is empty). The scan takes them over and frees
  * them on every path: *space, *ref and *query are left empty. */
-knn_status knn_cpu_search_prepared(const knn_request *req, knn_space *space,
-                                   knn_nodes *ref, knn_nodes *query,
-                                   knn_result *out, knn_report *report);
+knn_status knn_cpu_search_prepared(const knn_request *req, int threads,
+                                   knn_space *space, knn_nodes *ref,
+                                   knn_nodes *query, knn_result *out,
+                                   knn_report *report);
 
 #endif

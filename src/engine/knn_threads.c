@@ -28,6 +28,7 @@
 #include <fcntl.h>
 #include <math.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -208,24 +209,45 @@ static int knn_own_runnable(int running)
     return own;
 }
 
-/* Processors that other runnable threads leave to this one: procs less
- * the runnable threads of the whole system but this process's own, at
- * least 1 (Linux's /proc/loadavg; procs where it cannot be read). This
- * process's other runnable threads are the workers of its last parallel
- * region or BLAS call, which spin a while after their work before they
- * sleep: they are the threads the next region runs on, not load, and
- * counted as load they left a search that follows another region (its
- * input's layout, knn_input.c) one thread. */
-static int knn_procs_left(int procs)
+/* The runnable threads of the whole system but this process's own
+ * (Linux's /proc/loadavg), or -1 where it cannot be read. This process's
+ * other runnable threads are the workers of its last parallel region or
+ * BLAS call, which spin a while after their work before they sleep: they
+ * are the threads the next region runs on, not load, and counted as load
+ * they left a search that follows another region (its input's layout,
+ * knn_input.c) one thread. */
+static int knn_others_runnable(void)
 {
     FILE *f = fopen("/proc/loadavg", "r");
-    if (!f) return procs;
+    if (!f) return -1;
     int running = 0;
     int read = fscanf(f, "%*f %*f %*f %d/", &running);
     fclose(f);
-    if (read != 1 || running < 1) return procs;
-    int left = running > 1 ? procs - (running - knn_own_runnable(running))
-                           : procs;
+    if (read != 1 || running < 1) return -1;
+    return running > 1 ? running - knn_own_runnable(running) : 0;
+}
+
+/* Reads of the runnable count before other threads count as load. A
+ * kernel thread (a kworker, memory compaction, RCU), often woken by this
+ * search's own allocations, is runnable for microseconds, and a count
+ * that caught one left a 2-core search one thread (one search in ten
+ * after a pause); another process that keeps a core busy is runnable at
+ * every read. Between reads this thread yields its core once. */
+#define KNN_RUNNABLE_READS 3
+
+/* Processors that other runnable threads leave to this one: procs less
+ * the fewest found by KNN_RUNNABLE_READS reads, at least 1 (procs where
+ * the count cannot be read). */
+static int knn_procs_left(int procs)
+{
+    int others = knn_others_runnable();
+    for (int r = 1; r < KNN_RUNNABLE_READS && others > 0; r++) {
+        sched_yield();
+        int again = knn_others_runnable();
+        if (again >= 0 && again < others) others = again;
+    }
+    if (others < 0) return procs;
+    int left = procs - others;
     return left < 1 ? 1 : left < procs ? left : procs;
 }
 
