@@ -90,7 +90,7 @@
 /* The estimate runs after this many rounds of k-means: on data the
  * clusters cannot prune the rounds after it are wasted, and on data they
  * prune its share is far below the limit already (cell types, genes at
- * many levels and log-counts at a twentieth to a half of it). */
+ * many levels and log-counts estimate a tenth to a half of it). */
 #define KNN_KM_ESTIMATE_ROUNDS 1
 /* Rounds of k-means: later rounds move few nodes, and any partition
  * gives the same answer. They run on a sample of this many nodes per
@@ -1420,13 +1420,15 @@ static knn_status knn_km_hand_over(knn_km *km, knn_result *out,
 {
     static const knn_space no_space;
     static const knn_nodes no_nodes;
+    const knn_request *req = km->req;
+    int threads = km->scan_threads;
     knn_space space = km->space;
     knn_nodes ref = km->ref, query = km->query_nodes;
     km->space = no_space;
     km->ref = km->query_nodes = no_nodes;
     knn_km_free(km);
-    return knn_cpu_search_prepared(km->req, km->scan_threads, &space, &ref,
-                                   &query, out, report);
+    return knn_cpu_search_prepared(req, threads, &space, &ref, &query, out,
+                                   report);
 }
 
 /* Rows of row cluster a that the pilot searched (knn_km_pays). */
