@@ -96,11 +96,10 @@ int knn_r_catch(knn_r_session *session, SEXP (*body)(void *), void *data)
 }
 
 /* Seconds between two interrupt polls that reach R. A poll runs R code
- * (R_tryCatch, tens of microseconds), and the engine polls between
- * tiles, which on small searches follow each other within tens of
- * microseconds: a search of a few milliseconds spent a twentieth of its
- * time in polls. Ctrl-C still reaches the engine well within a second,
- * and a search shorter than this interval answers it as it returns. */
+ * (R_tryCatch), and the engine polls between tiles, which in a small
+ * search take less time than the poll. Ctrl-C still reaches the engine
+ * well within a second, and a search shorter than this interval answers
+ * it as it returns. */
 #define KNN_POLL_SECONDS 0.02
 
 static int knn_r_interrupted(void *ctx)

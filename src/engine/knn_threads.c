@@ -229,10 +229,10 @@ static int knn_others_runnable(void)
 
 /* Reads of the runnable count before other threads count as load. A
  * kernel thread (a kworker, memory compaction, RCU), often woken by this
- * search's own allocations, is runnable for microseconds, and a count
- * that caught one left a 2-core search one thread, most often just after
- * a pause; another process that keeps a core busy is runnable at every
- * read. Between reads this thread yields its core once. */
+ * search's own allocations, is runnable only a moment, and a count that
+ * catches one would leave a 2-core search one thread; another process
+ * that keeps a core busy is runnable at every read. Between reads this
+ * thread yields its core once. */
 #define KNN_RUNNABLE_READS 3
 
 /* Processors that other runnable threads leave to this one: procs less
