@@ -1367,13 +1367,8 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
      * on each other between them, also beside one thread of ours. */
     km->blas_before = knn_blas_hold_one_thread();
     if (km->blas_before == 0) km->threads = 1;
-    knn_status st = knn_space_init(&km->space, req);
-    if (st == KNN_OK)
-        st = knn_nodes_prepare(&km->ref, &km->space, req->ref, req->n_ref, 1,
-                               1, km->threads, &req->cb);
-    if (st == KNN_OK && !km->self)
-        st = knn_nodes_prepare(&km->query_nodes, &km->space, req->query,
-                               req->n_query, 0, 1, km->threads, &req->cb);
+    knn_status st = knn_cpu_prepare_nodes(req, km->threads, &km->space,
+                                          &km->ref, &km->query_nodes);
     if (st != KNN_OK) return st;
     km->query = km->self ? &km->ref : &km->query_nodes;
 
@@ -1413,8 +1408,8 @@ static knn_status knn_km_setup(knn_km *km, const knn_request *req)
 }
 
 /* Hands the search to the product scan with the nodes the clusters
- * prepared, which it prepares the same way, once the clusters' other
- * arrays are freed. */
+ * prepared (knn_cpu_prepare_nodes, as the scan would), once the clusters'
+ * other arrays are freed. */
 static knn_status knn_km_hand_over(knn_km *km, knn_result *out,
                                    knn_report *report)
 {
@@ -1427,7 +1422,7 @@ static knn_status knn_km_hand_over(knn_km *km, knn_result *out,
     km->space = no_space;
     km->ref = km->query_nodes = no_nodes;
     knn_km_free(km);
-    return knn_cpu_search_prepared(req, threads, &space, &ref, &query, out,
+    return knn_cpu_search_prepared(req, threads, space, ref, query, out,
                                    report);
 }
 

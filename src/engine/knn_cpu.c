@@ -286,17 +286,17 @@ static void knn_cpu_begin(knn_cpu *cpu, const knn_request *req,
     knn_cpu_choose_rung(cpu, req->precision);
 }
 
-/* The search's space and nodes, prepared for products. */
-static knn_status knn_cpu_prepare(knn_cpu *cpu)
+knn_status knn_cpu_prepare_nodes(const knn_request *req, int threads,
+                                 knn_space *space, knn_nodes *ref,
+                                 knn_nodes *query)
 {
-    const knn_request *req = cpu->req;
-    knn_status st = knn_space_init(&cpu->space, req);
+    knn_status st = knn_space_init(space, req);
     if (st == KNN_OK)
-        st = knn_nodes_prepare(&cpu->ref, &cpu->space, req->ref, req->n_ref,
-                               1, 1, cpu->threads, &req->cb);
-    if (st == KNN_OK && !cpu->self)
-        st = knn_nodes_prepare(&cpu->query_nodes, &cpu->space, req->query,
-                               req->n_query, 0, 1, cpu->threads, &req->cb);
+        st = knn_nodes_prepare(ref, space, req->ref, req->n_ref, 1, 1,
+                               threads, &req->cb);
+    if (st == KNN_OK && req->query)
+        st = knn_nodes_prepare(query, space, req->query, req->n_query, 0, 1,
+                               threads, &req->cb);
     return st;
 }
 
@@ -1192,23 +1192,21 @@ knn_status knn_cpu_search(const knn_request *req, knn_result *out,
     knn_cpu cpu = {0};
     double t0 = knn_seconds();
     knn_cpu_begin(&cpu, req, knn_cpu_threads(req));
-    return knn_cpu_run(&cpu, knn_cpu_prepare(&cpu), t0, out, report);
+    knn_status st = knn_cpu_prepare_nodes(req, cpu.threads, &cpu.space,
+                                          &cpu.ref, &cpu.query_nodes);
+    return knn_cpu_run(&cpu, st, t0, out, report);
 }
 
 knn_status knn_cpu_search_prepared(const knn_request *req, int threads,
-                                   knn_space *space, knn_nodes *ref,
-                                   knn_nodes *query, knn_result *out,
+                                   knn_space space, knn_nodes ref,
+                                   knn_nodes query, knn_result *out,
                                    knn_report *report)
 {
-    static const knn_space no_space;
-    static const knn_nodes no_nodes;
     knn_cpu cpu = {0};
     double t0 = knn_seconds();
     knn_cpu_begin(&cpu, req, threads);
-    cpu.space = *space;
-    cpu.ref = *ref;
-    cpu.query_nodes = *query;
-    *space = no_space;
-    *ref = *query = no_nodes;
+    cpu.space = space;
+    cpu.ref = ref;
+    cpu.query_nodes = query;
     return knn_cpu_run(&cpu, KNN_OK, t0, out, report);
 }
